@@ -1,0 +1,13 @@
+#!/usr/bin/env bash
+# Quick start on a fresh machine:  bash run.sh        (install, then the CPU demo)
+#                                  bash run.sh test   (install, then the tests)
+set -euo pipefail
+cd "$(dirname "$0")"
+venv=${VENV:-.venv}
+[ -x "$venv/bin/python" ] || python3 -m venv "$venv"
+"$venv/bin/python" -m pip install -q -r requirements.txt
+case "${1:-demo}" in
+  test) shift || true; exec "$venv/bin/python" -m pytest -q "$@" ;;
+  demo) exec "$venv/bin/python" curio_loss.py ;;
+  *) echo "usage: bash run.sh [demo|test [pytest args]]" >&2; exit 2 ;;
+esac
