@@ -1,0 +1,443 @@
+# CurioSFT loss: paper/curiosft.tex Sec. 4 (Eq. 5-7), Alg. 1, App. A-D; method facts in DESIGN.md.
+"""Per-token SFT losses: CurioSFT, its two ablations, and the Table 2 baselines. Math only.
+
+Every loss takes the logits of the N trained positions (padding already removed) and their expert tokens,
+    logits [N, V] (any float dtype; all math is float32), targets [N] (long),
+and returns (loss [N] float32, diagnostics: dict of detached per-token tensors [N]). The trainer sums the
+per-token losses, divides by the number of response tokens, and feeds the diagnostics to `summarize`.
+
+Read top to bottom: entropy and Eq. 7, the temperature solver (App. B, D), a token-by-token reference of
+CurioSFT, the vectorized CurioSFT used in training, the baselines, logging, and a benchmark (__main__).
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class LossConfig:
+    alpha: float = 1.0
+    """weight of the self-exploratory distillation term L_SED (Eq. 6)"""
+    delta_max: float = 0.5
+    """largest entropy increment in nats (Eq. 7)"""
+    gamma: float = 2.0
+    """sigmoid sharpness of the entropy increment (Eq. 7)"""
+    h_pivot: float = 1.2
+    """entropy pivot in nats: tokens above it get most of delta_max (Eq. 7, Sec. 5.4)"""
+    tau_min: float = 1.1
+    """lower end of the teacher temperature search (App. D)"""
+    tau_max: float = 1.5
+    """upper end of the teacher temperature search (App. D)"""
+    top_k: int = 512
+    """logits used for the entropy in the temperature search (App. D)"""
+    solver: str = "bisect"
+    """'bisect' (the paper's and authors' solver) or 'newton' (safeguarded Newton on dH/dtau, App. B)"""
+    bisect_iters: int = 20
+    """bisection steps, as in the authors' code; the bracket shrinks to 0.4 / 2^20 = 4e-7"""
+    newton_iters: int = 6
+    """safeguarded Newton steps; quadratic convergence reaches bisection's accuracy in about 5"""
+    low_entropy_threshold: float | None = 0.03
+    """authors' code, not stated in the paper: force tau_min where the FULL-vocabulary teacher entropy at
+    tau=1 is <= this; None follows the paper"""
+    fixed_tau: float | None = None
+    """ablation 'w/o adaptive temp.' (Sec. 5.2): the same teacher temperature (1.3) for every token"""
+    entropy_coef: float = 0.06
+    """entropy-regularisation weight (Sec. 3; 0.06 in the paper's sweep)"""
+    entropy_top_frac: float = 0.2
+    """fraction of highest-entropy tokens that get the entropy bonus in 'entropy_top20' (Table 1)"""
+    kl_coef: float = 0.1
+    """weight of KL(pi_theta || pi_base) for 'kl' (not given in the paper)"""
+    gem_beta: float = 0.7
+    """GEM temperature of its detached target distribution"""
+    clip_low: float = 0.2
+    """PSFT ratio clip below 1"""
+    clip_high: float = 0.28
+    """PSFT ratio clip above 1"""
+
+
+# ------------------------------------------------------------------------------------------------
+# Entropy and the entropy increment
+# ------------------------------------------------------------------------------------------------
+def _fp32(x: torch.Tensor) -> torch.Tensor:
+    """At least float32: bf16 logits are upcast, float64 (theorem tests) is kept."""
+    return x if x.dtype == torch.float64 else x.float()
+
+
+def entropy(logits: torch.Tensor, tau: torch.Tensor | float = 1.0) -> torch.Tensor:
+    """H(softmax(logits / tau)) over the last dim, float32. -inf logits (masked tokens) contribute 0."""
+    logp = torch.log_softmax(_fp32(logits) / tau, dim=-1)
+    # 0 * log 0 = 0; masked_fill (not where) also keeps the backward free of 0 * inf = NaN
+    logp = logp.masked_fill(torch.isneginf(logp), 0.0)
+    return -(logp.exp() * logp).sum(-1)
+
+
+def entropy_increment(h: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
+    """Eq. 7: Delta_t = Delta_max * sigmoid(gamma * (H_t - H_pivot))."""
+    return cfg.delta_max * torch.sigmoid(cfg.gamma * (h - cfg.h_pivot))
+
+
+def _entropy_and_variance(logits: torch.Tensor, tau: torch.Tensor):
+    """H and Var_pi[z] of softmax(logits / tau) for logits [N, k], tau [N]; dH/dtau = Var/tau^3 (App. B)."""
+    t = tau.unsqueeze(-1)
+    logp = torch.log_softmax(logits / t, dim=-1)
+    p = logp.exp()
+    z = logits.masked_fill(torch.isneginf(logits), 0.0)  # p = 0 there; avoids 0 * inf
+    mean = (p * z).sum(-1, keepdim=True)
+    var = (p * (z - mean) ** 2).sum(-1)
+    h = -(p * logp.masked_fill(p == 0, 0.0)).sum(-1)
+    return h, var
+
+
+# ------------------------------------------------------------------------------------------------
+# Temperature search (Sec. 4.2, App. D): find tau in [tau_min, tau_max] with H(tau) = target
+# ------------------------------------------------------------------------------------------------
+def solve_temperature(logits: torch.Tensor, target: torch.Tensor, cfg: LossConfig):
+    """Vectorized over tokens. logits [N, k] (float32, the top-k), target [N] -> tau [N], clamped_low [N], clamped_high [N].
+
+    H(tau) is non-decreasing (App. B), so the root is bracketed by [tau_min, tau_max]; a target outside
+    [H(tau_min), H(tau_max)] clamps to that end. A fixed number of steps, no data-dependent branches.
+    """
+    n = logits.shape[0]
+    lo = logits.new_full((n,), cfg.tau_min)
+    hi = logits.new_full((n,), cfg.tau_max)
+    h_lo, _ = _entropy_and_variance(logits, lo)
+    h_hi, _ = _entropy_and_variance(logits, hi)
+    if cfg.solver == "bisect":
+        for _ in range(cfg.bisect_iters):
+            mid = 0.5 * (lo + hi)
+            too_cold = _entropy_and_variance(logits, mid)[0] < target
+            lo, hi = torch.where(too_cold, mid, lo), torch.where(too_cold, hi, mid)
+        tau = 0.5 * (lo + hi)
+    elif cfg.solver == "newton":
+        # Newton on f(tau) = H(tau) - target with f' = Var/tau^3 (App. B), kept inside the bracket:
+        # a step that leaves it (or a zero derivative) falls back to the bracket's midpoint. H is convex
+        # here, so Newton often closes in from one side; once converged, rounding can put its step a hair
+        # past the bracket's edge: that step is clamped, not replaced by a midpoint far away.
+        tau = 0.5 * (lo + hi)
+        for _ in range(cfg.newton_iters):
+            h, var = _entropy_and_variance(logits, tau)
+            too_cold = h < target
+            lo, hi = torch.where(too_cold, tau, lo), torch.where(too_cold, hi, tau)
+            step = tau - (h - target) * tau**3 / var
+            inside = torch.isfinite(step) & (step > lo - 1e-6) & (step < hi + 1e-6)
+            tau = torch.where(inside, torch.minimum(torch.maximum(step, lo), hi), 0.5 * (lo + hi))
+    else:
+        raise ValueError(f"LossConfig.solver must be 'bisect' or 'newton', got {cfg.solver!r}")
+    clamped_low, clamped_high = target <= h_lo, target >= h_hi
+    tau = torch.where(clamped_low, cfg.tau_min, torch.where(clamped_high, cfg.tau_max, tau))
+    return tau, clamped_low, clamped_high
+
+
+# ------------------------------------------------------------------------------------------------
+# CurioSFT, token by token: the reference a student reads first (full vocabulary, no approximation)
+# ------------------------------------------------------------------------------------------------
+def curio_loss_reference(student_logits, teacher_logits, targets, cfg: LossConfig = LossConfig()):
+    """Eq. 5-7 and App. D for one token at a time, full-vocabulary entropies, scalar bisection. Slow."""
+    losses = []
+    for z_s, z_t, y in zip(_fp32(student_logits), _fp32(teacher_logits.detach()), targets.tolist()):
+        lp = torch.log_softmax(z_s, -1)[y]                        # log pi_theta(y_t | s_t; tau=1)
+        h = entropy(z_t).item()                                   # H_t of the teacher at tau=1
+        if cfg.fixed_tau is not None:                             # ablation: one temperature for all tokens
+            tau = cfg.fixed_tau
+        else:
+            target = h + cfg.delta_max / (1 + math.exp(-cfg.gamma * (h - cfg.h_pivot)))  # Eq. 7
+            lo, hi = cfg.tau_min, cfg.tau_max
+            if target <= entropy(z_t, lo).item():                 # even the coldest teacher is hot enough
+                tau = lo
+            elif target >= entropy(z_t, hi).item():               # even the hottest is not
+                tau = hi
+            else:                                                 # App. D: binary search on monotone H(tau)
+                for _ in range(cfg.bisect_iters):
+                    mid = (lo + hi) / 2
+                    lo, hi = (mid, hi) if entropy(z_t, mid).item() < target else (lo, mid)
+                tau = (lo + hi) / 2
+            if cfg.low_entropy_threshold is not None and h <= cfg.low_entropy_threshold:
+                tau = cfg.tau_min                                 # authors' code: near-deterministic tokens
+        lq = torch.log_softmax(z_t / tau, -1)[y]                  # log pi_phi^tch(y_t | s_t; tau_hat_t), Eq. 4
+        losses.append(-lp + cfg.alpha * 0.5 * (lp - lq) ** 2)     # Eq. 1 + alpha * Eq. 5, per token (Eq. 6)
+    return torch.stack(losses) if losses else student_logits.new_zeros(0, dtype=torch.float32)
+
+
+# ------------------------------------------------------------------------------------------------
+# CurioSFT, vectorized: what training runs
+# ------------------------------------------------------------------------------------------------
+def _student_log_prob(logits, targets):
+    """lp = log pi_theta(y_t | s_t) [N] float32, and the log-partition [N] (reused by callers)."""
+    z = _fp32(logits)
+    lse = torch.logsumexp(z, dim=-1)
+    return z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse, lse
+
+
+def _full_entropy_at_most(z, top, lse_top, lse_full, h_top, threshold):
+    """Is the full-vocabulary entropy at tau=1 <= threshold?  Exact, but mostly without a pass over V.
+
+    With m the probability mass outside the top-k, H_full = H_bin(m) + (1-m) H_topk + m H_tail and
+    0 <= H_tail <= log(V-k): two bounds from quantities already computed. Only rows whose bounds straddle
+    the threshold (rare: it takes a visible tail mass) get their exact entropy.
+    """
+    n, v = z.shape
+    if top.shape[-1] == v:
+        return h_top <= threshold
+    m = (-torch.expm1(lse_top - lse_full)).clamp(0.0, 1.0)
+    lower = torch.special.entr(m) + torch.special.entr(1 - m) + (1 - m) * h_top
+    upper = lower + m * math.log(v - top.shape[-1])
+    slack = 1e-4  # float32 rounding of m (~1e-7 * |lse|) moves the bounds by far less than this
+    at_most = upper <= threshold - slack
+    unsure = (lower <= threshold + slack) & ~at_most
+    if unsure.any():
+        at_most[unsure] = entropy(z[unsure]) <= threshold
+    return at_most
+
+
+def teacher_log_prob(teacher_logits, targets, cfg: LossConfig = LossConfig(), teacher_lse=None):
+    """Alg. 1 lines 6-11 for all N tokens: lq = log softmax(z_tch / tau_hat_t)[y_t] over the full vocabulary.
+
+    teacher_logits [N, V], targets [N]; teacher_lse [N] optionally reuses logsumexp(z_tch) at tau=1.
+    Returns lq [N] and diagnostics. Cost: one top-k, one logsumexp at tau=1 (only for the
+    low-entropy rule), one logsumexp at tau_hat, and O(k) work per search step.
+    """
+    with torch.no_grad():
+        z = _fp32(teacher_logits.detach())                                   # [N, V]
+        n, v = z.shape
+        top = z.topk(min(cfg.top_k, v), dim=-1, sorted=False).values          # [N, k], taken once (App. D)
+        h_top = entropy(top)                                                  # H_t over the renormalised top-k
+        diag = {"teacher_entropy": h_top}
+        if cfg.fixed_tau is not None:                                         # ablation 'w/o adaptive temp.'
+            tau = z.new_full((n,), cfg.fixed_tau)
+        else:
+            target = h_top + entropy_increment(h_top, cfg)                    # Eq. 7: H_t + Delta_t
+            tau, low, high = solve_temperature(top, target, cfg)              # [N]
+            diag |= {"clamped_low": low.float(), "clamped_high": high.float()}
+            if cfg.low_entropy_threshold is not None:
+                lse_full = torch.logsumexp(z, -1) if teacher_lse is None else _fp32(teacher_lse.detach())
+                forced = _full_entropy_at_most(z, top, torch.logsumexp(top, -1), lse_full, h_top,
+                                               cfg.low_entropy_threshold)
+                tau = torch.where(forced, cfg.tau_min, tau)
+                diag["forced_tau_min"] = forced.float()
+        inv_tau = (1.0 / tau).unsqueeze(-1)                                    # [N, 1]
+        lq = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) / tau - torch.logsumexp(z * inv_tau, -1)
+        diag |= {"tau": tau, "lq": lq}
+    return lq, diag
+
+
+def curio_sft_loss(student_logits, targets, teacher_logits=None, cfg: LossConfig = LossConfig()):
+    """CurioSFT per-token loss -lp + alpha/2 (lp - lq)^2 (Eq. 1, 5, 6). [N, V], [N] -> [N], diagnostics.
+
+    teacher_logits=None is the ablation 'w/o separate teacher': the teacher is the student's own detached
+    logits (no second forward pass). The gradient w.r.t. lp is -(1 - alpha (lp - lq)): cross-entropy with a
+    per-token weight w_t that falls below 1 (even below 0) once the student is more confident than the teacher.
+    """
+    lp, lse = _student_log_prob(student_logits, targets)
+    if teacher_logits is None:
+        lq, diag = teacher_log_prob(student_logits, targets, cfg, teacher_lse=lse)
+    else:
+        lq, diag = teacher_log_prob(teacher_logits, targets, cfg)
+    loss = -lp + cfg.alpha * 0.5 * (lp - lq) ** 2
+    diag |= {"lp": lp.detach(), "weight": 1 - cfg.alpha * (lp.detach() - lq)}
+    return loss, diag
+
+
+# ------------------------------------------------------------------------------------------------
+# Baselines (paper Table 2), same calling convention
+# ------------------------------------------------------------------------------------------------
+def ce_loss(logits, targets, cfg: LossConfig = LossConfig()):
+    """Vanilla SFT, Eq. 1."""
+    lp, _ = _student_log_prob(logits, targets)
+    return -lp, {"lp": lp.detach()}
+
+
+def entropy_reg_loss(logits, targets, cfg: LossConfig = LossConfig(), top_frac: float | None = None):
+    """CE - coef * H (Eq. 2). With top_frac, the bonus only on the tokens of this call whose entropy is in
+    the top fraction (Sec. 3, Table 1); the trainer should pass a whole micro-batch's tokens in one call."""
+    lp, _ = _student_log_prob(logits, targets)
+    h = entropy(logits)
+    bonus = h
+    if top_frac is not None and h.numel() > 0:
+        cut = torch.quantile(h.detach(), 1 - top_frac)
+        bonus = torch.where(h.detach() >= cut, h, 0.0)
+    return -lp - cfg.entropy_coef * bonus, {"lp": lp.detach(), "student_entropy": h.detach()}
+
+
+def kl_to_base_loss(logits, targets, base_logits, cfg: LossConfig = LossConfig()):
+    """CE + coef * KL(pi_theta || pi_base), exact over the vocabulary (the expert token is not sampled
+    from pi_theta, so a one-sample estimator would be biased); base_logits from the frozen initial model."""
+    lp, _ = _student_log_prob(logits, targets)
+    logp = torch.log_softmax(_fp32(logits), -1)
+    logq = torch.log_softmax(_fp32(base_logits.detach()), -1)
+    kl = (logp.exp() * (logp - logq).masked_fill(torch.isneginf(logp), 0.0)).sum(-1)  # 0 log 0 = 0, NaN-free
+    return -lp + cfg.kl_coef * kl, {"lp": lp.detach(), "kl_to_base": kl.detach()}
+
+
+def dft_loss(logits, targets, cfg: LossConfig = LossConfig()):
+    """DFT: CE scaled by the detached probability of the expert token, -p(y) log p(y)."""
+    lp, _ = _student_log_prob(logits, targets)
+    return -lp * lp.detach().exp(), {"lp": lp.detach()}
+
+
+def gem_loss(logits, targets, cfg: LossConfig = LossConfig()):
+    """GEM: -sum_v q_v w_v (log p_y - log p_v), q = softmax(z / beta) and w_v = sigmoid(0.01 (z_v - z_y)),
+    both detached (DESIGN.md)."""
+    z = _fp32(logits)
+    logp = torch.log_softmax(z, -1)                                       # [N, V]
+    lp = logp.gather(-1, targets.unsqueeze(-1))                           # [N, 1]
+    with torch.no_grad():
+        q = torch.softmax(z / cfg.gem_beta, -1)
+        w = torch.sigmoid(0.01 * (z - z.gather(-1, targets.unsqueeze(-1))))
+        qw = (q * w).masked_fill(torch.isneginf(logp), 0.0)               # masked tokens carry no weight
+    loss = -(qw * (lp - logp.masked_fill(torch.isneginf(logp), 0.0))).sum(-1)
+    return loss, {"lp": lp.squeeze(-1).detach()}
+
+
+def psft_loss(logits, targets, old_logp=None, cfg: LossConfig = LossConfig()):
+    """PSFT: PPO clip with advantage 1 on every expert token, ratio against the log-probs taken at the start
+    of the batch (old_logp [N]; None means 'now', i.e. ratio 1, where PSFT equals CE)."""
+    lp, _ = _student_log_prob(logits, targets)
+    old = lp.detach() if old_logp is None else _fp32(old_logp)
+    ratio = torch.exp(lp - old)
+    loss = torch.maximum(-ratio, -ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high))   # A = 1
+    return loss, {"lp": lp.detach(), "clipped": (ratio > 1 + cfg.clip_high).float()}
+
+
+# name -> (function, what extra input the trainer must provide: None, "teacher", "base" or "old_logp")
+LOSSES = {
+    "sft": (ce_loss, None),
+    "curio": (curio_sft_loss, "teacher"),
+    "curio_fixed_tau": (curio_sft_loss, "teacher"),
+    "curio_self_teacher": (curio_sft_loss, None),
+    "entropy": (entropy_reg_loss, None),
+    "entropy_top20": (entropy_reg_loss, None),
+    "kl": (kl_to_base_loss, "base"),
+    "dft": (dft_loss, None),
+    "gem": (gem_loss, None),
+    "psft": (psft_loss, "old_logp"),
+}
+
+
+def per_token_loss(name, logits, targets, cfg: LossConfig = LossConfig(), extra=None):
+    """Dispatch by --loss name. extra: teacher logits, base logits or old log-probs, as LOSSES says."""
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; choose one of {sorted(LOSSES)}")
+    if name == "curio_fixed_tau" and cfg.fixed_tau is None:
+        cfg = LossConfig(**{**cfg.__dict__, "fixed_tau": 1.3})
+    if name in ("curio", "curio_fixed_tau"):
+        loss, diag = curio_sft_loss(logits, targets, extra, cfg)
+    elif name == "curio_self_teacher":
+        loss, diag = curio_sft_loss(logits, targets, None, cfg)
+    elif name == "entropy_top20":
+        loss, diag = entropy_reg_loss(logits, targets, cfg, top_frac=cfg.entropy_top_frac)
+    elif LOSSES[name][1] is None:
+        loss, diag = LOSSES[name][0](logits, targets, cfg)
+    else:
+        loss, diag = LOSSES[name][0](logits, targets, extra, cfg=cfg)
+    if not bool(torch.isfinite(loss).all()):
+        raise FloatingPointError(_diagnose_nonfinite(logits, targets, extra))
+    return loss, diag
+
+
+def _diagnose_nonfinite(logits, targets, extra):
+    """Say which input made the loss non-finite (only called on the error path)."""
+    if torch.isnan(logits).any():
+        return f"the loss is not finite: the student logits contain NaN ({int(torch.isnan(logits).sum())} values)"
+    if extra is not None and extra.is_floating_point() and torch.isnan(extra).any():
+        return "the loss is not finite: the teacher/base logits or old log-probs contain NaN"
+    if torch.isneginf(logits.gather(-1, targets.unsqueeze(-1))).any():
+        return "the loss is not finite: an expert token has a -inf student logit (probability 0)"
+    return "the loss is not finite: check the logits for inf values"
+
+
+# ------------------------------------------------------------------------------------------------
+# Logging
+# ------------------------------------------------------------------------------------------------
+def split_entropy(h: torch.Tensor, top_frac: float = 0.2):
+    """Mean entropy of the top-20% and of the bottom-80% positions (paper Fig. 2a/b). h [N] -> (top, bottom)."""
+    if h.numel() == 0:
+        return float("nan"), float("nan")
+    cut = torch.quantile(h.float(), 1 - top_frac)
+    top, bottom = h[h >= cut], h[h < cut]
+    return top.mean().item(), (bottom.mean().item() if bottom.numel() else float("nan"))
+
+
+def summarize(diag: dict[str, torch.Tensor], alpha: float = 1.0) -> dict[str, float]:
+    """Per-batch scalars from per-token diagnostics concatenated over a batch (any subset of the keys)."""
+    out = {}
+    if "lp" in diag:
+        out["ce"] = -diag["lp"].mean().item()
+    if "lq" in diag:
+        out["distill"] = (0.5 * (diag["lp"] - diag["lq"]) ** 2).mean().item()
+        tau = diag["tau"]
+        out |= {"tau_mean": tau.mean().item(), "tau_min": tau.min().item(), "tau_max": tau.max().item()}
+    for key in ("clamped_low", "clamped_high", "forced_tau_min", "clipped"):
+        if key in diag:
+            out[f"frac_{key}"] = diag[key].mean().item()
+    if "weight" in diag:  # w_t = 1 - alpha (lp - lq): CE's per-token multiplier under CurioSFT
+        w = diag["weight"]
+        out |= {"w_mean": w.mean().item(), "w_frac_neg": (w < 0).float().mean().item(),
+                "w_frac_above_1": (w > 1).float().mean().item()}
+    for key in ("teacher_entropy", "student_entropy"):
+        if key in diag:
+            out[f"{key}_top20"], out[f"{key}_bottom80"] = split_entropy(diag[key])
+    if "kl_to_base" in diag:
+        out["kl_to_base"] = diag["kl_to_base"].mean().item()
+    return out
+
+
+# ------------------------------------------------------------------------------------------------
+# Benchmark: python curio_loss.py [--tokens N] [--vocab V]
+# ------------------------------------------------------------------------------------------------
+def llm_like_logits(n: int, v: int, seed: int = 0) -> torch.Tensor:
+    """Synthetic logits [n, v] shaped like an LLM's: a Gaussian bulk, a heavy upper tail, and per token 1-4
+    head candidates a random margin above it, so entropies range from ~0 (facts) to a few nats (branches)."""
+    g = torch.Generator().manual_seed(seed)
+    z = 2.0 * torch.randn(n, v, generator=g)
+    z += 3.0 * torch.rand(n, v, generator=g).pow(8)                      # a few tokens far above the bulk
+    heads = torch.randint(0, v, (n, 4), generator=g)
+    margin = 17.0 + 10.0 * torch.rand(n, 1, generator=g)                  # how far the top token sits above the bulk
+    branching = torch.rand(n, 1, generator=g) < 0.35                      # 1-3 rivals close to the top token
+    gaps = 3.0 * torch.rand(n, 3, generator=g) + torch.where(branching, 0.0, 4.0)  # [n, 3] nats below the top
+    head_vals = margin - torch.cat([torch.zeros(n, 1), gaps], dim=1)
+    return z.scatter_(1, heads, head_vals)
+
+
+def _bench(n_tokens: int, vocab: int, reps: int):
+    import time
+
+    def timed(fn):
+        fn()
+        start = time.perf_counter()
+        for _ in range(reps):
+            fn()
+        return (time.perf_counter() - start) / reps
+
+    torch.manual_seed(0)
+    teacher = llm_like_logits(n_tokens, vocab, seed=1)
+    student = teacher + 0.5 * torch.randn_like(teacher)
+    targets = torch.distributions.Categorical(logits=teacher[:, :]).sample()
+    cfg, newton = LossConfig(), LossConfig(solver="newton")
+    t_lse = timed(lambda: torch.logsumexp(teacher, -1))
+    t_teacher = timed(lambda: teacher_log_prob(teacher, targets, cfg))
+    t_teacher_newton = timed(lambda: teacher_log_prob(teacher, targets, newton))
+    t_loss = timed(lambda: curio_sft_loss(student, targets, teacher, cfg))
+    n_ref = max(1, n_tokens // 16)
+    t_ref = timed(lambda: curio_loss_reference(student[:n_ref], teacher[:n_ref], targets[:n_ref], cfg)) / n_ref
+    per_tok = 1e6 / n_tokens
+    h = entropy(teacher)
+    print(f"N={n_tokens} tokens x V={vocab}, k={cfg.top_k}, {torch.get_num_threads()} threads, float32 CPU; "
+          f"teacher entropy median {h.median():.2f}, 80th pct {h.quantile(0.8):.2f} nats")
+    print(f"logsumexp pass (floor)           {t_lse * per_tok:9.1f} us/token")
+    print(f"teacher side, bisection          {t_teacher * per_tok:9.1f} us/token  = {t_teacher / t_lse:.2f}x logsumexp")
+    print(f"teacher side, safeguarded Newton {t_teacher_newton * per_tok:9.1f} us/token  = {t_teacher_newton / t_lse:.2f}x logsumexp")
+    print(f"whole CurioSFT loss (vectorized) {t_loss * per_tok:9.1f} us/token  = {t_loss / t_lse:.2f}x logsumexp")
+    print(f"reference (token by token)       {t_ref * 1e6:9.1f} us/token  -> vectorized is {t_ref / (t_loss / n_tokens):.0f}x faster")
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(description="Time the CurioSFT loss against one logsumexp pass.")
+    parser.add_argument("--tokens", type=int, default=256)
+    parser.add_argument("--vocab", type=int, default=151936)
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args()
+    _bench(args.tokens, args.vocab, args.reps)

@@ -1,0 +1,408 @@
+"""The paper's theorems (App. A-C) numerically, and the CurioSFT loss against its token-by-token reference."""
+import math
+
+import pytest
+import torch
+
+import curio_loss as cl
+from curio_loss import LossConfig
+
+V_BIG = 151936  # Qwen2.5 vocabulary
+
+
+def logits_of_kind(kind: str, n: int, v: int, seed: int = 0, dtype=torch.float64) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, v, generator=g, dtype=dtype)
+    if kind == "peaked":
+        z[:, 0] += 12.0
+    elif kind == "flat":
+        z *= 0.05
+    elif kind == "heavy_tailed":  # Student-t-like tail: a few very large logits
+        z = z / torch.rand(n, v, generator=g, dtype=dtype).clamp_min(1e-3).sqrt()
+    return z
+
+
+def kl(q, p):
+    return (q * (q.log() - p.log())).sum(-1)
+
+
+# ---------------------------------------------------------------- Appendix A
+@pytest.mark.parametrize("v", [2, 37, 1000])
+def test_appA_negative_entropy_is_kl_to_uniform_minus_log_v(v):
+    z = logits_of_kind("random", 16, v, seed=v).requires_grad_()
+    p = torch.softmax(z, -1)
+    neg_h = -cl.entropy(z).double()
+    kl_u = (p * (p.log() + math.log(v))).sum(-1)
+    torch.testing.assert_close(neg_h, kl_u - math.log(v), rtol=0, atol=1e-5)
+    # ... hence the same gradient: entropy regularisation pulls every token towards uniform
+    g_h, = torch.autograd.grad(neg_h.sum(), z, retain_graph=True)
+    g_kl, = torch.autograd.grad(kl_u.sum(), z)
+    torch.testing.assert_close(g_h, g_kl, rtol=0, atol=1e-5)
+
+
+# ---------------------------------------------------------------- Appendix B
+@pytest.mark.parametrize("kind", ["random", "peaked", "flat", "heavy_tailed"])
+@pytest.mark.parametrize("v", [5, 512, V_BIG])
+def test_appB_dH_dtau_is_variance_over_tau_cubed(kind, v):
+    z = logits_of_kind(kind, 3, v, seed=7)
+    for tau0 in (0.7, 1.0, 1.3, 2.0):
+        tau = torch.full((3,), tau0, dtype=torch.float64, requires_grad=True)
+        logp = torch.log_softmax(z / tau[:, None], -1)
+        h = -(logp.exp() * logp).sum(-1)
+        dh, = torch.autograd.grad(h.sum(), tau)
+        p = logp.exp().detach()
+        var = (p * z**2).sum(-1) - (p * z).sum(-1) ** 2
+        torch.testing.assert_close(dh, var / tau0**3, rtol=1e-6, atol=1e-12)
+        assert (dh >= 0).all()
+        # the solver's float32 helper computes the same H and Var
+        h32, var32 = cl._entropy_and_variance(z.float(), tau.detach().float())
+        torch.testing.assert_close(h32.double(), h.detach(), rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(var32.double(), var, rtol=1e-3, atol=1e-4)
+
+
+def test_appB_entropy_is_monotone_in_temperature():
+    z = cl.llm_like_logits(8, 4096, seed=3).double()
+    taus = torch.linspace(0.5, 3.0, 60, dtype=torch.float64)
+    h = torch.stack([cl.entropy(z, t) for t in taus])            # [60, 8]
+    assert (h.diff(dim=0) >= -1e-6).all()
+
+
+# ---------------------------------------------------------------- Appendix C
+def temperature_for_entropy(z, target):
+    """float64 bisection on a wide bracket: the tau with H(softmax(z / tau)) = target."""
+    lo, hi = 1.0, 200.0
+    for _ in range(200):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if cl.entropy(z, mid).item() < target else (lo, mid)
+    return (lo + hi) / 2
+
+
+def make_feasible(q, target):
+    """Mix q with the uniform distribution until H >= target (entropy is concave, so this is monotone)."""
+    u = torch.full_like(q, 1 / q.numel())
+    lo, hi = 0.0, 1.0
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if cl.entropy(((1 - mid) * q + mid * u).log()) >= target else (mid, hi)
+    return (1 - hi) * q + hi * u
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_appC_temperature_scaling_is_the_kl_closest_higher_entropy_teacher(seed):
+    g = torch.Generator().manual_seed(seed)
+    v = 12
+    z = 2.0 * torch.randn(v, generator=g, dtype=torch.float64)
+    pi = torch.softmax(z, -1)
+    delta = 0.05 + 0.4 * torch.rand(1, generator=g).item()
+    target = cl.entropy(z).item() + delta
+    tau_star = temperature_for_entropy(z, target)
+    q_star = torch.softmax(z / tau_star, -1)
+    assert tau_star > 1
+    assert abs(cl.entropy(q_star.log()).item() - target) < 1e-9          # the constraint holds with equality
+    kl_star = kl(q_star, pi).item()
+
+    # every other feasible q is strictly farther from pi
+    for _ in range(200):
+        q = torch.softmax(q_star.log() + 0.5 * torch.randn(v, generator=g, dtype=torch.float64), -1)
+        q = make_feasible(q, target)
+        assert cl.entropy(q.log()).item() >= target - 1e-9
+        assert kl(q, pi).item() > kl_star
+
+    # a constrained optimisation started elsewhere converges to q_star (quadratic penalty, growing weight)
+    w = torch.randn(v, generator=g, dtype=torch.float64).requires_grad_()
+    for rho in (1e1, 1e2, 1e3, 1e4, 1e5):
+        opt = torch.optim.LBFGS([w], max_iter=500, tolerance_grad=1e-12, tolerance_change=1e-15,
+                                line_search_fn="strong_wolfe")
+
+        def closure():
+            opt.zero_grad()
+            q = torch.softmax(w, -1)
+            obj = kl(q, pi) + rho * torch.relu(target - cl.entropy(w)) ** 2
+            obj.backward()
+            return obj
+
+        opt.step(closure)
+    q_opt = torch.softmax(w.detach(), -1)
+    assert (q_opt - q_star).abs().max().item() < 1e-3
+    assert abs(cl.entropy(w.detach()).item() - target) < 1e-3
+
+
+# ---------------------------------------------------------------- reference vs vectorized
+def mixed_logits(n, v, seed):
+    """Rows of every regime: near one-hot (rule fires), low and high entropy, uniform, -inf entries."""
+    g = torch.Generator().manual_seed(seed)
+    z = torch.randn(n, v, generator=g) * torch.linspace(0.2, 4.0, n)[:, None]
+    z[: n // 4, 0] += 25.0                      # near one-hot: entropy below 0.03
+    z[n // 4: n // 2, 1] += 6.0                 # low entropy
+    z[-1] = 0.0                                 # uniform
+    z[-2, : v // 2] = float("-inf")             # half the vocabulary masked
+    return z
+
+
+@pytest.mark.parametrize("cfg", [
+    LossConfig(),
+    LossConfig(low_entropy_threshold=None),
+    LossConfig(fixed_tau=1.3),
+    LossConfig(solver="newton"),
+    LossConfig(h_pivot=0.4, delta_max=1.0, alpha=0.5),
+], ids=["default", "paper_rule", "fixed_tau", "newton", "other_hparams"])
+def test_vectorized_matches_reference_when_k_is_the_vocabulary(cfg):
+    n, v = 48, 300
+    cfg = LossConfig(**{**cfg.__dict__, "top_k": v})
+    teacher = mixed_logits(n, v, seed=1)
+    student = (teacher + torch.randn(n, v)).masked_fill(torch.isneginf(teacher), float("-inf")).requires_grad_()
+    targets = torch.distributions.Categorical(logits=teacher).sample()
+    ref = cl.curio_loss_reference(student, teacher, targets, cfg)
+    vec, diag = cl.curio_sft_loss(student, targets, teacher, cfg)
+    torch.testing.assert_close(vec, ref, rtol=1e-5, atol=1e-5)
+    g_ref, = torch.autograd.grad(ref.sum(), student)
+    g_vec, = torch.autograd.grad(vec.sum(), student)
+    torch.testing.assert_close(g_vec, g_ref, rtol=1e-5, atol=1e-6)
+    if cfg.fixed_tau is None and cfg.delta_max == 0.5:  # every regime of the search is exercised
+        assert diag["clamped_low"].any() and diag["clamped_high"].any()
+        assert ((diag["tau"] > cfg.tau_min) & (diag["tau"] < cfg.tau_max)).any()
+    if cfg.low_entropy_threshold is not None and cfg.fixed_tau is None:
+        assert diag["forced_tau_min"][: n // 4].all()
+
+
+def test_self_teacher_ablation_matches_reference_with_detached_student():
+    n, v = 32, 200
+    cfg = LossConfig(top_k=v)
+    student = mixed_logits(n, v, seed=2).requires_grad_()
+    targets = torch.distributions.Categorical(logits=student.detach()).sample()
+    vec, _ = cl.curio_sft_loss(student, targets, None, cfg)
+    ref = cl.curio_loss_reference(student, student.detach(), targets, cfg)
+    torch.testing.assert_close(vec, ref, rtol=1e-5, atol=1e-5)
+    # the teacher is detached: the gradient is CE's times w_t, no path through the teacher's log-prob
+    g, = torch.autograd.grad(vec.sum(), student)
+    lp = torch.log_softmax(student.detach(), -1).gather(-1, targets[:, None]).squeeze(-1)
+    w = 1 - cfg.alpha * (lp - cl.teacher_log_prob(student.detach(), targets, cfg)[0])
+    g_ce, = torch.autograd.grad(cl.ce_loss(student, targets)[0].sum(), student)
+    torch.testing.assert_close(g, w[:, None] * g_ce, rtol=1e-5, atol=1e-6)
+
+
+def test_top512_approximation_on_llm_like_logits():
+    """At k=512, V=151936 the search sees the renormalised top-512 only (App. D); lq is still exact at the
+    chosen temperature. Stated tolerance against the full-vocabulary reference, per token: loss within 0.2%
+    (relative) for half the tokens, 2% for 90% and 25% for all; the gradient's weight w_t within 0.01 for
+    half and 0.25 for 90%; tau within 0.01 for half. The outliers are tokens whose 150k-token bulk, small
+    at tau=1, grows faster with tau than the top-512 does, so the full-vocabulary search picks a lower tau."""
+    n = 48
+    teacher = cl.llm_like_logits(n, V_BIG, seed=5)
+    student = (teacher + 0.3 * torch.randn(n, V_BIG)).requires_grad_()
+    targets = torch.distributions.Categorical(logits=teacher).sample()
+    vec, diag = cl.curio_sft_loss(student, targets, teacher)
+    ref = cl.curio_loss_reference(student, teacher, targets)
+    rel = ((vec - ref).abs() / ref.abs()).detach()
+    assert rel.median() < 2e-3 and rel.quantile(0.9) < 2e-2 and rel.max() < 0.25
+    # gradients are w_t times CE's, so they differ by |delta w_t| = alpha |delta lq_t| times CE's gradient
+    g_ref, = torch.autograd.grad(ref.sum(), student)
+    g_vec, = torch.autograd.grad(vec.sum(), student)
+    g_ce, = torch.autograd.grad(cl.ce_loss(student, targets)[0].sum(), student)
+    dw = (g_vec - g_ref).norm(dim=-1) / g_ce.norm(dim=-1)
+    assert dw.median() < 0.01 and dw.quantile(0.9) < 0.25
+    _, full_diag = cl.curio_sft_loss(student, targets, teacher, LossConfig(top_k=V_BIG))
+    assert (diag["tau"] - full_diag["tau"]).abs().median() < 0.01
+
+
+def test_newton_matches_bisection_to_1e4():
+    top = cl.llm_like_logits(512, V_BIG, seed=9).topk(512, -1).values
+    target = cl.entropy(top) + cl.entropy_increment(cl.entropy(top), LossConfig())
+    tau_b, lo_b, hi_b = cl.solve_temperature(top, target, LossConfig())
+    tau_n, lo_n, hi_n = cl.solve_temperature(top, target, LossConfig(solver="newton"))
+    inside = ~(lo_b | hi_b)
+    assert inside.sum() > 50
+    assert (tau_b - tau_n).abs().max() < 1e-4
+    assert torch.equal(lo_b, lo_n) and torch.equal(hi_b, hi_n)
+
+
+# ---------------------------------------------------------------- the gradient identity
+@pytest.mark.parametrize("alpha", [1.0, 0.3])
+def test_gradient_is_weighted_cross_entropy_and_teacher_gets_none(alpha):
+    n, v = 40, 1000
+    teacher = cl.llm_like_logits(n, v, seed=11).requires_grad_()
+    student = (teacher.detach() + torch.randn(n, v)).requires_grad_()
+    # half the expert tokens are the teacher's likely ones, half are unfamiliar
+    targets = torch.where(torch.arange(n) % 2 == 0, teacher.detach().argmax(-1), torch.randint(0, v, (n,)))
+    cfg = LossConfig(alpha=alpha)
+    loss, diag = cl.curio_sft_loss(student, targets, teacher, cfg)
+    loss.sum().backward()
+    g_ce, = torch.autograd.grad(cl.ce_loss(student, targets)[0].sum(), student)
+    w = 1 - alpha * (diag["lp"] - diag["lq"])
+    torch.testing.assert_close(student.grad, w[:, None] * g_ce, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(diag["weight"], w)
+    assert teacher.grad is None
+    assert (w > 1).any() and (w < 1).any()   # both regimes occur: unfamiliar tokens up-weighted, confident ones down
+
+
+def test_bf16_inputs_are_computed_in_float32():
+    z = cl.llm_like_logits(16, 4096, seed=4)
+    targets = torch.randint(0, 4096, (16,))
+    loss16, _ = cl.curio_sft_loss(z.bfloat16(), targets, z.bfloat16())
+    loss32, _ = cl.curio_sft_loss(z.bfloat16().float(), targets, z.bfloat16().float())
+    assert loss16.dtype == torch.float32
+    torch.testing.assert_close(loss16, loss32)
+
+
+# ---------------------------------------------------------------- edge cases
+def test_uniform_logits():
+    v = 1000
+    z = torch.zeros(4, v, requires_grad=True)
+    targets = torch.tensor([0, 1, 2, 3])
+    loss, diag = cl.curio_sft_loss(z, targets, z.detach() + 0)
+    # H(tau) is flat, so any target above log V clamps to tau_max; every tau gives the same uniform teacher
+    assert torch.equal(diag["clamped_high"], torch.ones(4))
+    torch.testing.assert_close(diag["lq"], torch.full((4,), -math.log(v)))
+    torch.testing.assert_close(loss, torch.full((4,), math.log(v)))
+    loss.sum().backward()
+    assert torch.isfinite(z.grad).all()
+
+
+def test_near_one_hot_is_forced_to_tau_min_only_with_the_authors_rule():
+    z = torch.full((2, 5000), -30.0)
+    z[:, 7] = 0.0
+    targets = torch.tensor([7, 3])
+    _, diag = cl.curio_sft_loss(z, targets, z)
+    assert torch.equal(diag["tau"], torch.full((2,), 1.1))
+    assert torch.equal(diag["forced_tau_min"], torch.ones(2))
+    _, diag_paper = cl.curio_sft_loss(z, targets, z, LossConfig(low_entropy_threshold=None))
+    assert "forced_tau_min" not in diag_paper
+
+
+def test_full_entropy_rule_decides_exactly_near_the_threshold():
+    """The bound-based test of H_full <= 0.03 agrees with computing H_full, also for rows whose tail mass
+    makes the bounds straddle the threshold."""
+    v, k = 20000, 512
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(256, v, generator=g) * 0.5
+    z[:, 0] += torch.linspace(9.0, 20.0, 256)          # sweeps H_full through 0.03
+    top = z.topk(k, -1).values
+    got = cl._full_entropy_at_most(z, top, torch.logsumexp(top, -1), torch.logsumexp(z, -1),
+                                   cl.entropy(top), 0.03)
+    want = cl.entropy(z.double()) <= 0.03
+    assert want.any() and (~want).any()
+    assert torch.equal(got, want)
+
+
+def test_solver_clamps_targets_outside_the_bracket():
+    top = cl.llm_like_logits(3, 512, seed=1)
+    h_lo, _ = cl._entropy_and_variance(top, torch.full((3,), 1.1))
+    h_hi, _ = cl._entropy_and_variance(top, torch.full((3,), 1.5))
+    target = torch.stack([h_lo[0] - 0.1, h_hi[1] + 0.1, (h_lo[2] + h_hi[2]) / 2])
+    for solver in ("bisect", "newton"):
+        tau, low, high = cl.solve_temperature(top, target, LossConfig(solver=solver))
+        assert tau[0] == 1.1 and tau[1] == 1.5 and 1.1 < tau[2] < 1.5
+        assert low.tolist() == [True, False, False] and high.tolist() == [False, True, False]
+        h_mid, _ = cl._entropy_and_variance(top[2:], tau[2:])
+        assert abs(h_mid.item() - target[2].item()) < 1e-4
+
+
+@pytest.mark.parametrize("name", sorted(cl.LOSSES))
+def test_every_loss_handles_zero_tokens(name):
+    z = torch.zeros(0, 50, requires_grad=True)
+    extra = {"teacher": torch.zeros(0, 50), "base": torch.zeros(0, 50), "old_logp": torch.zeros(0), None: None}
+    loss, diag = cl.per_token_loss(name, z, torch.zeros(0, dtype=torch.long), extra=extra[cl.LOSSES[name][1]])
+    assert loss.shape == (0,)
+    loss.sum().backward()  # a micro-batch without response tokens still runs backward (FSDP needs it)
+    assert z.grad is not None and z.grad.shape == (0, 50)
+
+
+def test_nan_input_raises_a_clear_error():
+    z = torch.randn(4, 50)
+    z[2, 3] = float("nan")
+    with pytest.raises(FloatingPointError, match="student logits contain NaN"):
+        cl.per_token_loss("curio", z, torch.zeros(4, dtype=torch.long), extra=torch.randn(4, 50))
+    with pytest.raises(FloatingPointError, match="teacher"):
+        cl.per_token_loss("curio", torch.randn(4, 50), torch.zeros(4, dtype=torch.long), extra=z)
+
+
+def test_neg_inf_vocabulary_entries_keep_every_loss_finite():
+    z = torch.randn(6, 100)
+    z[:, 50:] = float("-inf")
+    z.requires_grad_()
+    targets = torch.randint(0, 50, (6,))
+    extra = {"teacher": z.detach() + 0.1, "base": z.detach(), "old_logp": torch.full((6,), -3.0), None: None}
+    for name, (_, needs) in cl.LOSSES.items():
+        loss, _ = cl.per_token_loss(name, z, targets, extra=extra[needs])
+        g, = torch.autograd.grad(loss.sum(), z)
+        assert torch.isfinite(loss).all() and torch.isfinite(g).all(), name
+
+
+# ---------------------------------------------------------------- baselines
+def test_baselines_against_hand_computation():
+    g = torch.Generator().manual_seed(0)
+    z = torch.randn(5, 7, generator=g, dtype=torch.float64)
+    y = torch.tensor([0, 3, 6, 2, 2])
+    logp = torch.log_softmax(z, -1)
+    lp = logp[torch.arange(5), y]
+    p = lp.exp()
+    cfg = LossConfig()
+    torch.testing.assert_close(cl.ce_loss(z, y)[0].double(), -lp)
+    torch.testing.assert_close(cl.dft_loss(z, y)[0].double(), -p * lp)
+    # entropy regularisation, all tokens and the top-20% (1 of 5 here)
+    h = -(logp.exp() * logp).sum(-1)
+    torch.testing.assert_close(cl.entropy_reg_loss(z, y, cfg)[0].double(), -lp - 0.06 * h, rtol=1e-6, atol=1e-6)
+    top = cl.entropy_reg_loss(z, y, cfg, top_frac=0.2)[0].double()
+    bonus = torch.where(h == h.max(), h, 0.0)
+    torch.testing.assert_close(top, -lp - 0.06 * bonus, rtol=1e-6, atol=1e-6)
+    # KL to base
+    zb = torch.randn(5, 7, generator=g, dtype=torch.float64)
+    kl_hand = (logp.exp() * (logp - torch.log_softmax(zb, -1))).sum(-1)
+    torch.testing.assert_close(cl.kl_to_base_loss(z, y, zb)[0].double(), -lp + 0.1 * kl_hand, rtol=1e-6, atol=1e-6)
+    assert cl.kl_to_base_loss(z, y, z)[1]["kl_to_base"].abs().max() < 1e-6
+    # GEM, written as the double sum
+    gem = torch.zeros(5, dtype=torch.float64)
+    for i in range(5):
+        q = torch.softmax(z[i] / 0.7, -1)
+        for v in range(7):
+            w = torch.sigmoid(0.01 * (z[i, v] - z[i, y[i]]))
+            gem[i] -= q[v] * w * (lp[i] - logp[i, v])
+    torch.testing.assert_close(cl.gem_loss(z, y)[0].double(), gem, rtol=1e-6, atol=1e-6)
+
+
+def test_psft_clip_on_both_sides():
+    z = torch.zeros(3, 4, requires_grad=True)                 # lp = log(1/4) for every token
+    y = torch.zeros(3, dtype=torch.long)
+    lp0 = math.log(0.25)
+    old = torch.tensor([lp0, lp0 - math.log(2.0), lp0 + math.log(2.0)])   # ratios 1, 2, 0.5
+    loss, diag = cl.psft_loss(z, y, old)
+    torch.testing.assert_close(loss, torch.tensor([-1.0, -1.28, -0.5]))
+    assert diag["clipped"].tolist() == [0.0, 1.0, 0.0]
+    loss.sum().backward()
+    # clipped above 1.28: no gradient; below 0.8 with A > 0 the unclipped term is the max: gradient flows
+    assert z.grad[1].abs().max() == 0
+    assert z.grad[0].abs().max() > 0 and z.grad[2].abs().max() > 0
+    # with old = now PSFT is CE: same gradient
+    z2 = torch.randn(3, 4, requires_grad=True)
+    g_psft, = torch.autograd.grad(cl.psft_loss(z2, y)[0].sum(), z2)
+    g_ce, = torch.autograd.grad(cl.ce_loss(z2, y)[0].sum(), z2)
+    torch.testing.assert_close(g_psft, g_ce)
+
+
+def test_dispatch_names_and_unknown_loss():
+    with pytest.raises(ValueError, match="unknown loss 'ce'"):
+        cl.per_token_loss("ce", torch.randn(2, 5), torch.zeros(2, dtype=torch.long))
+    z = cl.llm_like_logits(8, 2000, seed=2)
+    y = torch.randint(0, 2000, (8,))
+    _, diag = cl.per_token_loss("curio_fixed_tau", z, y, extra=z)
+    assert torch.equal(diag["tau"], torch.full((8,), 1.3))
+    _, diag = cl.per_token_loss("curio", z, y, extra=z)
+    assert not torch.equal(diag["tau"], torch.full((8,), 1.3))
+
+
+def test_summarize_reports_the_logged_statistics():
+    z = cl.llm_like_logits(200, 3000, seed=6)
+    y = torch.distributions.Categorical(logits=z).sample()
+    _, diag = cl.curio_sft_loss(z + 0.5 * torch.randn_like(z), y, z)
+    diag["student_entropy"] = cl.entropy(z)
+    s = cl.summarize(diag)
+    for key in ("ce", "distill", "tau_mean", "tau_min", "tau_max", "frac_clamped_low", "frac_clamped_high",
+                "frac_forced_tau_min", "w_mean", "w_frac_neg", "w_frac_above_1",
+                "student_entropy_top20", "student_entropy_bottom80"):
+        assert key in s and math.isfinite(s[key]), key
+    assert 1.1 <= s["tau_min"] <= s["tau_mean"] <= s["tau_max"] <= 1.5
+    assert s["student_entropy_top20"] > s["student_entropy_bottom80"]
+    h = diag["student_entropy"]
+    top, bottom = cl.split_entropy(h)
+    assert top == pytest.approx(h.sort().values[-40:].mean().item(), rel=1e-5)
+    assert bottom == pytest.approx(h.sort().values[:160].mean().item(), rel=1e-5)
