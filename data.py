@@ -1,0 +1,324 @@
+"""Text to tensors for CurioSFT: the training prompt (paper Table 7), loaders for the authors' parquet/JSONL
+schema, tokenisation with a response-only loss mask, length-grouped micro-batches, and a toy tokenizer.
+
+Row schema (the authors' and LUFFY's files, e.g. OpenR1-Math-46K and the eval sets):
+    data_source: str
+    prompt: [{role: system, content}, {role: user, content: <question>}]
+    reward_model: {ground_truth: str, style: "rule"}
+    target: [{role: assistant, content: "<think>\\n..."}]   (training files only: the expert response)
+"""
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import pyarrow.parquet as pq
+import torch
+
+# ---------------------------------------------------------------------------------------------------------
+# Prompt (paper Table 7)
+# ---------------------------------------------------------------------------------------------------------
+SYSTEM_PROMPT = (
+    "You are an exceptional mathematician. Your task is to solve mathematical questions through a systematic "
+    "and thorough reasoning process. This involves careful analysis, exploration of possible approaches, "
+    "verification of intermediate steps, critical reassessment, and iterative refinement of your reasoning "
+    "process.\n\n"
+    'Structure your response in two distinct sections: "Thought" and "Solution".\n'
+    'In the "Thought" section, present your detailed reasoning process in the following format:\n'
+    "<think>\n"
+    "{Your detailed reasoning, including brainstorming, logical deductions, verification, and refinement of ideas.}\n"
+    "</think>\n"
+    'This section must conclude with "</think>", and should reflect deep, reflective, and self-correcting '
+    "thinking process.\n"
+    'In the "Solution" section, following the "</think>", concisely draw the final, logical, and accurate '
+    "answer from your reasoning.\n\n"
+    "Please output your final answer within \\boxed{}."
+)
+USER_PREFIX = "Here is the question:"  # Table 7: no space before {question}
+THINK = "<think>\n"  # Table 7 opens the assistant turn with it, so the model only writes the reasoning onwards
+
+
+def _chatml(messages: list[dict]) -> str:
+    """Qwen's ChatML, ending with an opened assistant turn (what add_generation_prompt=True gives)."""
+    turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+    return turns + "<|im_start|>assistant\n"
+
+
+def build_prompt(question: str, tokenizer=None) -> str:
+    """Table 7 prompt, ending with "<|im_start|>assistant\\n<think>\\n"."""
+    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": USER_PREFIX + question}]
+    if tokenizer is not None and tokenizer.chat_template:
+        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    else:
+        text = _chatml(messages)
+    # Some templates (e.g. DeepSeek-R1 distills) already open the think block; never open it twice.
+    return text if text.endswith(THINK) else text + THINK
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loaders: .parquet, .jsonl, .json; a bad row is an error naming file, row and field, never skipped
+# ---------------------------------------------------------------------------------------------------------
+@dataclass
+class Example:
+    question: str  # content of the last user message in `prompt`
+    ground_truth: str  # reward_model.ground_truth, numbers converted with str()
+    response: str | None  # target[0].content without its leading "<think>\n"; None when the file has no target
+    data_source: str
+    row: int  # 0-based row in the file, for error messages and de-duplication
+
+
+def _read_rows(path: Path) -> list:
+    if path.suffix == ".parquet":
+        return pq.read_table(path).to_pylist()  # plain dicts and lists, not numpy arrays as pandas gives
+    if path.suffix == ".jsonl":
+        rows = []
+        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise ValueError(f"{path} row {i}: invalid JSON ({e})") from None
+        return rows
+    if path.suffix == ".json":
+        rows = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(rows, list):
+            raise ValueError(f"{path}: expected a JSON list of rows, got {type(rows).__name__}")
+        return rows
+    raise ValueError(f"{path}: unknown extension {path.suffix!r} (expected .parquet, .jsonl or .json)")
+
+
+def _parse_row(row, i: int, path: Path, require_response: bool) -> Example:
+    def bad(field, problem):
+        return ValueError(f"{path} row {i}: field '{field}' {problem}")
+
+    def get(obj, key, field, kind):
+        """obj[key] checked to be a `kind`; `field` is the dotted name used in the error."""
+        value = obj.get(key) if isinstance(obj, dict) else None
+        if value is None:
+            raise bad(field, "is missing")
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise bad(field, f"has type {type(value).__name__}")
+        return value
+
+    def text(obj, key, field):
+        value = get(obj, key, field, str)
+        if not value.strip():
+            raise bad(field, "is empty")
+        return value
+
+    if not isinstance(row, dict):
+        raise ValueError(f"{path} row {i}: expected an object, got {type(row).__name__}")
+    data_source = get(row, "data_source", "data_source", str)
+
+    messages = get(row, "prompt", "prompt", list)
+    users = [k for k, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
+    if not users:
+        raise bad("prompt", "has no user message")
+    question = text(messages[users[-1]], "content", f"prompt[{users[-1]}].content")
+
+    reward_model = get(row, "reward_model", "reward_model", dict)
+    ground_truth = str(get(reward_model, "ground_truth", "reward_model.ground_truth", (str, int, float)))
+    if not ground_truth.strip():
+        raise bad("reward_model.ground_truth", "is empty")
+
+    response = None
+    if row.get("target") is not None or require_response:
+        target = get(row, "target", "target", list)
+        if not target:
+            raise bad("target", "is empty")
+        response = get(target[0], "content", "target[0].content", str).removeprefix(THINK)
+        if not response.strip():  # also catches a response that is only "<think>\n"
+            raise bad("target[0].content", "is empty")
+    return Example(question, ground_truth, response, data_source, i)
+
+
+def load_examples(path, require_response: bool = False) -> list[Example]:
+    """Every row of a .parquet, .jsonl or .json (list of rows) file in the schema above.
+    Raises ValueError naming the file (and the row and field) for a missing file, an unknown extension,
+    an empty file or any bad row. require_response=True makes `target` mandatory (SFT files)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: file not found")
+    rows = _read_rows(path)
+    if not rows:
+        raise ValueError(f"{path}: no rows")
+    return [_parse_row(row, i, path, require_response) for i, row in enumerate(rows)]
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tokenisation: prompt tokens are context, the response and its EOS are targets
+# ---------------------------------------------------------------------------------------------------------
+def _eos_id(tokenizer) -> int:
+    if tokenizer.eos_token_id is None:
+        raise ValueError("tokenizer has no eos_token_id: the expert response must end with EOS")
+    return tokenizer.eos_token_id
+
+
+def _join(prompt_ids: list[int], response_ids: list[int], eos_id: int) -> tuple[list[int], list[int]]:
+    # Unlike verl's SFT dataset (off by one: it trains the last prompt token and not EOS), the mask is 1 on
+    # exactly the response tokens and EOS, so the model learns to stop (DESIGN.md, SFT settings).
+    input_ids = prompt_ids + response_ids + [eos_id]
+    loss_mask = [0] * len(prompt_ids) + [1] * (len(response_ids) + 1)
+    return input_ids, loss_mask
+
+
+def tokenize_sft(tokenizer, prompt: str, response: str) -> tuple[list[int], list[int]]:
+    """(input_ids, loss_mask), both of length len(prompt ids) + len(response ids) + 1.
+    Prompt and response are encoded separately so the boundary is exact (no BPE merge across it)."""
+    prompt_ids = tokenizer.encode(prompt, add_special_tokens=False)
+    response_ids = tokenizer.encode(response, add_special_tokens=False)
+    return _join(prompt_ids, response_ids, _eos_id(tokenizer))
+
+
+def build_sft_data(tokenizer, examples: list[Example], max_prompt_len: int = 1024, max_response_len: int = 8192):
+    """[(input_ids, loss_mask)] (int32 tensors) for every example that fits, and stats {"kept", "dropped_prompt",
+    "dropped_response"} for the caller to print: an over-long example is dropped, never truncated
+    (a truncated response would teach the model to stop without an answer)."""
+    eos_id = _eos_id(tokenizer)
+    for ex in examples:
+        if ex.response is None:
+            raise ValueError(f"row {ex.row}: no expert response (load the file with require_response=True)")
+    data, stats = [], {"kept": 0, "dropped_prompt": 0, "dropped_response": 0}
+    chunk = 512  # batched encoding is much faster (Rust threads); chunks bound the memory of one call
+    for start in range(0, len(examples), chunk):
+        part = examples[start : start + chunk]
+        prompts = tokenizer([build_prompt(ex.question, tokenizer) for ex in part], add_special_tokens=False)
+        responses = tokenizer([ex.response for ex in part], add_special_tokens=False)
+        for p_ids, r_ids in zip(prompts["input_ids"], responses["input_ids"]):
+            if len(p_ids) > max_prompt_len:
+                stats["dropped_prompt"] += 1
+            elif len(r_ids) + 1 > max_response_len:  # +1: the EOS is part of the response
+                stats["dropped_response"] += 1
+            else:  # int32 tensors: ~5 bytes a token instead of ~40 as Python lists (46k x 4k tokens per rank)
+                ids, mask = _join(p_ids, r_ids, eos_id)
+                data.append((torch.tensor(ids, dtype=torch.int32), torch.tensor(mask, dtype=torch.int32)))
+                stats["kept"] += 1
+    return data, stats
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Batching: one optimiser step = `global_batch` examples, split into length-grouped micro-batches
+# ---------------------------------------------------------------------------------------------------------
+def _padded(mb: list[int], lengths: list[int]) -> int:
+    return max(lengths[i] for i in mb) * len(mb)
+
+
+def _pack(step: list[int], lengths: list[int], token_budget: int) -> list[list[int]]:
+    """Greedy packing, longest first: the first sequence of a micro-batch sets its padded length, so a
+    sequence joins while (n + 1) * that length fits. A sequence over the budget alone forms a micro-batch."""
+    mbs = []
+    for i in sorted(step, key=lambda i: (-lengths[i], i)):
+        if mbs and lengths[mbs[-1][0]] * (len(mbs[-1]) + 1) <= token_budget:
+            mbs[-1].append(i)
+        else:
+            mbs.append([i])
+    return mbs
+
+
+def _deal(mbs: list[list[int]], lengths: list[int], world_size: int) -> list[list[list[int]]]:
+    """Equal micro-batch counts per rank, padded tokens balanced: costliest first, dealt in snake order
+    (0..w-1, w-1..0, ...). Each rank then also runs its largest micro-batch first, so an OOM shows at once."""
+    ranks = [[] for _ in range(world_size)]
+    for k, mb in enumerate(sorted(mbs, key=lambda mb: -_padded(mb, lengths))):
+        r = k % world_size
+        ranks[r if (k // world_size) % 2 == 0 else world_size - 1 - r].append(mb)
+    return ranks
+
+
+def plan_micro_batches(lengths: list[int], global_batch: int, token_budget: int, world_size: int, seed: int,
+                       epoch: int) -> list[list[list[list[int]]]]:
+    """The epoch's plan: plan[step][rank] = micro-batches (lists of example indices) that rank runs.
+
+    A pure function of its arguments, so every rank computes the same plan without communicating.
+    Like DistributedSampler(drop_last=True): shuffled with seed + epoch, and the last len(lengths) %
+    global_batch examples of the shuffled order are left out of this epoch. Within a step every example
+    appears exactly once, ranks are disjoint, and every rank runs the same number of micro-batches (FSDP's
+    collectives hang otherwise). Padded size (longest * count) stays <= token_budget except for a single
+    sequence longer than it."""
+    if global_batch % world_size != 0:
+        raise ValueError(f"global_batch {global_batch} is not divisible by world_size {world_size}")
+    n_steps = len(lengths) // global_batch
+    if n_steps == 0:
+        raise ValueError(f"{len(lengths)} examples are fewer than one global batch of {global_batch}")
+    order = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+    plan = []
+    for s in range(n_steps):
+        mbs = _pack(order[s * global_batch : (s + 1) * global_batch], lengths, token_budget)
+        # Split the fullest micro-batch until ranks can get equal counts. This ends: all singletons would
+        # give global_batch micro-batches, a multiple of world_size. Halves of a packed batch still fit.
+        while len(mbs) % world_size:
+            mb = mbs.pop(max(range(len(mbs)), key=lambda j: len(mbs[j])))
+            mbs += [mb[: len(mb) // 2], mb[len(mb) // 2 :]]
+        plan.append(_deal(mbs, lengths, world_size))
+    return plan
+
+
+def collate(batch: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-pads a micro-batch to its longest sequence.
+
+    loss_mask is aligned with input_ids: loss_mask[b, t] = 1 when token input_ids[b, t] is a trained target,
+    predicted from positions < t. The trainer therefore scores logits[:, :-1] against input_ids[:, 1:] and
+    weights with loss_mask[:, 1:] (position 0 is never a target). Padding has attention_mask = loss_mask = 0."""
+    T = max(len(ids) for ids, _ in batch)
+    input_ids = torch.full((len(batch), T), pad_id, dtype=torch.long)  # [B, T]
+    attention_mask = torch.zeros(len(batch), T, dtype=torch.long)  # [B, T]
+    loss_mask = torch.zeros(len(batch), T, dtype=torch.float32)  # [B, T], float: multiplies per-token losses
+    for b, (ids, mask) in enumerate(batch):
+        if len(ids) != len(mask):
+            raise ValueError(f"batch item {b}: {len(ids)} ids but {len(mask)} mask entries")
+        input_ids[b, : len(ids)] = torch.as_tensor(ids)
+        attention_mask[b, : len(ids)] = 1
+        loss_mask[b, : len(ids)] = torch.as_tensor(mask, dtype=torch.float32)
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+
+
+def padding_efficiency(lengths: list[int], micro_batches: list[list[int]]) -> float:
+    """Real tokens / padded tokens over the micro-batches (1.0 = no padding), for logging."""
+    real = sum(lengths[i] for mb in micro_batches for i in mb)
+    return real / sum(_padded(mb, lengths) for mb in micro_batches)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Toy tokenizer for the CPU demo and tests: byte-level BPE in Qwen2's format
+# ---------------------------------------------------------------------------------------------------------
+# Qwen2's pre-tokenizer regex, as transformers' Qwen2Tokenizer rebuilds it. A tokenizer saved beside a config.json
+# with model_type=qwen2 is reloaded by AutoTokenizer (and vLLM) as Qwen2Tokenizer, which replaces the saved
+# normaliser and pre-tokenizer with Qwen's; training with the same ones keeps the ids identical after reload.
+QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
+# Qwen2.5's plain ChatML template (without tools or a default system turn); _chatml() writes the same text.
+CHATML_TEMPLATE = (
+    r"{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    r"{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def build_toy_tokenizer(texts: list[str], vocab_size: int = 2048):
+    """A byte-level BPE tokenizer trained on `texts`, as a transformers tokenizer with eos = pad =
+    <|endoftext|>, ChatML special tokens and a ChatML chat template. "<think>" and "</think>" are added
+    (non-special) tokens so that they stay one token each and survive decode(skip_special_tokens=True).
+    The vocabulary has at most vocab_size + 2 entries (fewer when the texts have fewer merges to learn):
+    size models with len(tokenizer). Training is deterministic."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: any text stays encodable
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    tokenizer.add_tokens(["<think>", "</think>"])
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer

@@ -1,0 +1,272 @@
+"""Tests for data.py: prompt, loaders, loss mask, micro-batch plan, collate, toy tokenizer."""
+import json
+import random
+
+import pandas as pd
+import pytest
+import torch
+import transformers
+
+import data
+
+QUESTION = "What is $12 + 34$?"
+RESPONSE = "Add the units: 2 + 4 = 6.\nThen the tens.\n</think>\nThe answer is \\boxed{46}."
+
+
+@pytest.fixture(scope="module")
+def tok():
+    sums = [f"{a} + {b} = {a + b}, so \\boxed{{{a + b}}}. IT'S ({a})\n" for a in range(40) for b in range(9)]
+    return data.build_toy_tokenizer([data.SYSTEM_PROMPT, QUESTION, RESPONSE] + sums, vocab_size=512)
+
+
+@pytest.fixture(scope="module")
+def tok_no_template():
+    tokenizer = data.build_toy_tokenizer([data.SYSTEM_PROMPT, RESPONSE], vocab_size=512)
+    tokenizer.chat_template = None  # forces build_prompt's plain ChatML fallback
+    return tokenizer
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Prompt
+# ---------------------------------------------------------------------------------------------------------
+def test_prompt_is_table_7(tok):
+    expected = (
+        f"<|im_start|>system\n{data.SYSTEM_PROMPT}<|im_end|>\n"
+        f"<|im_start|>user\nHere is the question:{QUESTION}<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n"
+    )
+    assert data.build_prompt(QUESTION) == expected  # plain fallback
+    assert data.build_prompt(QUESTION, tok) == expected  # the toy's chat template is the same ChatML
+    assert data.SYSTEM_PROMPT.startswith("You are an exceptional mathematician.")
+    assert data.SYSTEM_PROMPT.endswith("within \\boxed{}.") and "\\\\" not in data.SYSTEM_PROMPT
+
+
+def test_prompt_does_not_open_think_twice():
+    class R1Style:  # a template that opens the think block itself, like DeepSeek-R1 distills
+        chat_template = "stub"
+
+        def apply_chat_template(self, messages, add_generation_prompt, tokenize):
+            return "".join(m["content"] for m in messages) + "<|Assistant|><think>\n"
+
+    prompt = data.build_prompt(QUESTION, R1Style())
+    assert prompt.endswith("<|Assistant|><think>\n") and prompt.count("<think>\n") == 2  # 1 in SYSTEM_PROMPT
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Loaders
+# ---------------------------------------------------------------------------------------------------------
+def row(question=QUESTION, ground_truth="46", response="<think>\n" + RESPONSE, source="openr1"):
+    r = {
+        "data_source": source,
+        "prompt": [{"role": "system", "content": "sys"}, {"role": "user", "content": question}],
+        "ability": "math",
+        "reward_model": {"ground_truth": ground_truth, "style": "rule"},
+        "extra_info": {"index": 0, "split": "train"},
+    }
+    if response is not None:
+        r["target"] = [{"role": "assistant", "content": response}]
+    return r
+
+
+def write(path, rows):
+    if path.suffix == ".parquet":
+        pd.DataFrame(rows).to_parquet(path)
+    elif path.suffix == ".jsonl":
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    else:
+        path.write_text(json.dumps(rows))
+    return path
+
+
+@pytest.mark.parametrize("ext", ["parquet", "jsonl", "json"])
+def test_load_parses_fields(tmp_path, ext):
+    rows = [row(), row(question="Q2", ground_truth="\\frac{1}{2}", response="no think prefix", source="amc")]
+    examples = data.load_examples(write(tmp_path / f"train.{ext}", rows), require_response=True)
+    assert examples[0] == data.Example(QUESTION, "46", RESPONSE, "openr1", 0)  # leading "<think>\n" stripped
+    assert examples[1] == data.Example("Q2", "\\frac{1}{2}", "no think prefix", "amc", 1)
+
+
+def test_load_numeric_ground_truth_and_eval_file(tmp_path):
+    examples = data.load_examples(write(tmp_path / "eval.jsonl", [row(ground_truth=42, response=None)]))
+    assert examples[0].ground_truth == "42" and examples[0].response is None
+    with pytest.raises(ValueError, match=r"eval\.jsonl row 0: field 'target' is missing"):
+        data.load_examples(tmp_path / "eval.jsonl", require_response=True)
+
+
+def _drop_reward_model(r):
+    del r["reward_model"]
+
+
+@pytest.mark.parametrize("ext, break_row, field", [
+    ("parquet", lambda r: r.update(reward_model=None), "reward_model"),
+    ("parquet", lambda r: r["target"][0].update(content=""), "target[0].content"),
+    ("jsonl", _drop_reward_model, "reward_model"),
+    ("jsonl", lambda r: r["target"][0].update(content="<think>\n"), "target[0].content"),
+    ("jsonl", lambda r: r["prompt"][1].update(content=123), "prompt[1].content"),
+    ("jsonl", lambda r: r["prompt"][1].update(content="  "), "prompt[1].content"),
+    ("jsonl", lambda r: r["reward_model"].update(ground_truth=""), "reward_model.ground_truth"),
+    ("json", lambda r: r.update(prompt=[{"role": "system", "content": "sys"}]), "prompt"),
+])
+def test_bad_row_names_file_row_and_field(tmp_path, ext, break_row, field):
+    rows = [row(), row(), row()]
+    break_row(rows[1])
+    path = write(tmp_path / f"train.{ext}", rows)
+    with pytest.raises(ValueError) as e:
+        data.load_examples(path)
+    assert f"train.{ext} row 1: field '{field}'" in str(e.value)
+
+
+def test_bad_files(tmp_path):
+    with pytest.raises(ValueError, match=r"missing\.parquet: file not found"):
+        data.load_examples(tmp_path / "missing.parquet")
+    with pytest.raises(ValueError, match=r"train\.csv: unknown extension"):
+        data.load_examples(write(tmp_path / "train.csv", [row()]))
+    (tmp_path / "broken.jsonl").write_text(json.dumps(row()) + "\n{not json\n")
+    with pytest.raises(ValueError, match=r"broken\.jsonl row 1: invalid JSON"):
+        data.load_examples(tmp_path / "broken.jsonl")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tokenisation and the loss mask
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("tokenizer_name", ["tok", "tok_no_template"])
+def test_loss_mask_is_response_and_eos(request, tokenizer_name):
+    tokenizer = request.getfixturevalue(tokenizer_name)
+    prompt = data.build_prompt(QUESTION, tokenizer)
+    ids, mask = data.tokenize_sft(tokenizer, prompt, RESPONSE)
+    n_response = len(tokenizer.encode(RESPONSE, add_special_tokens=False))
+    n_prompt = len(ids) - n_response - 1
+    assert len(mask) == len(ids) and mask == [0] * n_prompt + [1] * (n_response + 1)
+    assert ids[-1] == tokenizer.eos_token_id
+    assert tokenizer.decode([i for i, m in zip(ids, mask) if m]) == RESPONSE + "<|endoftext|>"
+    assert tokenizer.decode([i for i, m in zip(ids, mask) if not m]) == prompt  # nothing of the prompt trained
+
+
+def test_tokenize_needs_eos(tok):
+    class NoEos:
+        eos_token_id = None
+
+        def encode(self, text, add_special_tokens):
+            return tok.encode(text, add_special_tokens=add_special_tokens)
+
+    with pytest.raises(ValueError, match="eos"):
+        data.tokenize_sft(NoEos(), "p", "r")
+
+
+def test_build_sft_data_drops_and_counts_overlong(tok):
+    def ex(question, response, r=0):
+        return data.Example(question, "1", response, "toy", r)
+
+    examples = [ex("short", "ok"), ex("long question " * 200, "ok", 1), ex("short", "long answer " * 200, 2),
+                ex("short", "fine too", 3)]
+    n_prompt = len(tok.encode(data.build_prompt("short", tok), add_special_tokens=False))
+    out, stats = data.build_sft_data(tok, examples, max_prompt_len=n_prompt, max_response_len=20)
+    assert stats == {"kept": 2, "dropped_prompt": 1, "dropped_response": 1}
+    want = [data.tokenize_sft(tok, data.build_prompt("short", tok), r) for r in ("ok", "fine too")]
+    assert [(ids.tolist(), mask.tolist()) for ids, mask in out] == want
+    # The response limit counts the EOS: a response of exactly max_response_len tokens no longer fits.
+    n_ok = len(tok.encode("ok", add_special_tokens=False))
+    assert data.build_sft_data(tok, examples[:1], max_response_len=n_ok)[1]["dropped_response"] == 1
+    with pytest.raises(ValueError, match="row 5: no expert response"):
+        data.build_sft_data(tok, [ex("q", None, 5)])
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Micro-batch plan
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("world_size", [1, 2, 8])
+@pytest.mark.parametrize("token_budget", [600, 10**6])
+def test_plan_covers_each_example_once_with_equal_counts(world_size, token_budget):
+    rng = random.Random(world_size)
+    lengths = [rng.randint(10, 300) for _ in range(203)] + [700, 900]  # two over the 600 budget
+    global_batch = 32
+    plan = data.plan_micro_batches(lengths, global_batch, token_budget, world_size, seed=0, epoch=0)
+    assert len(plan) == len(lengths) // global_batch  # last partial batch dropped
+    seen = []
+    for step in plan:
+        assert len(step) == world_size
+        assert len({len(mbs) for mbs in step}) == 1  # same micro-batch count on every rank
+        step_ids = [i for mbs in step for mb in mbs for i in mb]
+        assert len(step_ids) == len(set(step_ids)) == global_batch  # each once, ranks disjoint
+        seen += step_ids
+        costs = []
+        for mbs in step:
+            for mb in mbs:
+                assert mb and (max(lengths[i] for i in mb) * len(mb) <= token_budget or len(mb) == 1)
+            costs.append(sum(max(lengths[i] for i in mb) * len(mb) for mb in mbs))
+        biggest = max(max(lengths[i] for i in mb) * len(mb) for mbs in step for mb in mbs)
+        assert max(costs) - min(costs) <= biggest  # snake dealing keeps ranks within one micro-batch
+    assert len(seen) == len(set(seen))  # no example twice in an epoch
+
+
+def test_plan_deals_in_snake_order():
+    # Budget 1: every sequence is its own micro-batch, costs 40 > 30 > 20 > 10. Snake order gives both ranks
+    # 50 tokens ({40, 10} and {30, 20}); round robin would give 60 and 40.
+    plan = data.plan_micro_batches([40, 30, 20, 10], global_batch=4, token_budget=1, world_size=2, seed=0, epoch=0)
+    assert plan == [[[[0], [3]], [[1], [2]]]]
+
+
+def test_plan_is_deterministic_and_reshuffles_per_epoch():
+    lengths = list(range(1, 101))
+    args = dict(global_batch=20, token_budget=400, world_size=2, seed=3)
+    assert data.plan_micro_batches(lengths, epoch=0, **args) == data.plan_micro_batches(lengths, epoch=0, **args)
+    assert data.plan_micro_batches(lengths, epoch=0, **args) != data.plan_micro_batches(lengths, epoch=1, **args)
+
+
+def test_plan_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="divisible"):
+        data.plan_micro_batches([10] * 30, global_batch=10, token_budget=100, world_size=4, seed=0, epoch=0)
+    with pytest.raises(ValueError, match="fewer"):
+        data.plan_micro_batches([10] * 5, global_batch=8, token_budget=100, world_size=1, seed=0, epoch=0)
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Collate and padding efficiency
+# ---------------------------------------------------------------------------------------------------------
+def test_collate_right_pads():
+    batch = [([5, 6, 7], [0, 1, 1]), ([8, 9, 10, 11, 12], [0, 0, 1, 1, 1])]
+    out = data.collate(batch, pad_id=0)
+    assert out["input_ids"].tolist() == [[5, 6, 7, 0, 0], [8, 9, 10, 11, 12]]
+    assert out["attention_mask"].tolist() == [[1, 1, 1, 0, 0], [1, 1, 1, 1, 1]]
+    assert out["loss_mask"].tolist() == [[0, 1, 1, 0, 0], [0, 0, 1, 1, 1]]
+    assert out["input_ids"].dtype == out["attention_mask"].dtype == torch.long
+    assert out["loss_mask"].dtype == torch.float32
+    with pytest.raises(ValueError, match="batch item 0"):
+        data.collate([([1, 2], [1])], pad_id=0)
+
+
+def test_padding_efficiency_by_hand():
+    # [[0, 1], [2]]: real 2 + 4 + 3 = 9 tokens; padded 2 * 4 + 1 * 3 = 11.
+    assert data.padding_efficiency([2, 4, 3], [[0, 1], [2]]) == pytest.approx(9 / 11)
+    assert data.padding_efficiency([5, 5], [[0, 1]]) == 1.0
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Toy tokenizer
+# ---------------------------------------------------------------------------------------------------------
+STRINGS = [
+    "12345 + 678 = 7023", "so \\boxed{46}. IT'S (7)", "  two  spaces\n\n\nand newlines\r\n", "\\boxed{12}",
+    "<think>\nhmm</think>\n", "<|im_start|>user\nHi<|im_end|>\n", "it's 'quoted' I'll",
+    "café ü 数学 ∑ x² ﬁ",  # NFC keeps ² and ﬁ (NFKC would not)
+]
+
+
+def test_toy_tokenizer_basics(tok):
+    assert tok.eos_token_id == tok.pad_token_id == tok.convert_tokens_to_ids("<|endoftext|>")
+    for t in ["<think>", "</think>", "<|im_start|>", "<|im_end|>"]:
+        assert len(tok.encode(t, add_special_tokens=False)) == 1
+    for s in STRINGS:
+        assert tok.decode(tok.encode(s, add_special_tokens=False)) == s
+
+
+def test_toy_tokenizer_survives_qwen2_reload(tok, tmp_path):
+    tok.save_pretrained(tmp_path)
+    transformers.Qwen2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
+                             num_key_value_heads=1, intermediate_size=128).save_pretrained(tmp_path)
+    reloaded = transformers.AutoTokenizer.from_pretrained(tmp_path)
+    assert type(reloaded).__name__ == "Qwen2Tokenizer"  # the class that rebuilds the pre-tokenizer
+    assert len(reloaded) == len(tok)
+    assert (reloaded.eos_token_id, reloaded.pad_token_id) == (tok.eos_token_id, tok.pad_token_id)
+    for s in STRINGS + [data.build_prompt(QUESTION, tok) + RESPONSE]:
+        assert reloaded.encode(s, add_special_tokens=False) == tok.encode(s, add_special_tokens=False), s
+    assert data.build_prompt(QUESTION, reloaded) == data.build_prompt(QUESTION)  # chat template saved too
