@@ -10,7 +10,8 @@ Read top to bottom: entropy and Eq. 7, the temperature solver (App. B, D), a tok
 CurioSFT, the vectorized CurioSFT used in training, the baselines, logging, and a benchmark (__main__).
 """
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -45,8 +46,6 @@ class LossConfig:
     """ablation 'w/o adaptive temp.' (Sec. 5.2): the same teacher temperature (1.3) for every token"""
     entropy_coef: float = 0.06
     """entropy-regularisation weight (Sec. 3; 0.06 in the paper's sweep)"""
-    entropy_top_frac: float = 0.2
-    """fraction of highest-entropy tokens that get the entropy bonus in 'entropy_top20' (Table 1)"""
     kl_coef: float = 0.1
     """weight of KL(pi_theta || pi_base) for 'kl' (not given in the paper)"""
     gem_beta: float = 0.7
@@ -222,21 +221,29 @@ def teacher_log_prob(teacher_logits, targets, cfg: LossConfig = LossConfig(), te
     return lq, diag
 
 
+def curio_from_teacher(student_logits, targets, lq, cfg: LossConfig = LossConfig()):
+    """The student side of CurioSFT given the teacher's lq [N] (from teacher_log_prob): per-token loss
+    -lp + alpha/2 (lp - lq)^2 (Eq. 1, 5, 6). Its gradient w.r.t. lp is -(1 - alpha (lp - lq)): cross-entropy
+    with a per-token weight w_t that falls below 1 (even below 0) once the student is more confident than
+    the flatter teacher."""
+    lp, _ = _student_log_prob(student_logits, targets)
+    loss = -lp + cfg.alpha * 0.5 * (lp - lq) ** 2
+    return loss, {"lp": lp.detach(), "weight": 1 - cfg.alpha * (lp.detach() - lq)}
+
+
 def curio_sft_loss(student_logits, targets, teacher_logits=None, cfg: LossConfig = LossConfig()):
-    """CurioSFT per-token loss -lp + alpha/2 (lp - lq)^2 (Eq. 1, 5, 6). [N, V], [N] -> [N], diagnostics.
+    """CurioSFT in one call: [N, V], [N], teacher [N, V] -> loss [N], diagnostics.
 
     teacher_logits=None is the ablation 'w/o separate teacher': the teacher is the student's own detached
-    logits (no second forward pass). The gradient w.r.t. lp is -(1 - alpha (lp - lq)): cross-entropy with a
-    per-token weight w_t that falls below 1 (even below 0) once the student is more confident than the teacher.
+    logits (no second forward pass, and the student's logsumexp is reused).
     """
-    lp, lse = _student_log_prob(student_logits, targets)
     if teacher_logits is None:
+        lse = torch.logsumexp(_fp32(student_logits.detach()), -1)
         lq, diag = teacher_log_prob(student_logits, targets, cfg, teacher_lse=lse)
     else:
         lq, diag = teacher_log_prob(teacher_logits, targets, cfg)
-    loss = -lp + cfg.alpha * 0.5 * (lp - lq) ** 2
-    diag |= {"lp": lp.detach(), "weight": 1 - cfg.alpha * (lp.detach() - lq)}
-    return loss, diag
+    loss, student_diag = curio_from_teacher(student_logits, targets, lq, cfg)
+    return loss, diag | student_diag
 
 
 # ------------------------------------------------------------------------------------------------
@@ -300,14 +307,16 @@ def psft_loss(logits, targets, old_logp=None, cfg: LossConfig = LossConfig()):
     return loss, {"lp": lp.detach(), "clipped": (ratio > 1 + cfg.clip_high).float()}
 
 
-# name -> (function, what extra input the trainer must provide: None, "teacher", "base" or "old_logp")
+# name -> (per-token loss, the extra input the trainer provides: None, "teacher_lq" (teacher_log_prob of the
+# separate teacher's logits, or of the student's own detached logits for the self-teacher ablation),
+# "base" (frozen initial model's logits) or "old_logp" (log-probs at the start of the batch))
 LOSSES = {
     "sft": (ce_loss, None),
-    "curio": (curio_sft_loss, "teacher"),
-    "curio_fixed_tau": (curio_sft_loss, "teacher"),
-    "curio_self_teacher": (curio_sft_loss, None),
+    "curio": (curio_from_teacher, "teacher_lq"),
+    "curio_fixed_tau": (curio_from_teacher, "teacher_lq"),
+    "curio_self_teacher": (curio_from_teacher, "teacher_lq"),
     "entropy": (entropy_reg_loss, None),
-    "entropy_top20": (entropy_reg_loss, None),
+    "entropy_top20": (partial(entropy_reg_loss, top_frac=0.2), None),
     "kl": (kl_to_base_loss, "base"),
     "dft": (dft_loss, None),
     "gem": (gem_loss, None),
@@ -315,22 +324,18 @@ LOSSES = {
 }
 
 
-def per_token_loss(name, logits, targets, cfg: LossConfig = LossConfig(), extra=None):
-    """Dispatch by --loss name. extra: teacher logits, base logits or old log-probs, as LOSSES says."""
+def config_for(name: str, cfg: LossConfig) -> LossConfig:
+    """The loss's own setting of the shared config: the fixed-temperature ablation uses tau_hat = 1.3."""
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; choose one of {sorted(LOSSES)}")
-    if name == "curio_fixed_tau" and cfg.fixed_tau is None:
-        cfg = LossConfig(**{**cfg.__dict__, "fixed_tau": 1.3})
-    if name in ("curio", "curio_fixed_tau"):
-        loss, diag = curio_sft_loss(logits, targets, extra, cfg)
-    elif name == "curio_self_teacher":
-        loss, diag = curio_sft_loss(logits, targets, None, cfg)
-    elif name == "entropy_top20":
-        loss, diag = entropy_reg_loss(logits, targets, cfg, top_frac=cfg.entropy_top_frac)
-    elif LOSSES[name][1] is None:
-        loss, diag = LOSSES[name][0](logits, targets, cfg)
-    else:
-        loss, diag = LOSSES[name][0](logits, targets, extra, cfg=cfg)
+    return replace(cfg, fixed_tau=1.3) if name == "curio_fixed_tau" and cfg.fixed_tau is None else cfg
+
+
+def per_token_loss(name, logits, targets, cfg: LossConfig = LossConfig(), extra=None):
+    """Dispatch by --loss name: logits [N, V], targets [N], extra as LOSSES says -> loss [N], diagnostics."""
+    fn, needs = LOSSES[name] if name in LOSSES else (None, None)
+    cfg = config_for(name, cfg)
+    loss, diag = fn(logits, targets, cfg=cfg) if needs is None else fn(logits, targets, extra, cfg=cfg)
     if not bool(torch.isfinite(loss).all()):
         raise FloatingPointError(_diagnose_nonfinite(logits, targets, extra))
     return loss, diag

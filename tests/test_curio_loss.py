@@ -300,7 +300,7 @@ def test_solver_clamps_targets_outside_the_bracket():
 @pytest.mark.parametrize("name", sorted(cl.LOSSES))
 def test_every_loss_handles_zero_tokens(name):
     z = torch.zeros(0, 50, requires_grad=True)
-    extra = {"teacher": torch.zeros(0, 50), "base": torch.zeros(0, 50), "old_logp": torch.zeros(0), None: None}
+    extra = {"teacher_lq": torch.zeros(0), "base": torch.zeros(0, 50), "old_logp": torch.zeros(0), None: None}
     loss, diag = cl.per_token_loss(name, z, torch.zeros(0, dtype=torch.long), extra=extra[cl.LOSSES[name][1]])
     assert loss.shape == (0,)
     loss.sum().backward()  # a micro-batch without response tokens still runs backward (FSDP needs it)
@@ -310,10 +310,11 @@ def test_every_loss_handles_zero_tokens(name):
 def test_nan_input_raises_a_clear_error():
     z = torch.randn(4, 50)
     z[2, 3] = float("nan")
+    y = torch.zeros(4, dtype=torch.long)
     with pytest.raises(FloatingPointError, match="student logits contain NaN"):
-        cl.per_token_loss("curio", z, torch.zeros(4, dtype=torch.long), extra=torch.randn(4, 50))
+        cl.per_token_loss("curio", z, y, extra=cl.teacher_log_prob(torch.randn(4, 50), y)[0])
     with pytest.raises(FloatingPointError, match="teacher"):
-        cl.per_token_loss("curio", torch.randn(4, 50), torch.zeros(4, dtype=torch.long), extra=z)
+        cl.per_token_loss("curio", torch.randn(4, 50), y, extra=cl.teacher_log_prob(z, y)[0])
 
 
 def test_neg_inf_vocabulary_entries_keep_every_loss_finite():
@@ -321,7 +322,8 @@ def test_neg_inf_vocabulary_entries_keep_every_loss_finite():
     z[:, 50:] = float("-inf")
     z.requires_grad_()
     targets = torch.randint(0, 50, (6,))
-    extra = {"teacher": z.detach() + 0.1, "base": z.detach(), "old_logp": torch.full((6,), -3.0), None: None}
+    lq = cl.teacher_log_prob(z.detach() + 0.1, targets)[0]
+    extra = {"teacher_lq": lq, "base": z.detach(), "old_logp": torch.full((6,), -3.0), None: None}
     for name, (_, needs) in cl.LOSSES.items():
         loss, _ = cl.per_token_loss(name, z, targets, extra=extra[needs])
         g, = torch.autograd.grad(loss.sum(), z)
@@ -384,10 +386,16 @@ def test_dispatch_names_and_unknown_loss():
         cl.per_token_loss("ce", torch.randn(2, 5), torch.zeros(2, dtype=torch.long))
     z = cl.llm_like_logits(8, 2000, seed=2)
     y = torch.randint(0, 2000, (8,))
-    _, diag = cl.per_token_loss("curio_fixed_tau", z, y, extra=z)
-    assert torch.equal(diag["tau"], torch.full((8,), 1.3))
-    _, diag = cl.per_token_loss("curio", z, y, extra=z)
-    assert not torch.equal(diag["tau"], torch.full((8,), 1.3))
+    assert cl.config_for("curio_fixed_tau", LossConfig()).fixed_tau == 1.3
+    assert cl.config_for("curio", LossConfig()).fixed_tau is None
+    # the dispatched CurioSFT loss is the one-call loss, given the teacher side
+    lq, _ = cl.teacher_log_prob(z, y)
+    student = z + torch.randn_like(z)
+    got, _ = cl.per_token_loss("curio", student, y, extra=lq)
+    torch.testing.assert_close(got, cl.curio_sft_loss(student, y, z)[0])
+    top, _ = cl.per_token_loss("entropy_top20", z, y)
+    every, _ = cl.per_token_loss("entropy", z, y)
+    assert (top > every).sum() == 6 and torch.isclose(top, every).sum() == 2   # the bonus on 2 of 8 tokens only
 
 
 def test_summarize_reports_the_logged_statistics():
