@@ -6,3 +6,47 @@ import torch
 def _seed():
     """Every test starts from the same RNG state, so results do not depend on test order."""
     torch.manual_seed(0)
+
+
+def toy_rows(n: int, seed: int = 0) -> list[dict]:
+    """Rows in the authors' schema: short addition problems with an expert response."""
+    import random
+
+    rng = random.Random(seed)
+    rows = []
+    for _ in range(n):
+        a, b = rng.randint(1, 50), rng.randint(1, 50)
+        rows.append({"data_source": "toy",
+                     "prompt": [{"role": "system", "content": "sys"}, {"role": "user", "content": f"What is {a}+{b}?"}],
+                     "reward_model": {"ground_truth": str(a + b), "style": "rule"},
+                     "target": [{"role": "assistant",
+                                 "content": f"<think>\n{a} plus {b} is {a + b}.\n</think>\nThe answer is \\boxed{{{a + b}}}."}]})
+    return rows
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory):
+    """A tiny Qwen2 config + toy tokenizer in HF format (weights are initialised by the test or sft.py --scratch)."""
+    import transformers
+
+    import data
+
+    out = tmp_path_factory.mktemp("tiny_model")
+    rows = toy_rows(64)
+    texts = [r["target"][0]["content"] for r in rows] + [data.build_prompt(r["prompt"][1]["content"]) for r in rows]
+    tok = data.build_toy_tokenizer(texts, vocab_size=400)
+    cfg = transformers.Qwen2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                   num_key_value_heads=1, intermediate_size=128, max_position_embeddings=1024,
+                                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False)
+    cfg.save_pretrained(out)
+    tok.save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="session")
+def toy_sft_file(tmp_path_factory):
+    import json
+
+    path = tmp_path_factory.mktemp("toy_data") / "train.jsonl"
+    path.write_text("\n".join(json.dumps(r) for r in toy_rows(40, seed=1)))
+    return path

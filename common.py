@@ -1,0 +1,211 @@
+"""Plumbing shared by sft.py and rl.py: command line from dataclasses, process group, FSDP2 model building,
+checkpoints. Nothing here is part of the algorithm; a reader learning the method can skip this file."""
+import ast
+import inspect
+import json
+import os
+import runpy
+import shutil
+import sys
+from dataclasses import fields
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from safetensors.torch import save_file
+
+
+# ------------------------------------------------------------------------------------------------
+# Command line: nanoGPT-style config files (python files of assignments), then --flags from dataclasses
+# ------------------------------------------------------------------------------------------------
+def field_docs(cls) -> dict[str, str]:
+    """The docstring under each dataclass field (CleanRL's convention), for --help."""
+    docs, body = {}, ast.parse(inspect.getsource(cls)).body[0].body
+    for stmt, nxt in zip(body, body[1:]):
+        if isinstance(stmt, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[stmt.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+def _to_type(value: str, default):
+    if isinstance(default, bool):
+        if value.lower() not in ("true", "false", "1", "0"):
+            raise ValueError(f"expected true/false, got {value!r}")
+        return value.lower() in ("true", "1")
+    if default is None:  # Optional fields: "none" clears them, numbers stay numbers
+        if value.lower() == "none":
+            return None
+        try:
+            return float(value) if "." in value or "e" in value.lower() else int(value)
+        except ValueError:
+            return value
+    return type(default)(value)
+
+
+def parse_config(*classes, argv=None):
+    """Instances of the given dataclasses from `[config.py ...] [--field value ...]`. A field name may be
+    written with - or _; unknown names are an error."""
+    import argparse
+
+    argv = sys.argv[1:] if argv is None else argv
+    overrides = {}
+    while argv and argv[0].endswith(".py"):  # presets in config/: plain assignments, later ones win
+        preset = runpy.run_path(argv.pop(0))
+        overrides |= {k: v for k, v in preset.items() if not k.startswith("_")}
+    parser = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__,
+                                     formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    known = {}
+    for cls in classes:
+        docs = field_docs(cls)
+        for f in fields(cls):
+            default = overrides.get(f.name, f.default)
+            known[f.name] = cls
+            parser.add_argument(f"--{f.name}", f"--{f.name.replace('_', '-')}", dest=f.name, default=default,
+                                type=lambda v, d=f.default: _to_type(v, d), help=docs.get(f.name, ""))
+    unknown = set(overrides) - set(known)
+    if unknown:
+        raise SystemExit(f"config file sets unknown fields: {sorted(unknown)}")
+    ns = vars(parser.parse_args(argv))
+    return [cls(**{f.name: ns[f.name] for f in fields(cls)}) for cls in classes]
+
+
+# ------------------------------------------------------------------------------------------------
+# Process group: torchrun, or one process as a world of one (the same FSDP code path either way)
+# ------------------------------------------------------------------------------------------------
+def setup_distributed():
+    """Returns (rank, world_size, device). nccl on CUDA, gloo on CPU."""
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    if torch.cuda.is_available():
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
+        torch.cuda.set_device(device)
+        backend = "nccl"
+    else:
+        device, backend = torch.device("cpu"), "gloo"
+    if "RANK" in os.environ:
+        dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
+    else:  # a plain `python sft.py`: an in-process store, no ports
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+    return rank, world, device
+
+
+def shutdown(exit_code: int = 0):
+    """End the run. With FSDP2 on gloo, a rank sometimes aborted in interpreter teardown after all work
+    was done (SIGABRT, 3 of 71 probe runs; DESIGN.md), which made a finished run look failed. So: wait for
+    every rank, destroy the group, flush, and leave without running the teardown."""
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(exit_code)
+
+
+def print0(*args):
+    if not dist.is_initialized() or dist.get_rank() == 0:
+        print(*args, flush=True)
+
+
+# ------------------------------------------------------------------------------------------------
+# Models: rank 0 holds the real weights, the others start on the meta device; FSDP2 then shards them
+# ------------------------------------------------------------------------------------------------
+def load_full_model(path: str, scratch: bool, seed: int):
+    """Rank 0: the HF model at `path` in float32 (FSDP keeps float32 master weights), or a fresh one
+    from its config.json with the given seed. Other ranks: the same architecture on the meta device."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(path)  # no trust_remote_code: architectures transformers knows
+    if dist.get_rank() != 0:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if scratch:
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+
+
+def shard_model(model, device, bf16: bool, grad_ckpt: bool, trainable: bool = True):
+    """FSDP2 per decoder layer and at the root, weights broadcast from rank 0. bf16 compute with float32
+    master weights and float32 gradient reduction when bf16. FSDP averages gradients over ranks."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    full = model.state_dict() if dist.get_rank() == 0 else {}
+    if grad_ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp)
+    fully_shard(model, mp_policy=mp)
+    if dist.get_rank() != 0:
+        model.to_empty(device=device)
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    for buf in model.buffers():  # non-persistent buffers (rotary inv_freq) are not in the state dict
+        buf.data = buf.data.to(device)
+        dist.broadcast(buf, src=0)
+    if not trainable:
+        model.requires_grad_(False)
+        model.eval()
+    return model
+
+
+def full_state_dict(model) -> dict:
+    """The whole model's weights on rank 0's CPU (empty dict on other ranks); every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+# ------------------------------------------------------------------------------------------------
+# Checkpoints: HF format for evaluate.py / rl.py / vLLM, plus a sharded trainer state for exact resume
+# ------------------------------------------------------------------------------------------------
+def save_checkpoint(out_dir: Path, step: int, model, tokenizer, trainer_state: dict, extra_state: dict):
+    """out_dir/step_{step}/: config.json, model.safetensors, tokenizer files (loadable by from_pretrained),
+    trainer/ (torch.distributed.checkpoint of `trainer_state`: sharded model, optimiser, teacher...) and
+    state.json (`extra_state`: counters and data position), plus rng_rank{r}.pt per rank.
+    Written under a .tmp name and renamed when complete: a crash mid-save never leaves a checkpoint that
+    looks finished. Every rank must call it."""
+    import torch.distributed.checkpoint as dcp
+
+    rank = dist.get_rank()
+    final, tmp = out_dir / f"step_{step:06d}", out_dir / f"step_{step:06d}.tmp"
+    if rank == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+        tmp.mkdir(parents=True)
+    dist.barrier()
+    weights = full_state_dict(model)
+    dcp.save(trainer_state, checkpoint_id=str(tmp / "trainer"))
+    torch.save({"cpu": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})},
+               tmp / f"rng_rank{rank}.pt")
+    if rank == 0:
+        unwrapped_config = model.config
+        unwrapped_config.save_pretrained(tmp)
+        if getattr(model, "generation_config", None) is not None:
+            model.generation_config.save_pretrained(tmp)
+        if unwrapped_config.tie_word_embeddings:  # safetensors refuses shared storage; HF re-ties on load
+            weights.pop("lm_head.weight", None)
+        save_file({k: v.contiguous() for k, v in weights.items()}, tmp / "model.safetensors", metadata={"format": "pt"})
+        tokenizer.save_pretrained(tmp)
+        (tmp / "state.json").write_text(json.dumps(extra_state, indent=1))  # last file: marks completeness
+        shutil.rmtree(final, ignore_errors=True)
+        os.replace(tmp, final)
+    dist.barrier()
+    return final
+
+
+def latest_checkpoint(out_dir: Path) -> Path | None:
+    done = sorted(p for p in out_dir.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
+                  and (p / "state.json").exists())
+    return done[-1] if done else None
+
+
+def load_checkpoint(path: Path, trainer_state: dict) -> dict:
+    """Loads trainer/ into `trainer_state` in place (same structure as saved) and restores this rank's RNG;
+    returns state.json. RNG files are read with weights_only=True (no pickle)."""
+    import torch.distributed.checkpoint as dcp
+
+    dcp.load(trainer_state, checkpoint_id=str(path / "trainer"))
+    rng = torch.load(path / f"rng_rank{dist.get_rank()}.pt", weights_only=True)
+    torch.set_rng_state(rng["cpu"])
+    if "cuda" in rng and torch.cuda.is_available():
+        torch.cuda.set_rng_state(rng["cuda"])
+    return json.loads((path / "state.json").read_text())

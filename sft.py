@@ -1,0 +1,326 @@
+# CurioSFT SFT stage (paper Alg. 1, App. E). README.md has the commands; python sft.py --help lists every flag.
+"""SFT with CurioSFT or any Table 2 baseline. The same script runs as one process (CPU or one GPU) and under
+`torchrun --nproc_per_node N` (FSDP2; gloo on CPU, nccl on GPU).
+
+    python sft.py config/sft_tiny.py --model DIR --train_file data.jsonl
+    torchrun --nproc_per_node 8 sft.py config/sft_paper.py --model Qwen2.5-Math-7B-16k-think --train_file train.parquet
+"""
+import json
+import math
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.utils.checkpoint import checkpoint
+
+import common
+import curio_loss as cl
+import data
+
+
+@dataclass
+class Args:
+    model: str = ""
+    """HF model directory (config.json, weights, tokenizer) to start from"""
+    scratch: bool = False
+    """initialise random weights from the model directory's config.json (the toy demo) instead of loading them"""
+    train_file: str = ""
+    """SFT data: .parquet / .jsonl / .json in the authors' schema (prompt, reward_model, target)"""
+    out_dir: str = "out/sft"
+    """checkpoints (HF format) and log.jsonl go here; an existing checkpoint here is resumed"""
+    loss: str = "curio"
+    """one of curio_loss.LOSSES: sft, curio, curio_fixed_tau, curio_self_teacher, entropy, entropy_top20, kl, dft, gem, psft"""
+    epochs: int = 3
+    """passes over the data (App. E)"""
+    max_steps: int = -1
+    """stop after this many optimiser steps (-1: all epochs); the schedule still spans all epochs"""
+    global_batch: int = 256
+    """sequences per data batch, over all ranks (App. E)"""
+    updates_per_batch: int = 1
+    """optimiser steps per data batch; PSFT's ratio needs >1 (the authors: batches of 64, mini-batches of 8)"""
+    token_budget: int = 16384
+    """padded tokens per micro-batch per rank (gradient accumulation fills the global batch)"""
+    max_prompt_len: int = 1024
+    """longer prompts are dropped, and counted"""
+    max_response_len: int = 8192
+    """longer responses (with EOS) are dropped, and counted"""
+    lr: float = 1e-5
+    """peak learning rate (App. E)"""
+    warmup_steps: int = 60
+    """linear warm-up, then cosine decay to 0 (App. E)"""
+    weight_decay: float = 0.01
+    """AdamW weight decay (verl's default)"""
+    grad_clip: float = 1.0
+    """max global gradient norm"""
+    teacher_every: int = 5
+    """n: teacher update period in optimiser steps (Alg. 1 line 16)"""
+    teacher_mu: float = 0.99
+    """mu in phi <- (1 - mu) phi + mu theta (Alg. 1 line 17, as written)"""
+    loss_chunk: int = 2048
+    """tokens per logits chunk: the [tokens, vocab] logits exist one chunk at a time and are recomputed in backward"""
+    bf16: bool = True
+    """bf16 compute with float32 master weights and reductions (CUDA only; CPU runs float32)"""
+    grad_ckpt: bool = True
+    """activation checkpointing of the decoder layers"""
+    seed: int = 0
+    """data order and from-scratch initialisation"""
+    save_every: int = 0
+    """checkpoint every this many data batches (0: only at the end)"""
+    log_every: int = 1
+    """log (and compute the expert-token entropy) every this many optimiser steps"""
+
+
+# ================================================================================================
+# ALGO LOGIC: the loss of one micro-batch
+# ================================================================================================
+def normed_hidden(model, batch):
+    """Final normed hidden states [B, T, H] from the model's own forward (so FSDP's hooks run), with
+    logits for only the last position: the full [B, T, V] logits are never built."""
+    captured = {}
+    hook = model.model.norm.register_forward_hook(lambda mod, inp, out: captured.update(h=out))
+    try:
+        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=1)
+    finally:
+        hook.remove()
+    return captured["h"]
+
+
+def select_targets(hidden, batch):
+    """Keep the positions whose next token is trained (response and EOS): [B, T, H] -> h [N, H], y [N]."""
+    sel = batch["loss_mask"][:, 1:].bool()                        # [B, T-1]
+    return hidden[:, :-1][sel], batch["input_ids"][:, 1:][sel]
+
+
+def teacher_side(head, hidden_t, y, args, cfg):
+    """Alg. 1 lines 6-11, chunk by chunk, without gradient: lq [N] and the teacher diagnostics."""
+    lq, diags = [], []
+    with torch.no_grad():
+        for s in range(0, len(y), args.loss_chunk):
+            q, d = cl.teacher_log_prob(head(hidden_t[s : s + args.loss_chunk]), y[s : s + args.loss_chunk], cfg)
+            lq.append(q)
+            diags.append(d)
+    return torch.cat(lq), cat_diags(diags)
+
+
+def student_loss_sum(model, h, y, extra, args, cfg, want_entropy):
+    """Sum over the N tokens of the per-token loss, one chunk of logits at a time. Each chunk is
+    recomputed in backward (torch checkpoint), so only h [N, H] is kept, never [N, V] logits."""
+    needs = cl.LOSSES[args.loss][1]
+
+    def chunk(h_c, y_c, extra_c):
+        logits = model.lm_head(h_c)                                # [n, V], bf16 or float32
+        if needs == "base":                                        # the frozen base model's logits
+            with torch.no_grad():
+                extra_c = extra["base_model"].lm_head(extra_c)
+        loss, diag = cl.per_token_loss(args.loss, logits, y_c, cfg, extra_c)
+        if want_entropy:
+            diag["student_entropy"] = cl.entropy(logits.detach())
+        return loss.sum(), diag
+
+    total, diags = h.new_zeros((), dtype=torch.float32), []
+    extra_tensor = extra.get("tensor")
+    for s in range(0, max(len(y), 1), args.loss_chunk):            # one (empty) chunk when N = 0: FSDP needs a backward
+        e = extra_tensor[s : s + args.loss_chunk] if extra_tensor is not None else None
+        loss, diag = checkpoint(chunk, h[s : s + args.loss_chunk], y[s : s + args.loss_chunk], e, use_reentrant=False)
+        total = total + loss
+        diags.append(diag)
+    return total, cat_diags(diags)
+
+
+def cat_diags(diags):
+    return {k: torch.cat([d[k] for d in diags]) for k in diags[0]} if diags else {}
+
+
+def micro_batch_loss(model, teacher, base, batch, old_logp, args, cfg, want_entropy):
+    """Sum of per-token losses of one micro-batch and its diagnostics (Alg. 1 lines 4-13)."""
+    h, y = select_targets(normed_hidden(model, batch), batch)      # [N, H], [N]
+    needs, extra, diag = cl.LOSSES[args.loss][1], {}, {}
+    if needs == "teacher_lq":
+        if teacher is None:                                        # ablation: the student's own detached logits
+            extra["tensor"], diag = teacher_side(model.lm_head, h.detach(), y, args, cfg)
+        else:                                                      # the separate EMA teacher: one more forward
+            with torch.no_grad():
+                h_t, _ = select_targets(normed_hidden(teacher, batch), batch)
+            extra["tensor"], diag = teacher_side(teacher.lm_head, h_t, y, args, cfg)
+            teacher.reshard()                                      # FSDP keeps a root's weights gathered after forward
+    elif needs == "base":
+        with torch.no_grad():
+            extra["tensor"], _ = select_targets(normed_hidden(base, batch), batch)
+        extra["base_model"] = base
+    elif needs == "old_logp":
+        extra["tensor"] = old_logp
+    total, student_diag = student_loss_sum(model, h, y, extra, args, cfg, want_entropy)
+    return total, diag | student_diag
+
+
+@torch.no_grad()
+def expert_log_probs(model, batch, args):
+    """log pi(y_t) of the expert tokens [N] (PSFT's old log-probs at the start of a batch)."""
+    h, y = select_targets(normed_hidden(model, batch), batch)
+    return torch.cat([cl._student_log_prob(model.lm_head(h[s : s + args.loss_chunk]), y[s : s + args.loss_chunk])[0]
+                      for s in range(0, max(len(y), 1), args.loss_chunk)])
+
+
+@torch.no_grad()
+def update_teacher(teacher, model, mu):
+    """Alg. 1 line 17, as written: phi <- (1 - mu) phi + mu theta (mu = 0.99 pulls the teacher 99% of the
+    way to the student). Both models are sharded alike, so this is elementwise on local shards."""
+    for p_t, p_s in zip(teacher.parameters(), model.parameters()):
+        p_t.copy_((1 - mu) * p_t + mu * p_s)
+
+
+def lr_at(step, total_steps, args):
+    """Linear warm-up over warmup_steps, then cosine to 0 (App. E). step counts from 0."""
+    if step < args.warmup_steps:
+        return args.lr * (step + 1) / args.warmup_steps
+    progress = (step - args.warmup_steps) / max(1, total_steps - args.warmup_steps)
+    return args.lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+
+
+# ================================================================================================
+# Plumbing: data, models, loop, checkpoints, logs
+# ================================================================================================
+def trainer_state(model, optimizer, teacher):
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, optimizer)
+    state = {"model": model_sd, "optim": optim_sd}
+    if teacher is not None:
+        state["teacher"] = get_model_state_dict(teacher)
+    return state
+
+
+def restore(path, model, optimizer, teacher):
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
+
+    state = trainer_state(model, optimizer, teacher)
+    position = common.load_checkpoint(path, state)
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    if teacher is not None:
+        set_model_state_dict(teacher, state["teacher"])
+    return position
+
+
+def gather_diags(diag):
+    """Per-token diagnostics of every rank, on every rank (small: a few floats per token)."""
+    local = {k: v.float().cpu() for k, v in diag.items()}
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, local)
+    return cat_diags(everyone)
+
+
+def main():
+    args, loss_cfg = common.parse_config(Args, cl.LossConfig)
+    cl.config_for(args.loss, loss_cfg)                                  # fail early on an unknown --loss
+    rank, world, device = common.setup_distributed()
+    bf16 = args.bf16 and device.type == "cuda"
+    out_dir = Path(args.out_dir)
+    torch.manual_seed(args.seed)
+
+    # ---- data: tokenised once, the epoch plan is a pure function of (seed, epoch) on every rank
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    examples = data.load_examples(args.train_file, require_response=True)
+    dataset, stats = data.build_sft_data(tokenizer, examples, args.max_prompt_len, args.max_response_len)
+    common.print0(f"{args.train_file}: {stats['kept']} examples kept, {stats['dropped_prompt']} dropped "
+                  f"(prompt > {args.max_prompt_len} tokens), {stats['dropped_response']} dropped "
+                  f"(response > {args.max_response_len} tokens)")
+    lengths = [len(ids) for ids, _ in dataset]
+    n_targets = [int(mask[1:].sum()) for _, mask in dataset]
+    batches_per_epoch = len(dataset) // args.global_batch
+    total_steps = args.epochs * batches_per_epoch * args.updates_per_batch
+    if batches_per_epoch == 0:
+        raise SystemExit(f"{len(dataset)} examples are fewer than one global batch ({args.global_batch})")
+
+    # ---- models: student, and the EMA teacher / frozen base where the loss needs one (Alg. 1 line 1)
+    needs = cl.LOSSES[args.loss][1]
+    full = common.load_full_model(args.model, args.scratch, args.seed)
+    separate = (needs == "teacher_lq" and args.loss != "curio_self_teacher") or needs == "base"
+    frozen_copy = __import__("copy").deepcopy(full) if separate else None
+    model = common.shard_model(full, device, bf16, args.grad_ckpt)
+    other = common.shard_model(frozen_copy, device, bf16, grad_ckpt=False, trainable=False) if separate else None
+    teacher = other if needs == "teacher_lq" else None
+    base = other if needs == "base" else None
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
+                                  betas=(0.9, 0.95), fused=device.type == "cuda")
+
+    step, epoch, batch_idx = 0, 0, 0
+    resume_from = common.latest_checkpoint(out_dir)
+    if resume_from is not None:
+        position = restore(resume_from, model, optimizer, teacher)
+        step, epoch, batch_idx = position["step"], position["epoch"], position["batch_idx"]
+        common.print0(f"resumed from {resume_from} at step {step} (epoch {epoch}, batch {batch_idx})")
+    if rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.json").write_text(json.dumps({**asdict(args), "loss_config": asdict(loss_cfg)}, indent=1))
+    log_file = open(out_dir / "log.jsonl", "a") if rank == 0 else None
+
+    last_saved = step
+
+    def save():
+        nonlocal last_saved
+        state = {"step": step, "epoch": epoch, "batch_idx": batch_idx}
+        path = common.save_checkpoint(out_dir, step, model, tokenizer, trainer_state(model, optimizer, teacher), state)
+        last_saved = step
+        common.print0(f"saved {path}")
+
+    # ---- the loop: data batch -> updates_per_batch optimiser steps -> micro-batches (Alg. 1 line 2)
+    while epoch < args.epochs and step != args.max_steps:
+        plan = data.plan_micro_batches(lengths, args.global_batch, args.token_budget, world, args.seed, epoch)
+        while batch_idx < len(plan) and step != args.max_steps:
+            mine = [{k: v.to(device) for k, v in data.collate([dataset[i] for i in mb], tokenizer.pad_token_id).items()}
+                    for mb in plan[batch_idx][rank]]
+            old_logp = [expert_log_probs(model, b, args) for b in mine] if needs == "old_logp" else [None] * len(mine)
+            # every rank has the same number of micro-batches, so the same split into optimiser steps
+            for group in torch.arange(len(mine)).tensor_split(args.updates_per_batch):
+                group = group.tolist()
+                everyone = [i for r in range(world) for k in group for i in plan[batch_idx][r][k]]
+                n_tok = sum(n_targets[i] for i in everyone)        # normaliser: this step's response tokens, all ranks
+                want_log = step % args.log_every == 0
+                for g in optimizer.param_groups:
+                    g["lr"] = lr_at(step, total_steps, args)
+                t0, loss_sum, diags = time.perf_counter(), torch.zeros(()), []
+                for j, k in enumerate(group):
+                    model.set_requires_gradient_sync(j == len(group) - 1)   # reduce-scatter once per step
+                    total, diag = micro_batch_loss(model, teacher, base, mine[k], old_logp[k], args, loss_cfg, want_log)
+                    # Alg. 1 line 14 on the mean over this step's response tokens of all ranks; FSDP averages
+                    # gradients over ranks, hence * world (a gradient-sum option needs PREMUL_SUM, absent in gloo)
+                    (total * world / n_tok).backward()
+                    loss_sum += total.detach().float().cpu()
+                    diags.append(diag)
+                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+                grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
+                optimizer.step()
+                optimizer.zero_grad(set_to_none=True)
+                step += 1
+                if teacher is not None and step % args.teacher_every == 0:  # Alg. 1 lines 16-17
+                    update_teacher(teacher, model, args.teacher_mu)
+                dist.all_reduce(loss_sum)
+                if want_log:
+                    every = gather_diags(cat_diags(diags))
+                    dt = time.perf_counter() - t0
+                    record = {"step": step, "epoch": epoch, "loss": loss_sum.item() / n_tok, "grad_norm": grad_norm.item(),
+                              "lr": lr_at(step - 1, total_steps, args), "tokens_per_s": sum(lengths[i] for i in everyone) / dt,
+                              "step_time_s": dt, "padding_efficiency": data.padding_efficiency(lengths, [mb for r in plan[batch_idx] for mb in r]),
+                              **cl.summarize(every, loss_cfg.alpha)}
+                    if rank == 0:
+                        print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()), flush=True)
+                        log_file.write(json.dumps(record) + "\n")
+                        log_file.flush()
+                if step == args.max_steps:
+                    break
+            batch_idx += 1        # a run stopped by max_steps inside a data batch resumes at the next one
+            if args.save_every and batch_idx % args.save_every == 0:
+                save()
+        if batch_idx == len(plan):
+            epoch, batch_idx = epoch + 1, 0
+    if last_saved != step:
+        save()
+    common.shutdown()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,184 @@
+"""sft.py: the loss plumbing in-process (a world of one), and whole runs as subprocesses (1 and 2 ranks)."""
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+import common
+import curio_loss as cl
+import data
+import sft
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def world_of_one():
+    if not torch.distributed.is_initialized():
+        common.setup_distributed()
+    return torch.device("cpu")
+
+
+def fsdp_model(model_dir, seed=0):
+    return common.shard_model(common.load_full_model(str(model_dir), scratch=True, seed=seed),
+                              torch.device("cpu"), bf16=False, grad_ckpt=False)
+
+
+def toy_batch(model_dir, n=4):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_dir)
+    examples = [data.Example(r["prompt"][1]["content"], r["reward_model"]["ground_truth"],
+                             r["target"][0]["content"].removeprefix("<think>\n"), "toy", i)
+                for i, r in enumerate(__import__("conftest").toy_rows(n, seed=3))]
+    items, _ = data.build_sft_data(tok, examples)
+    return data.collate(items, tok.pad_token_id), items, tok
+
+
+def test_trained_positions_are_exactly_response_and_eos(world_of_one, tiny_model_dir):
+    batch, items, tok = toy_batch(tiny_model_dir)
+    hidden = torch.arange(batch["input_ids"].numel(), dtype=torch.float32).view(*batch["input_ids"].shape, 1)
+    h, y = sft.select_targets(hidden, batch)
+    want = [int(i) for ids, mask in items for i, m in zip(ids.tolist(), mask.tolist()) if m]
+    assert y.tolist() == want
+    assert y.tolist().count(tok.eos_token_id) == len(items)          # every example ends with a trained EOS
+    # each trained token is predicted from the position just before it
+    t = batch["input_ids"].shape[1]
+    assert all(batch["input_ids"].view(-1)[int(p) + 1] == tok_id for p, tok_id in zip(h.view(-1), y)
+               if (int(p) + 1) % t != 0)
+
+
+def test_chunked_loss_equals_loss_on_full_logits(world_of_one, tiny_model_dir):
+    model, teacher = fsdp_model(tiny_model_dir, 0), fsdp_model(tiny_model_dir, 1)
+    teacher.requires_grad_(False)
+    batch, _, _ = toy_batch(tiny_model_dir)
+    args = sft.Args(loss="curio", loss_chunk=16)
+    total, diag = sft.micro_batch_loss(model, teacher, None, batch, None, args, cl.LossConfig(), want_entropy=True)
+    sel = batch["loss_mask"][:, 1:].bool()
+    y = batch["input_ids"][:, 1:][sel]
+    logits = model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1][sel]
+    with torch.no_grad():
+        t_logits = teacher(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1][sel]
+    want, want_diag = cl.curio_sft_loss(logits, y, t_logits)
+    torch.testing.assert_close(total, want.sum(), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(diag["tau"], want_diag["tau"])
+    assert len(y) > 3 * args.loss_chunk                                 # several chunks were used
+    torch.testing.assert_close(diag["student_entropy"], cl.entropy(logits.detach()), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("name", sorted(cl.LOSSES))
+def test_every_loss_lowers_its_own_loss_on_a_fixed_batch(world_of_one, tiny_model_dir, name):
+    needs = cl.LOSSES[name][1]
+    model = fsdp_model(tiny_model_dir)
+    other = None
+    if needs == "base" or (needs == "teacher_lq" and name != "curio_self_teacher"):
+        other = fsdp_model(tiny_model_dir)
+        other.requires_grad_(False)
+    teacher, base = (other, None) if needs == "teacher_lq" else (None, other)
+    batch, _, _ = toy_batch(tiny_model_dir)
+    args = sft.Args(loss=name, loss_chunk=32)
+    old = sft.expert_log_probs(model, batch, args) if needs == "old_logp" else None
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(6):
+        total, diag = sft.micro_batch_loss(model, teacher, base, batch, old, args, cl.LossConfig(), want_entropy=False)
+        opt.zero_grad()
+        total.backward()
+        opt.step()
+        # DFT's loss -sg(p) log p has the gradient of -p, the objective it lowers (its value rises with p < 1/e)
+        losses.append(-diag["lp"].exp().sum().item() if name == "dft" else total.item())
+    assert losses[-1] < losses[0] - 0.05 * abs(losses[0]), (name, losses)
+
+
+def test_teacher_ema_is_alg1_line17_bit_for_bit(world_of_one, tiny_model_dir):
+    student, teacher = fsdp_model(tiny_model_dir, 0), fsdp_model(tiny_model_dir, 1)
+    teacher.requires_grad_(False)
+    # on one CPU rank the full state dict may alias the parameters: copy before the update
+    old, new = ({k: v.clone() for k, v in common.full_state_dict(m).items()} for m in (teacher, student))
+    sft.update_teacher(teacher, student, mu=0.99)
+    got = common.full_state_dict(teacher)
+    for k in old:
+        assert torch.equal(got[k], (1 - 0.99) * old[k] + 0.99 * new[k]), k
+    assert not torch.equal(got["lm_head.weight"], old["lm_head.weight"])
+
+
+def test_lr_schedule_warms_up_then_follows_a_cosine():
+    args = sft.Args(lr=1.0, warmup_steps=4)
+    lrs = [sft.lr_at(s, 20, args) for s in range(20)]
+    assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
+    assert lrs[4] == 1.0 and abs(lrs[12] - 0.5) < 1e-12 and lrs[19] < 0.01
+    assert all(a >= b for a, b in zip(lrs[3:], lrs[4:]))
+
+
+# ---------------------------------------------------------------- whole runs (subprocesses)
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_sft(model_dir, train_file, out_dir, *extra, nproc=1):
+    cmd = ["sft.py", "config/sft_tiny.py", "--model", str(model_dir), "--scratch", "true",
+           "--train_file", str(train_file), "--out_dir", str(out_dir), "--token_budget", "1024", *extra]
+    if nproc > 1:
+        cmd = ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(free_port()), *cmd]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, *cmd], cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return [json.loads(line) for line in (Path(out_dir) / "log.jsonl").read_text().splitlines()]
+
+
+def final_weights(out_dir):
+    return load_file(common.latest_checkpoint(Path(out_dir)) / "model.safetensors")
+
+
+def test_two_ranks_match_one_process(tiny_model_dir, toy_sft_file, tmp_path):
+    """Same global batch split over 2 gloo ranks with FSDP2: same losses and weights as 1 process."""
+    extra = ("--loss", "curio", "--max_steps", "3", "--teacher_every", "2")
+    one = run_sft(tiny_model_dir, toy_sft_file, tmp_path / "one", *extra)
+    two = run_sft(tiny_model_dir, toy_sft_file, tmp_path / "two", *extra, nproc=2)
+    assert [r["step"] for r in two] == [1, 2, 3]
+    for a, b in zip(one, two):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
+        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
+        assert a["tau_mean"] == pytest.approx(b["tau_mean"], rel=1e-5)
+    w1, w2 = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
+    for k in w1:
+        torch.testing.assert_close(w1[k], w2[k], rtol=1e-5, atol=1e-6)
+
+
+def test_resume_continues_exactly(tiny_model_dir, toy_sft_file, tmp_path):
+    extra = ("--loss", "curio", "--teacher_every", "1", "--epochs", "2")
+    straight = run_sft(tiny_model_dir, toy_sft_file, tmp_path / "a", *extra, "--max_steps", "7")
+    run_sft(tiny_model_dir, toy_sft_file, tmp_path / "b", *extra, "--max_steps", "5")       # crosses an epoch
+    resumed = run_sft(tiny_model_dir, toy_sft_file, tmp_path / "b", *extra, "--max_steps", "7")
+    assert [r["step"] for r in resumed] == [1, 2, 3, 4, 5, 6, 7]
+    assert [r["epoch"] for r in resumed] == [0, 0, 0, 0, 0, 1, 1]
+    for a, b in zip(straight[5:], resumed[5:]):
+        assert a["loss"] == b["loss"] and a["grad_norm"] == b["grad_norm"] and a["tau_mean"] == b["tau_mean"]
+    wa, wb = final_weights(tmp_path / "a"), final_weights(tmp_path / "b")
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    # the checkpoint is a Hugging Face model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+    ckpt = common.latest_checkpoint(tmp_path / "b")
+    assert ckpt.name == "step_000007" and not list((tmp_path / "b").glob("*.tmp"))
+    AutoModelForCausalLM.from_pretrained(ckpt)
+    AutoTokenizer.from_pretrained(ckpt)
+
+
+def test_bad_data_row_is_a_clear_error(tiny_model_dir, toy_sft_file, tmp_path):
+    rows = [json.loads(line) for line in toy_sft_file.read_text().splitlines()]
+    rows[3]["target"][0]["content"] = "   "
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text("\n".join(json.dumps(r) for r in rows))
+    proc = subprocess.run([sys.executable, "sft.py", "config/sft_tiny.py", "--model", str(tiny_model_dir),
+                           "--scratch", "true", "--train_file", str(bad), "--out_dir", str(tmp_path / "out")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0
+    assert "bad.jsonl row 3: field 'target[0].content' is empty" in proc.stderr
