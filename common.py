@@ -1,5 +1,6 @@
 """Plumbing shared by sft.py and rl.py: command line from dataclasses, process group, FSDP2 model building,
 checkpoints. Nothing here is part of the algorithm; a reader learning the method can skip this file."""
+import argparse
 import ast
 import inspect
 import json
@@ -7,6 +8,7 @@ import os
 import runpy
 import shutil
 import sys
+import types
 from dataclasses import fields
 from pathlib import Path
 
@@ -20,51 +22,47 @@ from safetensors.torch import save_file
 # ------------------------------------------------------------------------------------------------
 def field_docs(cls) -> dict[str, str]:
     """The docstring under each dataclass field (CleanRL's convention), for --help."""
-    docs, body = {}, ast.parse(inspect.getsource(cls)).body[0].body
+    docs, body = {}, ast.parse(inspect.getsource(cls)).body[0].body  # the class's own source
     for stmt, nxt in zip(body, body[1:]):
         if isinstance(stmt, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
             docs[stmt.target.id] = " ".join(str(nxt.value.value).split())
     return docs
 
 
-def _to_type(value: str, default):
-    if isinstance(default, bool):
-        if value.lower() not in ("true", "false", "1", "0"):
-            raise ValueError(f"expected true/false, got {value!r}")
-        return value.lower() in ("true", "1")
-    if default is None:  # Optional fields: "none" clears them, numbers stay numbers
-        if value.lower() == "none":
-            return None
-        try:
-            return float(value) if "." in value or "e" in value.lower() else int(value)
-        except ValueError:
-            return value
-    return type(default)(value)
+def _converter(annotation):
+    """str -> value for a field type; `X | None` fields take "none"."""
+    if isinstance(annotation, types.UnionType):
+        inner = next(a for a in annotation.__args__ if a is not type(None))
+        return lambda v: None if v.lower() == "none" else inner(v)
+    return annotation
 
 
-def parse_config(*classes, argv=None):
-    """Instances of the given dataclasses from `[config.py ...] [--field value ...]`. A field name may be
-    written with - or _; unknown names are an error."""
-    import argparse
-
-    argv = sys.argv[1:] if argv is None else argv
+def parse_config(*classes, argv=None, prog=None):
+    """Instances of the given dataclasses from `[preset.py ...] [--field value ...]`. Presets (config/*.py)
+    are python files of plain assignments, later ones win; flags win over presets. Bool fields are
+    --flag / --no-flag, list fields take several values; names may use - or _; unknown names are errors."""
+    argv = list(sys.argv[1:] if argv is None else argv)
     overrides = {}
-    while argv and argv[0].endswith(".py"):  # presets in config/: plain assignments, later ones win
+    while argv and argv[0].endswith(".py"):
         preset = runpy.run_path(argv.pop(0))
         overrides |= {k: v for k, v in preset.items() if not k.startswith("_")}
-    parser = argparse.ArgumentParser(description=sys.modules["__main__"].__doc__,
+    parser = argparse.ArgumentParser(prog=prog, description=sys.modules["__main__"].__doc__,
                                      formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    known = {}
+    names = set()
     for cls in classes:
-        docs = field_docs(cls)
+        docs, defaults = field_docs(cls), cls()
         for f in fields(cls):
-            default = overrides.get(f.name, f.default)
-            known[f.name] = cls
-            parser.add_argument(f"--{f.name}", f"--{f.name.replace('_', '-')}", dest=f.name, default=default,
-                                type=lambda v, d=f.default: _to_type(v, d), help=docs.get(f.name, ""))
-    unknown = set(overrides) - set(known)
-    if unknown:
-        raise SystemExit(f"config file sets unknown fields: {sorted(unknown)}")
+            names.add(f.name)
+            flags = list(dict.fromkeys([f"--{f.name}", f"--{f.name.replace('_', '-')}"]))
+            kw = {"dest": f.name, "default": overrides.get(f.name, getattr(defaults, f.name)), "help": docs.get(f.name, "")}
+            if f.type is bool:
+                parser.add_argument(*flags, action=argparse.BooleanOptionalAction, **kw)
+            elif isinstance(f.type, types.GenericAlias):  # list[str]
+                parser.add_argument(*flags, nargs="*", type=f.type.__args__[0], **kw)
+            else:
+                parser.add_argument(*flags, type=_converter(f.type), **kw)
+    if set(overrides) - names:
+        raise SystemExit(f"a preset sets unknown fields: {sorted(set(overrides) - names)}")
     ns = vars(parser.parse_args(argv))
     return [cls(**{f.name: ns[f.name] for f in fields(cls)}) for cls in classes]
 

@@ -124,7 +124,7 @@ def free_port():
 
 
 def run_sft(model_dir, train_file, out_dir, *extra, nproc=1):
-    cmd = ["sft.py", "config/sft_tiny.py", "--model", str(model_dir), "--scratch", "true",
+    cmd = ["sft.py", "config/sft_tiny.py", "--model", str(model_dir), "--scratch",
            "--train_file", str(train_file), "--out_dir", str(out_dir), "--token_budget", "1024", *extra]
     if nproc > 1:
         cmd = ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(free_port()), *cmd]
@@ -178,7 +178,7 @@ def test_bad_data_row_is_a_clear_error(tiny_model_dir, toy_sft_file, tmp_path):
     bad = tmp_path / "bad.jsonl"
     bad.write_text("\n".join(json.dumps(r) for r in rows))
     proc = subprocess.run([sys.executable, "sft.py", "config/sft_tiny.py", "--model", str(tiny_model_dir),
-                           "--scratch", "true", "--train_file", str(bad), "--out_dir", str(tmp_path / "out")],
+                           "--scratch", "--train_file", str(bad), "--out_dir", str(tmp_path / "out")],
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "bad.jsonl row 3: field 'target[0].content' is empty" in proc.stderr

@@ -1,0 +1,666 @@
+# Evaluation of CurioSFT checkpoints (paper Sec. 5.1, Table 2, Figs. 1, 2, 4); design notes in DESIGN.md.
+"""Generation (vLLM on GPU, HF `generate` on CPU), grading (math-verify; letters for multiple choice), avg@n,
+unbiased pass@k, token entropy, n-gram diversity, expert-token entropy, tables and plots.
+
+    python evaluate.py --model CKPT --data BENCH_DIR --out out/eval/ckpt [--engine auto|hf|vllm] [--n 8]
+    python evaluate.py plot --results out/eval/*/results.json --logs runs/*/log.jsonl --out out/compare
+
+rl.py reuses `load_engine`, `generate` and `grade` (its reward).
+"""
+import importlib.util
+import itertools
+import json
+import logging
+import re
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import asdict, dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+from typing import Any
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt
+import numpy as np
+import torch
+import transformers
+from math_verify import parse, verify
+from tqdm import tqdm
+
+from common import parse_config
+from curio_loss import entropy
+from data import Example, build_prompt, load_examples, tokenize_sft
+
+# math-verify logs every timeout together with the whole (possibly huge) input.
+logging.getLogger("math_verify").setLevel(logging.ERROR)
+
+ID_BENCHMARKS = ["aime", "aime25", "amc", "math", "minerva", "olympiad_bench"]  # paper Table 2, left
+OOD_BENCHMARKS = ["gpqa", "mmlu_pro", "arc_c"]  # paper Table 2, right: multiple choice
+
+
+@dataclass
+class Args:
+    model: str = ""
+    """checkpoint directory (config.json, weights, tokenizer), e.g. one saved by sft.py or rl.py"""
+    data: str = ""
+    """benchmark directory (or one file): .parquet/.jsonl/.json in the authors' schema, grouped by data_source"""
+    out: str = "out/eval"
+    """output directory: results.json, results.md, samples.jsonl, plots"""
+    name: str = ""
+    """label of this checkpoint in tables and plots (default: the model directory's name)"""
+    engine: str = "auto"
+    """auto (vLLM when CUDA and vllm are available, else HF generate) | hf | vllm"""
+    n: int = 8
+    """samples per question: avg@8 and pass@k up to k=8 (paper Sec. 5.1)"""
+    n_mmlu_pro: int = 1
+    """samples per MMLU-Pro question (the paper draws one: 12k questions)"""
+    temperature: float = 0.6
+    """sampling temperature (paper Sec. 5.1)"""
+    top_p: float = 0.95
+    """nucleus sampling (paper Sec. 5.1)"""
+    max_new_tokens: int = 8192
+    """maximum response length in tokens (paper App. E)"""
+    seed: int = 0
+    """sampling seed"""
+    limit: int = 0
+    """questions per benchmark after de-duplication, 0 = all (for smoke tests)"""
+    dtype: str = "auto"
+    """model dtype: auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16 | float16"""
+    batch_size: int = 8
+    """prompts per HF generate call (vLLM schedules its own batches)"""
+    tensor_parallel_size: int = 1
+    """vLLM: GPUs per model"""
+    gpu_memory_utilization: float = 0.85
+    """vLLM: fraction of total GPU memory it may take"""
+    max_model_len: int = 9216
+    """vLLM: prompt + response tokens (1024 + 8192)"""
+    grader_timeout: float = 10.0
+    """seconds per graded response; a grader worker that overruns is killed and the response scores 0"""
+    grader_workers: int = 4
+    """grader processes"""
+    sft_data: str = ""
+    """optional SFT file: also measure expert-token entropy on it (paper Fig. 2a/b)"""
+    sft_examples: int = 256
+    """SFT examples for the expert-token entropy"""
+    save_samples: bool = True
+    """write every response with its score to samples.jsonl"""
+
+
+@dataclass
+class PlotArgs:
+    results: list[str] = field(default_factory=list)
+    """results.json files written by evaluate.py, one per checkpoint"""
+    logs: list[str] = field(default_factory=list)
+    """sft.py JSONL logs ({"step": .., "entropy_top20": .., ...} per line) for the entropy-over-training plot"""
+    out: str = "out/compare"
+    """output directory: compare.md and plots"""
+
+
+# =========================================================================================================
+# ALGO LOGIC: grading (the RL reward too), metrics, expert-token entropy
+# =========================================================================================================
+MC_LABEL = re.compile(r"[A-J1-9]")  # option letters; 22 ARC-Challenge questions number their options 1-4
+# Last of: \boxed{C}, \boxed{\text{C}}, \boxed{(C)}, \boxed{C)}, "ANSWER: C" (the GPQA prompt's format).
+MC_ANSWER = re.compile(r"\\boxed\{\s*(?:\\text(?:bf)?\{\s*)?\(?([A-J1-9])\)?\s*\}|(?i:answer)\s*:\s*\(?([A-J1-9])\b")
+
+
+def answer_kind(data_source: str, ground_truth: str) -> str:
+    """"mc" for a multiple-choice benchmark whose ground truth is an option label, else "math"."""
+    mc = data_source.lower().startswith(("arc", "gpqa", "mmlu"))
+    return "mc" if mc and MC_LABEL.fullmatch(ground_truth.strip()) else "math"
+
+
+def final_answer_text(response: str) -> str | None:
+    """The text after the last </think>; None when the model never closed its reasoning (scored wrong)."""
+    _, sep, tail = response.rpartition("</think>")
+    return tail if sep else None
+
+
+def _score(response: str, ground_truth: str, kind: str, timeout_s: int | None) -> float:
+    """1.0 if the final answer matches, else 0.0. Raises on grader errors. timeout_s: math-verify's own
+    signal.alarm limits (only possible in a main thread); None = unbounded, the caller bounds the time."""
+    answer = final_answer_text(response)
+    if answer is None:
+        return 0.0
+    if kind == "mc":
+        found = MC_ANSWER.findall(answer)
+        return float(bool(found) and "".join(found[-1]) == ground_truth.strip())
+    gold = parse("$" + ground_truth + "$", parsing_timeout=timeout_s)  # unwrapped, \sqrt{2} parses to nothing
+    if not gold:
+        raise ValueError(f"math-verify cannot parse the ground truth {ground_truth!r}")
+    return float(verify(gold, parse(answer, parsing_timeout=timeout_s), timeout_seconds=timeout_s))  # gold first
+
+
+def grade_one(response: str, ground_truth: str, kind: str = "math", timeout_s: int = 5) -> float:
+    """Grade in this process: 0.0 on any grader error. math-verify's timeouts are signal based, so they only
+    apply in the main thread; elsewhere nothing bounds the time: use grade(), which grades in worker processes."""
+    in_main = threading.current_thread() is threading.main_thread()
+    try:
+        return _score(response, ground_truth, kind, timeout_s if in_main else None)
+    except Exception:
+        return 0.0
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k = 1 - C(n-c, k) / C(n, k) (Chen et al. 2021), as a product: no huge binomials."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
+
+
+def ngram_diversity(token_ids: list[list[int]], n: int = 4) -> float | None:
+    """1 - mean pairwise overlap of one question's samples (paper Fig. 4: "1 minus N-gram similarity").
+    Overlap of two samples = Jaccard index |A & B| / |A | B| of their sets of token-id n-grams; a sample
+    shorter than n counts as one n-gram. None with fewer than two samples."""
+    sets = [set(zip(*(ids[i:] for i in range(n)))) or {tuple(ids)} for ids in token_ids]
+    pairs = list(itertools.combinations(sets, 2))
+    if not pairs:
+        return None
+    return 1.0 - sum(len(a & b) / len(a | b) for a, b in pairs) / len(pairs)
+
+
+@torch.no_grad()
+def expert_token_entropy(model, tokenizer, examples: list[Example], max_len: int = 9216) -> dict:
+    """Full-vocabulary entropy of the model's next-token distribution (tau = 1) at every position that predicts
+    an expert response token or its EOS (the SFT loss positions, as data.py masks them), split at the 80th
+    percentile over all positions into the top 20% and the bottom 80% (paper Fig. 2a/b). The split is by rank,
+    so ties at the threshold still give 20% / 80% of the positions."""
+    device = next(model.parameters()).device
+    entropies = []
+    for ex in tqdm(examples, desc="expert-token entropy", disable=len(examples) < 32):
+        ids, mask = tokenize_sft(tokenizer, build_prompt(ex.question, tokenizer), ex.response)
+        ids, mask = ids[:max_len], torch.tensor(mask[:max_len], dtype=torch.bool)
+        logits = model(torch.tensor([ids], device=device)).logits[0]  # (L, V)
+        entropies.append(entropy(logits[:-1][mask[1:].to(device)]).cpu())  # positions predicting response + EOS
+    h = torch.cat(entropies).sort(descending=True).values  # (positions,)
+    k = max(1, round(0.2 * len(h)))
+    return {"top20": h[:k].mean().item(), "bottom80": h[k:].mean().item() if len(h) > k else None,
+            "all": h.mean().item(), "tokens": len(h)}
+
+
+def benchmark_metrics(samples: list[list["Sample"]], scores: list[list[float]]) -> dict:
+    """Metrics of one benchmark from its questions' samples and 0/1 scores (question-major)."""
+    n = len(scores[0])
+    ks = sorted({2**i for i in range(n.bit_length()) if 2**i <= n} | {n})
+    flat = [s for q in samples for s in q]
+    n_tokens = sum(len(s.token_ids) for s in flat)
+    diversities = [d for q in samples if (d := ngram_diversity([s.token_ids for s in q])) is not None]
+    return {
+        "questions": len(scores), "n": n,
+        "avg": float(np.mean(scores)),  # avg@n: mean accuracy over all n samples of every question
+        "pass_at_k": {str(k): float(np.mean([pass_at_k(n, int(sum(q)), k) for q in scores])) for k in ks},
+        "response_length": n_tokens / len(flat),  # tokens, EOS included
+        # Token-mean entropy of the sampling distribution (temperature and top-p applied): see Sample.entropy.
+        "entropy": sum(sum(s.entropy) for s in flat) / max(n_tokens, 1),
+        "diversity": float(np.mean(diversities)) if diversities else None,
+        "truncated": float(np.mean([s.finish_reason == "length" for s in flat])),
+    }
+
+
+def summarize(benchmarks: dict[str, dict]) -> dict:
+    """Paper Table 2 averages: ID and OOD accuracy (None when none of their benchmarks ran), and means over
+    all benchmarks of avg@n, entropy and diversity (the x and y of Figs. 1 and 4)."""
+    def mean(key, names=None):
+        vals = [m[key] for b, m in benchmarks.items() if (names is None or b in names) and m[key] is not None]
+        return float(np.mean(vals)) if vals else None
+    return {"id_avg": mean("avg", ID_BENCHMARKS), "ood_avg": mean("avg", OOD_BENCHMARKS), "avg": mean("avg"),
+            "entropy": mean("entropy"), "diversity": mean("diversity")}
+
+
+# =========================================================================================================
+# Generation: one function, two engines
+# =========================================================================================================
+@dataclass
+class Sample:
+    token_ids: list[int]  # generated tokens, the EOS included when the model stopped
+    text: str  # decoded token_ids without the EOS, special tokens kept (so "</think>" always survives)
+    logprobs: list[float]  # log-prob of each token under the sampling distribution (temperature, top-p)
+    # Per-token entropy of the sampling distribution. HF: exact, from the processed scores of every step.
+    # vLLM: -logprob of the sampled token, a one-sample estimate whose token mean is a consistent estimate of the
+    # same mean entropy (E[-log p(y)] = H(p) for y ~ p); only the mean is meaningful, not single values.
+    entropy: list[float]
+    finish_reason: str  # "stop" (EOS) or "length"
+
+
+@dataclass
+class Engine:
+    kind: str  # "hf" or "vllm"
+    model: Any  # a transformers model (hf) or a vllm.LLM (vllm); rl.py loads new weights into it
+
+
+def _encode(tokenizer, text: str) -> list[int]:
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _decode(tokenizer, token_ids: list[int], stopped: bool) -> str:
+    """Text of a response without its final EOS. Other special tokens stay: a tokenizer may mark </think> special."""
+    if stopped and token_ids and token_ids[-1] in tokenizer.all_special_ids:
+        token_ids = token_ids[:-1]
+    return tokenizer.decode(token_ids, skip_special_tokens=False)
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    """The tokenizer's EOS (what SFT trains) plus the checkpoint's generation_config EOS ids."""
+    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    extra = extra if isinstance(extra, list) else [extra]
+    return list(dict.fromkeys(i for i in [tokenizer.eos_token_id, *extra] if i is not None))
+
+
+def _check_checkpoint(path: str) -> None:
+    p = Path(path)
+    if not p.is_dir():
+        raise FileNotFoundError(f"model {path!r}: no such directory")
+    if not (p / "config.json").is_file():
+        raise ValueError(f"model {path!r}: not a checkpoint directory (no config.json)")
+    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise ValueError(f"model {path!r}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
+
+
+def vllm_available() -> bool:
+    return torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
+
+
+def load_engine(path: str, engine: str = "auto", dtype: str = "auto", seed: int = 0, **vllm_kwargs):
+    """(Engine, tokenizer) for a checkpoint directory. vllm_kwargs go to vllm.LLM (tensor_parallel_size,
+    gpu_memory_utilization, max_model_len, distributed_executor_backend, ...); the HF engine ignores them.
+    Never trust_remote_code."""
+    _check_checkpoint(path)
+    kind = ("vllm" if vllm_available() else "hf") if engine == "auto" else engine
+    if kind not in ("hf", "vllm"):
+        raise ValueError(f"unknown engine {engine!r} (auto, hf or vllm)")
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    if kind == "vllm":
+        if not vllm_available():
+            raise ValueError("engine vllm needs CUDA and the vllm package (requirements-gpu.txt)")
+        from vllm import LLM  # lazy: vLLM cannot even be imported on a CPU build of torch
+
+        # processed_logprobs: log-probs after temperature and top-p, i.e. of the distribution actually sampled.
+        return Engine("vllm", LLM(model=path, seed=seed, dtype=dtype, logprobs_mode="processed_logprobs",
+                                  **vllm_kwargs)), tokenizer
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    auto = torch.bfloat16 if device == "cuda" else torch.float32  # bf16 matmuls are slow on CPU
+    torch_dtype = auto if dtype == "auto" else getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}")
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype).to(device).eval()
+    return Engine("hf", model), tokenizer
+
+
+def generate(engine, tokenizer, prompts: list[str], n: int = 8, temperature: float = 0.6, top_p: float = 0.95,
+             max_new_tokens: int = 8192, seed: int = 0, batch_size: int = 8) -> list[list[Sample]]:
+    """n samples for each prompt (prompt-major). `engine` is an Engine or a bare HF model."""
+    if not isinstance(engine, Engine):
+        engine = Engine("hf", engine)
+    if engine.kind == "vllm":
+        return _generate_vllm(engine.model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed)
+    return _generate_hf(engine.model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size)
+
+
+def _generate_vllm(llm, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed):
+    from vllm import SamplingParams
+
+    # One seed per prompt; vLLM gives the n children of a request seed + child index, so seed + i * n is unique.
+    params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, logprobs=0,
+                             seed=seed + i * n) for i in range(len(prompts))]
+    outputs = llm.generate([{"prompt_token_ids": _encode(tokenizer, p)} for p in prompts], params, use_tqdm=True)
+    result = []
+    for out in outputs:
+        samples = []
+        for o in out.outputs:
+            ids = list(o.token_ids)
+            logprobs = [step[t].logprob for step, t in zip(o.logprobs, ids)]
+            stopped = o.finish_reason == "stop"  # on EOS: vLLM keeps it in token_ids, as SFT trains it
+            samples.append(Sample(ids, _decode(tokenizer, ids, stopped), logprobs, [-lp for lp in logprobs],
+                                  "stop" if stopped else "length"))
+        result.append(samples)
+    return result
+
+
+@torch.no_grad()
+def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size):
+    # HF keeps every step's scores, (batch * n, vocab) each: fine for small models; use vLLM for real runs.
+    torch.manual_seed(seed)
+    eos = _eos_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    device = next(model.parameters()).device
+    result = []
+    for start in tqdm(range(0, len(prompts), batch_size), desc="generating (hf)", disable=len(prompts) <= batch_size):
+        encoded = [_encode(tokenizer, p) for p in prompts[start : start + batch_size]]
+        width = max(map(len, encoded))
+        ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded], device=device)  # (B, P), left-padded
+        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded], device=device)  # (B, P)
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature, top_p=top_p,
+            top_k=0, repetition_penalty=1.0,  # override checkpoint defaults: sample exactly as vLLM does
+            num_return_sequences=n, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
+            output_scores=True, return_dict_in_generate=True)
+        new = out.sequences[:, width:]  # (B * n, T), rows grouped by prompt
+        # out.scores: T x (B * n, V) after temperature and top-p, i.e. the sampling distribution.
+        logp = torch.stack([s.float().log_softmax(-1).gather(-1, new[:, t : t + 1])[:, 0]
+                            for t, s in enumerate(out.scores)], 1)  # (B * n, T)
+        ent = torch.stack([entropy(s) for s in out.scores], 1)  # (B * n, T)
+        for row in range(new.shape[0]):
+            ids = new[row].tolist()
+            stop = next((t for t, i in enumerate(ids) if i in eos), None)
+            length = len(ids) if stop is None else stop + 1  # keep the EOS, drop the padding after it
+            stopped = stop is not None
+            sample = Sample(ids[:length], _decode(tokenizer, ids[:length], stopped), logp[row, :length].tolist(),
+                            ent[row, :length].tolist(), "stop" if stopped else "length")
+            if row % n == 0:
+                result.append([])
+            result[-1].append(sample)
+    return result
+
+
+# =========================================================================================================
+# Grader worker processes. math-verify can hang (huge expressions); its own timeouts use signal.alarm, which
+# only works in a main thread, and not at all inside long C calls. So each response is graded in a worker
+# process under a wall-clock deadline; an overrunning worker is killed and replaced. Workers persist between
+# calls (rl.py grades every step) and grade() may be called from any thread.
+# =========================================================================================================
+@dataclass
+class _Worker:
+    process: subprocess.Popen
+    conn: Connection
+    ready: bool = False  # sent "ready" once its imports and a warm-up grade are done
+
+
+_POOL: list[_Worker] = []
+_POOL_LOCK = threading.Lock()
+
+
+def _grader_worker(fd: int) -> None:
+    conn = Connection(fd)
+    _score("</think>\\boxed{1}", "1", "math", None)  # pay math-verify's lazy imports before the first deadline
+    conn.send("ready")
+    while True:
+        try:
+            job = conn.recv()
+        except EOFError:  # the parent exited
+            return
+        try:
+            conn.send((_score(*job, timeout_s=None), False))
+        except Exception:
+            conn.send((0.0, True))
+
+
+def _start_worker() -> _Worker:
+    # A fresh interpreter that imports only this file: unlike fork it is safe with CUDA and threads, and unlike
+    # multiprocessing's spawn it never re-runs the caller's __main__ (a nanoGPT-style script runs on import).
+    parent, child = socket.socketpair()
+    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import evaluate; "
+            f"evaluate._grader_worker({child.fileno()})")
+    process = subprocess.Popen([sys.executable, "-c", code], pass_fds=[child.fileno()])
+    child.close()
+    return _Worker(process, Connection(parent.detach()))
+
+
+def _kill(worker: _Worker) -> None:
+    worker.process.kill()
+    worker.process.wait()
+    worker.conn.close()
+
+
+def grade(responses: list[str], ground_truths: list[str], kinds: list[str], timeout_s: float = 10.0,
+          workers: int = 4) -> tuple[list[float], int]:
+    """(scores, n_failures). A response whose grading raises or overruns timeout_s scores 0 and is a failure."""
+    scores, failures = [0.0] * len(responses), 0
+    todo = deque(range(len(responses)))
+    busy: dict[int, tuple[int, float]] = {}  # pool slot -> (response index, deadline)
+    with _POOL_LOCK, tqdm(total=len(responses), desc="grading", disable=len(responses) < 1000) as bar:
+        _POOL[:] = [w for w in _POOL if w.process.poll() is None]
+        _POOL.extend(_start_worker() for _ in range(min(max(workers, 1), len(responses)) - len(_POOL)))
+        while todo or busy:
+            for slot, w in enumerate(_POOL):
+                if todo and w.ready and slot not in busy:
+                    i = todo.popleft()
+                    w.conn.send((responses[i], ground_truths[i], kinds[i]))
+                    busy[slot] = (i, time.monotonic() + timeout_s)
+            next_deadline = min((d for _, d in busy.values()), default=None)
+            wait([w.conn for w in _POOL], None if next_deadline is None else max(0.0, next_deadline - time.monotonic()))
+            for slot, w in enumerate(_POOL):
+                try:
+                    message = w.conn.recv() if w.conn.poll() else None
+                except EOFError:  # the worker died (e.g. out of memory)
+                    if not w.ready:
+                        raise RuntimeError("a grader worker process failed to start") from None
+                    message = "died"
+                if message == "ready":
+                    w.ready = True
+                elif isinstance(message, tuple):  # (score, failed)
+                    i, _ = busy.pop(slot)
+                    scores[i], failures = message[0], failures + message[1]
+                    bar.update()
+                elif message == "died" or (slot in busy and time.monotonic() > busy[slot][1]):
+                    if busy.pop(slot, None) is not None:  # its response keeps score 0
+                        failures += 1
+                        bar.update()
+                    _kill(w)
+                    _POOL[slot] = _start_worker()
+    return scores, failures
+
+
+# =========================================================================================================
+# Benchmarks, the evaluation run, tables and plots
+# =========================================================================================================
+def load_benchmarks(path: str, limit: int = 0) -> dict[str, list[Example]]:
+    """{data_source: unique examples} from a directory of .parquet/.jsonl/.json files (or one file).
+
+    Questions are de-duplicated on (data_source, question text): valid.all.parquet repeats AIME24, AIME25 and
+    AMC 32 times each, and avg@8 / pass@k must mean n samples of each distinct problem, not 8 x 32."""
+    p = Path(path)
+    if not p.exists():
+        raise FileNotFoundError(f"data {path!r}: no such file or directory")
+    files = [p] if p.is_file() else sorted(f for f in p.iterdir() if f.suffix in (".parquet", ".jsonl", ".json"))
+    if not files:
+        raise FileNotFoundError(f"data {path!r}: no .parquet, .jsonl or .json files")
+    benchmarks, seen, dropped = {}, set(), 0
+    for f in files:
+        for ex in load_examples(f):
+            if (ex.data_source, ex.question) in seen:
+                dropped += 1
+                continue
+            seen.add((ex.data_source, ex.question))
+            benchmarks.setdefault(ex.data_source, []).append(ex)
+    print(f"benchmarks: {', '.join(f'{b} ({len(v)})' for b, v in benchmarks.items())}; {dropped} duplicates dropped")
+    return {b: v[:limit] if limit else v for b, v in benchmarks.items()}
+
+
+def evaluate(engine: Engine, tokenizer, benchmarks: dict[str, list[Example]], args: Args) -> tuple[dict, list]:
+    """(results, sample records): generate, grade and measure every benchmark."""
+    samples: dict[str, list[list[Sample]]] = {}
+    n_of = {b: args.n_mmlu_pro if b.startswith("mmlu_pro") else args.n for b in benchmarks}
+    for n in sorted(set(n_of.values())):  # one generate call per n: large batches keep vLLM busy
+        names = [b for b in benchmarks if n_of[b] == n]
+        prompts = [build_prompt(ex.question, tokenizer) for b in names for ex in benchmarks[b]]
+        out = iter(generate(engine, tokenizer, prompts, n, args.temperature, args.top_p, args.max_new_tokens,
+                            args.seed, args.batch_size))
+        samples.update({b: [next(out) for _ in benchmarks[b]] for b in names})
+
+    records = [{"data_source": b, "row": ex.row, "question": ex.question, "ground_truth": ex.ground_truth,
+                "kind": answer_kind(b, ex.ground_truth), "sample": j, "response": s.text,
+                "length": len(s.token_ids), "finish_reason": s.finish_reason}
+               for b in benchmarks for ex, qs in zip(benchmarks[b], samples[b]) for j, s in enumerate(qs)]
+    scores, failures = grade([r["response"] for r in records], [r["ground_truth"] for r in records],
+                             [r["kind"] for r in records], args.grader_timeout, args.grader_workers)
+    for r, s in zip(records, scores):
+        r["score"] = s
+
+    metrics, it = {}, iter(scores)
+    for b in benchmarks:
+        per_question = [[next(it) for _ in qs] for qs in samples[b]]
+        metrics[b] = benchmark_metrics(samples[b], per_question)
+    name = args.name or Path(args.model.rstrip("/")).name
+    return {"name": name, "model": args.model, "settings": asdict(args), "benchmarks": metrics,
+            "summary": summarize(metrics), "grader_failures": failures}, records
+
+
+def _pct(x) -> str:
+    return "–" if x is None else f"{100 * x:.1f}"
+
+
+def results_table(result: dict) -> str:
+    """Markdown: one row per benchmark, then the paper's ID / OOD averages."""
+    bench = result["benchmarks"]
+    ks = sorted({int(k) for m in bench.values() for k in m["pass_at_k"]})
+    head = ["benchmark", "questions", "n", "avg@n"] + [f"pass@{k}" for k in ks] + [
+        "length", "entropy", "diversity", "truncated"]
+    lines = [f"## {result['name']}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for b, m in bench.items():
+        cells = [b, m["questions"], m["n"], _pct(m["avg"])] + [_pct(m["pass_at_k"].get(str(k))) for k in ks] + [
+            f"{m['response_length']:.0f}", f"{m['entropy']:.3f}",
+            "–" if m["diversity"] is None else f"{m['diversity']:.3f}", _pct(m["truncated"])]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    s = result["summary"]
+    lines += ["", f"ID avg {_pct(s['id_avg'])} · OOD avg {_pct(s['ood_avg'])} · grader failures "
+                  f"{result['grader_failures']}"]
+    if result.get("expert_entropy"):
+        e = result["expert_entropy"]
+        lines.append(f"expert-token entropy (nats): top 20% {e['top20']:.3f}, bottom 80% {e['bottom80'] or 0:.3f}, "
+                     f"all {e['all']:.3f}, over {e['tokens']} positions")
+    return "\n".join(lines) + "\n"
+
+
+def compare_table(results: list[dict]) -> str:
+    """Markdown in the layout of paper Table 2: avg@n per benchmark, ID and OOD averages, entropy."""
+    present = {b for r in results for b in r["benchmarks"]}
+    names = [b for b in ID_BENCHMARKS if b in present] + ["ID avg"] + [b for b in OOD_BENCHMARKS if b in present]
+    names += ["OOD avg"] + sorted(present - set(ID_BENCHMARKS) - set(OOD_BENCHMARKS))
+    head = ["checkpoint"] + names + ["entropy", "diversity"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in results:
+        s = r["summary"]
+        cells = [r["name"]] + [_pct(s["id_avg"]) if b == "ID avg" else _pct(s["ood_avg"]) if b == "OOD avg" else
+                               _pct(r["benchmarks"].get(b, {}).get("avg")) for b in names]
+        cells += ["–" if s[k] is None else f"{s[k]:.3f}" for k in ("entropy", "diversity")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def plot_results(results: list[dict], out_dir: str, logs: list[str] = ()) -> list[str]:
+    """pass@k curves per benchmark, accuracy vs entropy and vs diversity across checkpoints (paper Figs. 1, 4),
+    and entropy over training from sft.py logs. Returns the written paths."""
+    out, written = Path(out_dir), []
+    benchmarks = list(dict.fromkeys(b for r in results for b in r["benchmarks"]))
+    cols = min(3, len(benchmarks))
+    fig, axes = plt.subplots(-(-len(benchmarks) // cols), cols, figsize=(4 * cols, 3 * -(-len(benchmarks) // cols)),
+                             squeeze=False)
+    for ax, b in zip(axes.flat, benchmarks):
+        for r in results:
+            if b in r["benchmarks"]:
+                curve = r["benchmarks"][b]["pass_at_k"]
+                ax.plot([int(k) for k in curve], [100 * v for v in curve.values()], marker="o", label=r["name"])
+        ax.set(title=b, xlabel="k", ylabel="pass@k (%)")
+        ax.set_xscale("log", base=2)
+    for ax in axes.flat[len(benchmarks):]:
+        ax.axis("off")
+    axes.flat[0].legend(fontsize="small")
+    written.append(_save(fig, out / "pass_at_k.png"))
+
+    acc_key = "id_avg" if all(r["summary"]["id_avg"] is not None for r in results) else "avg"
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
+    for ax, key in zip(axes, ("entropy", "diversity")):
+        for r in results:
+            x, y = r["summary"][key], r["summary"][acc_key]
+            if x is not None and y is not None:
+                ax.scatter(x, 100 * y)
+                ax.annotate(r["name"], (x, 100 * y), fontsize="small")
+        ax.set(xlabel=f"{key} (mean over benchmarks)", ylabel=f"accuracy ({acc_key}, %)")
+    written.append(_save(fig, out / "accuracy_vs_entropy_diversity.png"))
+
+    if logs:
+        fig, ax = plt.subplots(figsize=(6, 4))
+        for path in logs:
+            rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
+            keys = sorted({k for row in rows for k, v in row.items() if "entropy" in k and isinstance(v, (int, float))})
+            for k in keys:
+                points = [(row["step"], row[k]) for row in rows if "step" in row and k in row]
+                ax.plot(*zip(*points), label=f"{Path(path).parent.name}/{Path(path).stem}: {k}")
+        ax.set(xlabel="step", ylabel="entropy (nats)", title="entropy during training (paper Fig. 2a/b)")
+        ax.legend(fontsize="x-small")
+        written.append(_save(fig, out / "entropy_over_training.png"))
+    return written
+
+
+def _save(fig, path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
+
+
+# =========================================================================================================
+# Command line: flags generated from the dataclasses above
+# =========================================================================================================
+def run_eval(args: Args) -> dict:
+    if not args.model or not args.data:
+        raise ValueError("--model and --data are required")
+    benchmarks = load_benchmarks(args.data, args.limit)  # fail on bad data before loading a model
+    expert = None
+    if args.sft_data:  # teacher forcing needs HF logits; done first, so vLLM gets the GPU memory afterwards
+        examples = load_examples(args.sft_data, require_response=True)[: args.sft_examples]
+        hf, tokenizer = load_engine(args.model, "hf", args.dtype)
+        expert = expert_token_entropy(hf.model, tokenizer, examples)
+        del hf
+        torch.cuda.empty_cache()
+    engine, tokenizer = load_engine(args.model, args.engine, args.dtype, args.seed,
+                                    tensor_parallel_size=args.tensor_parallel_size,
+                                    gpu_memory_utilization=args.gpu_memory_utilization,
+                                    max_model_len=args.max_model_len)
+    print(f"engine: {engine.kind}")
+    result, records = evaluate(engine, tokenizer, benchmarks, args)
+    result["expert_entropy"] = expert
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(result, indent=2))
+    (out / "results.md").write_text(results_table(result))
+    if args.save_samples:
+        (out / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    plot_results([result], args.out)
+    print(results_table(result))
+    return result
+
+
+def run_plot(args: PlotArgs) -> list[str]:
+    if not args.results:
+        raise ValueError("--results needs at least one results.json")
+    results = []
+    for path in args.results:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"results {path!r}: no such file")
+        try:
+            result = json.loads(Path(path).read_text())
+        except json.JSONDecodeError as e:
+            raise ValueError(f"results {path!r}: not JSON ({e})") from None
+        if not isinstance(result, dict) or not {"name", "benchmarks", "summary"} <= result.keys():
+            raise ValueError(f"results {path!r}: not a results.json written by evaluate.py")
+        results.append(result)
+    for path in args.logs:
+        if not Path(path).is_file():
+            raise FileNotFoundError(f"log {path!r}: no such file")
+    Path(args.out).mkdir(parents=True, exist_ok=True)
+    (Path(args.out) / "compare.md").write_text(compare_table(results))
+    print(compare_table(results))
+    return plot_results(results, args.out, args.logs)
+
+
+def main(argv: list[str] | None = None) -> None:
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        if argv[:1] == ["plot"]:
+            run_plot(parse_config(PlotArgs, argv=argv[1:], prog="evaluate.py plot")[0])
+        else:
+            run_eval(parse_config(Args, argv=argv, prog="evaluate.py")[0])
+    except (FileNotFoundError, ValueError) as e:  # bad input: a message, not a traceback
+        sys.exit(f"evaluate.py: error: {e}")
+
+
+if __name__ == "__main__":
+    main()

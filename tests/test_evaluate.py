@@ -1,0 +1,334 @@
+"""evaluate.py: pass@k, diversity, the grader (also under adversarial input and from a thread), HF generation,
+expert-token entropy, and an end-to-end CPU evaluation of a tiny random Qwen2 with tables and plots."""
+import dataclasses
+import itertools
+import json
+import math
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import torch
+import transformers
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+import common
+import evaluate as ev  # noqa: E402
+from data import Example, build_prompt, build_toy_tokenizer  # noqa: E402
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Metrics
+# ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("n", [1, 2, 3, 5, 8])
+def test_pass_at_k_equals_subset_enumeration(n):
+    for c in range(n + 1):
+        outcomes = [1] * c + [0] * (n - c)
+        for k in range(1, n + 1):
+            subsets = list(itertools.combinations(outcomes, k))
+            brute = sum(any(s) for s in subsets) / len(subsets)
+            assert ev.pass_at_k(n, c, k) == pytest.approx(brute, abs=1e-12), (n, c, k)
+
+
+def test_pass_at_k_large_n_is_stable():
+    exact = 1 - math.comb(1000 - 7, 300) / math.comb(1000, 300)  # Python ints: exact
+    assert ev.pass_at_k(1000, 7, 300) == pytest.approx(exact, rel=1e-12)
+
+
+def _sample(ids, entropy=0.5, finish="stop"):
+    return ev.Sample(ids, "", [-1.0] * len(ids), [entropy] * len(ids), finish)
+
+
+def test_benchmark_metrics_avg_pass_length_entropy():
+    scores = [[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 1, 1]]
+    samples = [[_sample([q, j, 9, 9, 9][: 2 + j]) for j in range(4)] for q in range(3)]
+    m = ev.benchmark_metrics(samples, scores)
+    assert m["avg"] == pytest.approx(6 / 12)  # avg@4
+    assert list(m["pass_at_k"]) == ["1", "2", "4"]
+    assert m["pass_at_k"]["1"] == pytest.approx(m["avg"])  # unbiased pass@1 is avg@n
+    assert m["pass_at_k"]["2"] == pytest.approx((ev.pass_at_k(4, 2, 2) + 0 + 1) / 3)
+    assert m["pass_at_k"]["4"] == pytest.approx(2 / 3)
+    assert m["response_length"] == pytest.approx((2 + 3 + 4 + 5) / 4)
+    assert m["entropy"] == pytest.approx(0.5) and m["truncated"] == 0.0
+    assert list(ev.benchmark_metrics(samples, [q[:3] for q in scores])["pass_at_k"]) == ["1", "2", "3"]
+
+
+def test_ngram_diversity():
+    a, b = [1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]
+    assert ev.ngram_diversity([a, a, a]) == 0.0
+    assert ev.ngram_diversity([a, b]) == 1.0
+    # 4-grams {1234, 2345} vs {1234, 2346}: Jaccard 1/3
+    assert ev.ngram_diversity([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6]]) == pytest.approx(2 / 3)
+    # mean over the three pairs: (1 - 1) + (1 - 0) + (1 - 0), / 3
+    assert ev.ngram_diversity([a, a, b]) == pytest.approx(2 / 3)
+    assert ev.ngram_diversity([[1, 2], [1, 2]]) == 0.0 and ev.ngram_diversity([[1, 2], [2, 1]]) == 1.0
+    assert ev.ngram_diversity([a]) is None
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Grader
+# ---------------------------------------------------------------------------------------------------------
+T = "<think>\nlet me think\n</think>\n"
+GRADER_CASES = [  # (response, ground truth, kind, expected score)
+    (T + "The answer is $\\boxed{0.5}$.", "\\frac{1}{2}", "math", 1),
+    (T + "\\boxed{\\frac{1}{2}}", "0.5", "math", 1),
+    (T + "\\boxed{1/2}", "\\frac12", "math", 1),
+    (T + "\\boxed{\\dfrac{1}{2}}", "\\frac{1}{2}", "math", 1),
+    (T + "\\boxed{0.6}", "\\frac{1}{2}", "math", 0),
+    (T + "\\boxed{(3, \\frac{\\pi}{2})}", "\\left( 3, \\frac{\\pi}{2} \\right)", "math", 1),
+    (T + "\\boxed{(3, \\pi)}", "\\left( 3, \\frac{\\pi}{2} \\right)", "math", 0),
+    (T + "\\boxed{[2,5)}", "[2, 5)", "math", 1),
+    (T + "\\boxed{(2,5)}", "[2, 5)", "math", 0),  # open vs half-open interval
+    (T + "\\boxed{(1, 2)}", "(1,2)", "math", 1),
+    (T + "\\boxed{(2, 1)}", "(1,2)", "math", 0),
+    (T + "\\boxed{1+x^2}", "x^2+1", "math", 1),
+    (T + "\\boxed{\\sqrt 2}", "\\sqrt{2}", "math", 1),
+    (T + "\\boxed{\\text{10}}", "10", "math", 1),
+    (T + "\\boxed{4}", "3", "math", 0),
+    (T + "no idea", "3", "math", 0),
+    ("\\boxed{3}", "3", "math", 0),  # no </think>: wrong even when right
+    ("<think>\\boxed{3}</think> so the answer is \\boxed{4}", "3", "math", 0),  # only after </think> counts
+    ("<think>a</think>\\boxed{4} wait</think>\\boxed{3}", "3", "math", 1),  # the LAST </think>
+    (T + "\\boxed{C}", "C", "mc", 1),
+    (T + "\\boxed{\\text{C}}", "C", "mc", 1),
+    (T + "\\boxed{C)}", "C", "mc", 1),
+    (T + "\\boxed{(C)}", "C", "mc", 1),
+    (T + "ANSWER: B", "B", "mc", 1),
+    (T + "answer: D", "D", "mc", 1),
+    (T + "\\boxed{A} hmm, no. ANSWER: C", "C", "mc", 1),  # last occurrence
+    (T + "\\boxed{A} hmm, no. ANSWER: C", "A", "mc", 0),
+    (T + "\\boxed{2}", "2", "mc", 1),  # ARC-C questions with numbered options
+    ("\\boxed{C}", "C", "mc", 0),
+    (T + "ANSWER: Apples", "A", "mc", 0),
+]
+
+
+def test_answer_kind():
+    assert ev.answer_kind("gpqa", "A") == "mc" and ev.answer_kind("arc_c", " 3 ") == "mc"
+    assert ev.answer_kind("mmlu_pro", "J") == "mc"
+    assert ev.answer_kind("math", "C") == "math" and ev.answer_kind("gpqa", "12") == "math"
+
+
+@pytest.mark.parametrize("response,gt,kind,expected", GRADER_CASES)
+def test_grade_one(response, gt, kind, expected):
+    assert ev.grade_one(response, gt, kind) == expected
+
+
+def test_grade_batched_matches_grade_one():
+    responses, gts, kinds, expected = map(list, zip(*GRADER_CASES))
+    scores, failures = ev.grade(responses, gts, kinds, timeout_s=20, workers=2)
+    assert scores == expected and failures == 0
+
+
+def test_grader_bounds_time_on_adversarial_input():
+    ev.grade([T + "\\boxed{1}"] * 2, ["1"] * 2, ["math"] * 2, workers=2)  # start the workers outside the timing
+    start = time.monotonic()  # 9^(9^(9^9)) never finishes without math-verify's signals, absent in workers
+    scores, failures = ev.grade([T + "\\boxed{9^{9^{9^{9}}}}", T + "\\boxed{7}", T + "\\boxed{8}"], ["3", "7", "8"],
+                                ["math"] * 3, timeout_s=1.5, workers=2)
+    assert time.monotonic() - start < 1.5 + 2.5  # killed at its deadline; the other worker graded the rest
+    assert (scores, failures) == ([0.0, 1.0, 1.0], 1)
+    # A 6000-deep nested expression (17 s to parse) is killed too; an unparsable ground truth is a failure.
+    nested = T + "\\boxed{" + "(" * 3000 + "1" + ")" * 3000 + "}"
+    scores, failures = ev.grade([nested, T + "\\boxed{1}"], ["1", "\\text{}"], ["math"] * 2, timeout_s=1.5, workers=2)
+    assert (scores, failures) == ([0.0, 0.0], 2)
+    assert ev.grade([T + "\\boxed{5}"] * 3, ["5"] * 3, ["math"] * 3, workers=2) == ([1.0] * 3, 0)  # replaced workers
+
+    start = time.monotonic()  # in-process, main thread: math-verify's own signal timeouts apply
+    assert ev.grade_one(T + "\\boxed{9^{9^{9^{9}}}}", "3", timeout_s=1) == 0.0
+    assert time.monotonic() - start < 5
+
+
+def test_grade_from_a_thread():
+    out = {}
+
+    def work():
+        out["batched"] = ev.grade([T + "\\boxed{\\frac{1}{2}}", T + "\\boxed{2}"], ["0.5", "3"], ["math"] * 2,
+                                  workers=2)
+        out["one"] = ev.grade_one(T + "\\boxed{(1,2)}", "(1, 2)")
+
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join(60)
+    assert out == {"batched": ([1.0, 0.0], 0), "one": 1.0}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tiny model: generation, expert-token entropy, end to end
+# ---------------------------------------------------------------------------------------------------------
+QUESTIONS = ["What is 2+3?", "Compute 7*6.", "What is 10-4?", "Simplify 1/2 + 1/2."]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(tmp_path_factory):
+    texts = [build_prompt(q) + "Add them.\n</think>\nThe answer is \\boxed{5}." for q in QUESTIONS] * 20
+    tok = build_toy_tokenizer(texts, vocab_size=400)
+    cfg = transformers.Qwen2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                   num_key_value_heads=1, intermediate_size=128, max_position_embeddings=512)
+    torch.manual_seed(0)
+    path = tmp_path_factory.mktemp("ckpt") / "tiny-qwen2"
+    transformers.Qwen2ForCausalLM(cfg).save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def test_hf_generation_samples(checkpoint):
+    engine, tok = ev.load_engine(checkpoint, "hf")
+    prompts = [build_prompt(q, tok) for q in QUESTIONS[:2]]
+    out = ev.generate(engine, tok, prompts, n=3, max_new_tokens=12, seed=1)
+    assert [len(q) for q in out] == [3, 3]
+    for s in (s for q in out for s in q):
+        assert 1 <= len(s.token_ids) <= 12 and len(s.logprobs) == len(s.entropy) == len(s.token_ids)
+        assert all(lp <= 1e-6 for lp in s.logprobs) and all(0 <= h <= math.log(len(tok)) + 1e-4 for h in s.entropy)
+        assert (s.finish_reason == "stop") == (s.token_ids[-1] == tok.eos_token_id)
+    again = ev.generate(engine, tok, prompts, n=3, max_new_tokens=12, seed=1)
+    assert [[s.token_ids for s in q] for q in again] == [[s.token_ids for s in q] for q in out]  # seeded
+    # A tiny nucleus keeps only the top token: the sampling distribution is one-hot, entropy 0, log-prob 0.
+    greedy = ev.generate(engine.model, tok, prompts[:1], n=2, top_p=1e-6, max_new_tokens=8)[0]
+    assert greedy[0].token_ids == greedy[1].token_ids
+    assert max(map(abs, greedy[0].entropy + greedy[0].logprobs)) < 1e-5
+
+
+def test_expert_token_entropy(checkpoint):
+    engine, tok = ev.load_engine(checkpoint, "hf")
+    examples = [Example(q, "5", f"Step {i}. </think> \\boxed{{5}}", "toy", i) for i, q in enumerate(QUESTIONS)]
+    e = ev.expert_token_entropy(engine.model, tok, examples)
+    assert e["tokens"] == sum(len(tok(ex.response, add_special_tokens=False)["input_ids"]) + 1 for ex in examples)
+    assert e["top20"] >= e["all"] >= e["bottom80"] > 0
+    torch.nn.init.zeros_(engine.model.get_output_embeddings().weight)  # uniform next-token distribution
+    uniform = ev.expert_token_entropy(engine.model, tok, examples)
+    assert uniform["all"] == pytest.approx(math.log(engine.model.config.vocab_size), rel=1e-5)
+
+
+def _write_benchmarks(root: Path) -> Path:
+    def row(source, question, gt):
+        return {"data_source": source, "prompt": [{"role": "system", "content": "sys"},
+                                                  {"role": "user", "content": question}],
+                "ability": "math", "reward_model": {"ground_truth": gt, "style": "rule"},
+                "extra_info": {"index": 0, "split": "test"}}
+
+    bench = root / "bench"
+    bench.mkdir()
+    math_rows = [row("math", QUESTIONS[0], "5"), row("math", QUESTIONS[1], "42"), row("aime", QUESTIONS[2], "6"),
+                 row("aime", QUESTIONS[2], "6"), row("aime", QUESTIONS[3], "1")]  # one repeated question
+    (bench / "valid.all.jsonl").write_text("".join(json.dumps(r) + "\n" for r in math_rows))
+    pd.DataFrame([row("arc_c", "Which is a mammal?\nA) cod\nB) cat", "B")]).to_parquet(bench / "valid.arc_c.parquet")
+    (bench / "README.txt").write_text("not a benchmark file")
+    return bench
+
+
+def test_evaluate_wiring_with_canned_responses(tmp_path, monkeypatch):
+    """De-duplication, generation, grading and per-benchmark metrics line up (the real grader, fake samples)."""
+    answers = {"2+3": ["5"] * 4, "7*6": ["42", "41", "0", "1"], "10-4": ["5"] * 4, "1/2 + 1/2": ["1"] * 4,
+               "mammal": ["B", "B", "A", "A"]}
+
+    def fake_generate(engine, tokenizer, prompts, n, *args):
+        assert n == 4
+        out = []
+        for p in prompts:
+            picks = next(v for k, v in answers.items() if k in p)
+            texts = [T + (f"ANSWER: {a}" if a.isalpha() else f"\\boxed{{{a}}}") for a in picks]
+            out.append([ev.Sample(list(range(j, j + 5)), t, [-1.0] * 5, [0.1] * 5, "stop")
+                        for j, t in enumerate(texts)])
+        return out
+
+    monkeypatch.setattr(ev, "generate", fake_generate)
+    benchmarks = ev.load_benchmarks(str(_write_benchmarks(tmp_path)))
+    result, records = ev.evaluate(None, None, benchmarks, ev.Args(n=4, grader_workers=2, model="m"))
+    m = result["benchmarks"]
+    assert (m["math"]["avg"], m["aime"]["avg"], m["arc_c"]["avg"]) == (5 / 8, 4 / 8, 2 / 4)
+    assert m["math"]["pass_at_k"]["4"] == 1.0 and m["aime"]["pass_at_k"]["4"] == 0.5
+    assert m["math"]["pass_at_k"]["2"] == pytest.approx((1 + ev.pass_at_k(4, 1, 2)) / 2)
+    assert result["summary"]["id_avg"] == pytest.approx((5 / 8 + 4 / 8) / 2) and result["summary"]["ood_avg"] == 0.5
+    assert [r["score"] for r in records if r["data_source"] == "arc_c"] == [1.0, 1.0, 0.0, 0.0]
+    assert m["math"]["diversity"] == pytest.approx(5 / 6)  # shifted ids: neighbours share 1 of 3 distinct 4-grams
+
+
+def test_end_to_end_cpu(checkpoint, tmp_path):
+    bench = _write_benchmarks(tmp_path)
+    sft = tmp_path / "sft.jsonl"
+    sft.write_text("".join(json.dumps({"data_source": "toy", "prompt": [{"role": "user", "content": q}],
+                                       "reward_model": {"ground_truth": "5"},
+                                       "target": [{"role": "assistant", "content": "<think>\nAdd.</think> 5"}]}) + "\n"
+                           for q in QUESTIONS))
+    out = tmp_path / "eval"
+    ev.main(["--model", checkpoint, "--data", str(bench), "--out", str(out), "--engine", "hf", "--n", "4",
+             "--max-new-tokens", "16", "--grader-workers", "2", "--name", "tiny", "--sft-data", str(sft)])
+    result = json.loads((out / "results.json").read_text())
+    e = result["expert_entropy"]
+    assert e["top20"] >= e["all"] >= e["bottom80"] > 0 and e["tokens"] > len(QUESTIONS)
+    bench_metrics = result["benchmarks"]
+    assert set(bench_metrics) == {"math", "aime", "arc_c"}
+    assert {b: m["questions"] for b, m in bench_metrics.items()} == {"math": 2, "aime": 2, "arc_c": 1}  # de-duplicated
+    for m in bench_metrics.values():
+        assert m["n"] == 4 and 0 <= m["avg"] <= 1 and list(m["pass_at_k"]) == ["1", "2", "4"]
+        passes = list(m["pass_at_k"].values())
+        assert passes[0] == pytest.approx(m["avg"]) and passes == sorted(passes) and passes[-1] <= 1
+        assert 1 <= m["response_length"] <= 16 and 0 < m["entropy"] <= math.log(result_vocab(checkpoint))
+        assert 0 <= m["diversity"] <= 1 and 0 <= m["truncated"] <= 1
+    id_avg = (bench_metrics["math"]["avg"] + bench_metrics["aime"]["avg"]) / 2
+    assert result["summary"]["id_avg"] == pytest.approx(id_avg)
+    assert result["summary"]["ood_avg"] == bench_metrics["arc_c"]["avg"] and result["grader_failures"] == 0
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert len(records) == 5 * 4 and {r["kind"] for r in records} == {"math", "mc"}
+    table = (out / "results.md").read_text()
+    assert "| aime | 2 | 4 |" in table and "pass@4" in table
+    assert (out / "pass_at_k.png").stat().st_size > 0 and (out / "accuracy_vs_entropy_diversity.png").is_file()
+
+    # Compare mode: two checkpoints and an SFT log.
+    other = json.loads((out / "results.json").read_text()) | {"name": "other"}
+    (tmp_path / "other.json").write_text(json.dumps(other))
+    log = tmp_path / "sft" / "log.jsonl"
+    log.parent.mkdir()
+    log.write_text("".join(json.dumps({"step": s, "loss": 1.0, "entropy_top20": 2 - s / 10, "entropy_bottom80": 0.1})
+                           + "\n" for s in range(5)))
+    ev.main(["plot", "--results", str(out / "results.json"), str(tmp_path / "other.json"), "--logs", str(log),
+             "--out", str(tmp_path / "cmp")])
+    compare = (tmp_path / "cmp" / "compare.md").read_text()
+    assert "| tiny |" in compare and "| other |" in compare and "ID avg" in compare
+    for name in ("pass_at_k.png", "accuracy_vs_entropy_diversity.png", "entropy_over_training.png"):
+        assert (tmp_path / "cmp" / name).stat().st_size > 0
+
+
+def result_vocab(checkpoint):
+    return transformers.AutoConfig.from_pretrained(checkpoint).vocab_size
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Command line and bad input
+# ---------------------------------------------------------------------------------------------------------
+def test_cli_is_generated_from_the_dataclass():
+    docs = common.field_docs(ev.Args)
+    assert set(docs) == {f.name for f in dataclasses.fields(ev.Args)} and all(docs.values())
+    args, = common.parse_config(ev.Args, argv=["--n", "4", "--top-p", "0.9", "--no-save-samples"])
+    assert (args.n, args.top_p, args.save_samples, args.temperature) == (4, 0.9, False, 0.6)
+    plot, = common.parse_config(ev.PlotArgs, argv=["--results", "a.json", "b.json"])
+    assert plot.results == ["a.json", "b.json"] and plot.logs == []
+
+
+def test_bad_input_gives_clear_errors(checkpoint, tmp_path):
+    bench = _write_benchmarks(tmp_path)
+    not_model = tmp_path / "not_a_model"
+    not_model.mkdir()
+    bad = tmp_path / "bad"
+    bad.mkdir()
+    (bad / "x.jsonl").write_text(json.dumps({"data_source": "math", "question": "no prompt field"}) + "\n")
+    (tmp_path / "r.json").write_text(json.dumps({"accuracy": 1}))
+    cases = [
+        (["--model", checkpoint, "--data", str(tmp_path / "missing")], "no such file or directory"),
+        (["--model", checkpoint, "--data", str(not_model)], "no .parquet, .jsonl or .json files"),
+        (["--model", checkpoint, "--data", str(bad)], "x.jsonl row 0"),
+        (["--model", str(tmp_path / "nope"), "--data", str(bench)], "no such directory"),
+        (["--model", str(not_model), "--data", str(bench)], "not a checkpoint directory"),
+        (["--model", checkpoint, "--data", str(bench), "--engine", "tpu"], "unknown engine"),
+        (["--model", checkpoint, "--data", str(bench), "--engine", "hf", "--dtype", "fp8"], "unknown dtype"),
+        (["plot", "--results", str(tmp_path / "r.json")], "not a results.json"),
+        (["plot", "--results", str(bench / "valid.all.jsonl")], "not JSON"),
+        (["plot", "--results", str(tmp_path / "missing.json")], "no such file"),
+    ]
+    for argv, message in cases:
+        with pytest.raises(SystemExit) as exc:
+            ev.main(argv + ["--out", str(tmp_path / "o")])
+        assert message in str(exc.value), (argv, exc.value)
