@@ -174,6 +174,7 @@ def save_checkpoint(out_dir: Path, step: int, model, tokenizer, trainer_state: d
     dcp.save(trainer_state, checkpoint_id=str(tmp / "trainer"))
     torch.save({"cpu": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})},
                tmp / f"rng_rank{rank}.pt")
+    dist.barrier()  # every rank's files are written before rank 0 renames the directory
     if rank == 0:
         unwrapped_config = model.config
         unwrapped_config.save_pretrained(tmp)

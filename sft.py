@@ -5,6 +5,7 @@
     python sft.py config/sft_tiny.py --model DIR --train_file data.jsonl
     torchrun --nproc_per_node 8 sft.py config/sft_paper.py --model Qwen2.5-Math-7B-16k-think --train_file train.parquet
 """
+import copy
 import json
 import math
 import time
@@ -239,7 +240,7 @@ def main():
     needs = cl.LOSSES[args.loss][1]
     full = common.load_full_model(args.model, args.scratch, args.seed)
     separate = (needs == "teacher_lq" and args.loss != "curio_self_teacher") or needs == "base"
-    frozen_copy = __import__("copy").deepcopy(full) if separate else None
+    frozen_copy = copy.deepcopy(full) if separate else None
     model = common.shard_model(full, device, bf16, args.grad_ckpt)
     other = common.shard_model(frozen_copy, device, bf16, grad_ckpt=False, trainable=False) if separate else None
     teacher = other if needs == "teacher_lq" else None
@@ -289,6 +290,8 @@ def main():
                     # Alg. 1 line 14 on the mean over this step's response tokens of all ranks; FSDP averages
                     # gradients over ranks, hence * world (a gradient-sum option needs PREMUL_SUM, absent in gloo)
                     (total * world / n_tok).backward()
+                    if base is not None:
+                        base.reshard()                                      # its head was gathered for the backward
                     loss_sum += total.detach().float().cpu()
                     diags.append(diag)
                 grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
