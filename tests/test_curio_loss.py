@@ -414,3 +414,28 @@ def test_summarize_reports_the_logged_statistics():
     top, bottom = cl.split_entropy(h)
     assert top == pytest.approx(h.sort().values[-40:].mean().item(), rel=1e-5)
     assert bottom == pytest.approx(h.sort().values[:160].mean().item(), rel=1e-5)
+
+
+def test_entropy_increment_is_eq7_with_the_papers_constants():
+    h = torch.tensor([0.0, 1.2, 2.0, 50.0])
+    want = 0.5 / (1 + torch.exp(-2.0 * (h - 1.2)))
+    torch.testing.assert_close(cl.entropy_increment(h, LossConfig()), want)
+    assert cl.entropy_increment(torch.tensor(1.2), LossConfig()).item() == pytest.approx(0.25)   # half at the pivot
+
+
+def test_one_token_by_hand():
+    """A 3-token vocabulary, everything computed here independently: H, Eq. 7, tau by a fine grid, lq, loss."""
+    z = torch.tensor([[2.0, 1.0, 0.0]], dtype=torch.float64)
+    y = torch.tensor([1])
+    p = torch.softmax(z[0], -1)
+    h = -(p * p.log()).sum().item()
+    target = h + 0.5 / (1 + math.exp(-2.0 * (h - 1.2)))
+    grid = torch.linspace(1.1, 1.5, 400001, dtype=torch.float64)
+    q = torch.softmax(z[0] / grid[:, None], -1)
+    h_grid = -(q * q.log()).sum(-1)
+    tau = grid[(h_grid - target).abs().argmin()].item()
+    lq = torch.log_softmax(z[0] / tau, -1)[1].item()
+    lp = math.log(p[1].item())
+    loss, diag = cl.curio_sft_loss(z, y, z, LossConfig(top_k=3))
+    assert diag["tau"].item() == pytest.approx(tau, abs=2e-6)
+    assert loss.item() == pytest.approx(-lp + 0.5 * (lp - lq) ** 2, abs=1e-9)
