@@ -14,7 +14,6 @@ from dataclasses import dataclass, replace
 from functools import partial
 
 import torch
-import torch.nn.functional as F
 
 
 @dataclass
