@@ -71,16 +71,16 @@ def parse_config(*classes, argv=None, prog=None):
 # Process group: torchrun, or one process as a world of one (the same FSDP code path either way)
 # ------------------------------------------------------------------------------------------------
 def setup_distributed():
-    """Returns (rank, world_size, device). nccl on CUDA, gloo on CPU."""
+    """Returns (rank, world_size, device). nccl for CUDA tensors, gloo for CPU ones."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
-        backend = "nccl"
+        backend = "cpu:gloo,cuda:nccl"  # nccl for the model; gloo for small CPU tensors and objects (logs)
     else:
         device, backend = torch.device("cpu"), "gloo"
     if "RANK" in os.environ:
-        dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
     else:  # a plain `python sft.py`: an in-process store, no ports
         dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
     return rank, world, device

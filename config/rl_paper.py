@@ -1,0 +1,21 @@
+# The paper's RL stage (App. E, Table 6): GRPO from an SFT checkpoint on OpenR1-Math-46K, 8 GPUs.
+# torchrun --nproc_per_node 8 rl.py config/rl_paper.py --model out/sft/step_000540 --train_file TRAIN.parquet
+steps = 500
+prompts_per_step = 128       # Table 6 "Batch Size"
+rollouts = 8                 # Table 6 "Rollout Numbers"
+mini_batch = 64              # Table 6 "Mini Batch Size": 2 optimiser steps per batch
+lr = 1e-6
+clip_low = 0.2
+clip_high = 0.28
+temperature = 1.0
+top_p = 0.95
+max_prompt_len = 1024
+max_response_len = 8192
+bf16 = True
+grad_ckpt = True
+micro_batch = 4              # sequences per forward per GPU (up to 4 x 9216 tokens); lower it on OOM
+loss_chunk = 4096
+engine = "vllm"
+gpu_memory_utilization = 0.4 # vLLM's share of each GPU (weights + KV cache); the FSDP trainer uses the rest
+grader_workers = 8
+save_every = 50

@@ -1,0 +1,378 @@
+# CurioSFT RL stage: GRPO from an SFT checkpoint (paper Sec. 5.2, App. E Table 6). python rl.py --help lists every flag.
+"""GRPO (Shao et al. 2024) with DAPO's clip-higher and no KL term, as the paper's RL stage. The same script runs as one
+process (CPU: HF `generate`) and under `torchrun --nproc_per_node N` (FSDP2 trainer, one vLLM engine per GPU).
+
+    python rl.py config/rl_tiny.py --model out/sft/step_000010 --train_file data.jsonl
+    torchrun --nproc_per_node 8 rl.py config/rl_paper.py --model out/sft/step_000540 --train_file train.parquet
+
+One step: sync the trainer's weights into the engine -> rollouts (prompts x rollouts) -> rewards -> group
+advantages -> old log-probs recomputed by the trainer -> one optimiser step per mini-batch of prompts.
+"""
+import json
+import os
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.distributed.tensor import DTensor
+from torch.utils.checkpoint import checkpoint
+
+import common
+import curio_loss as cl
+import data
+import evaluate
+import sft
+
+
+@dataclass
+class Args:
+    model: str = ""
+    """HF checkpoint directory to start from (an SFT checkpoint: config.json, weights, tokenizer)"""
+    train_file: str = ""
+    """prompts and ground truths: .parquet / .jsonl / .json in the authors' schema (target not needed)"""
+    out_dir: str = "out/rl"
+    """checkpoints (HF format) and log.jsonl go here; an existing checkpoint here is resumed"""
+    steps: int = 500
+    """GRPO steps: each generates, scores and trains on one batch of prompts (Table 6 "Training Steps")"""
+    prompts_per_step: int = 128
+    """prompts per step, over all ranks (Table 6 "Batch Size")"""
+    rollouts: int = 8
+    """responses sampled per prompt: the GRPO group (Table 6 "Rollout Numbers")"""
+    mini_batch: int = 64
+    """prompts per optimiser step, over all ranks: prompts_per_step / mini_batch steps per batch (Table 6)"""
+    micro_batch: int = 4
+    """sequences per forward/backward pass per rank (gradient accumulation fills the mini-batch)"""
+    lr: float = 1e-6
+    """constant learning rate (Table 6)"""
+    weight_decay: float = 0.01
+    """AdamW weight decay (verl's actor default)"""
+    grad_clip: float = 1.0
+    """max global gradient norm (verl's actor default)"""
+    clip_low: float = 0.2
+    """eps_low: the ratio is clipped below at 1 - eps_low (Table 6 "Clip Lower")"""
+    clip_high: float = 0.28
+    """eps_high: the ratio is clipped above at 1 + eps_high (Table 6 "Clip Higher", DAPO's clip-higher)"""
+    temperature: float = 1.0
+    """rollout temperature; the trainer scores tokens at the same temperature (Table 6)"""
+    top_p: float = 0.95
+    """rollout nucleus sampling (Table 6)"""
+    max_prompt_len: int = 1024
+    """longer prompts are dropped, and counted"""
+    max_response_len: int = 8192
+    """generation stops after this many tokens (Table 6)"""
+    loss_chunk: int = 2048
+    """tokens per logits chunk: [tokens, vocab] logits exist one chunk at a time, recomputed in backward"""
+    bf16: bool = True
+    """bf16 compute with float32 master weights and reductions (CUDA only; CPU runs float32)"""
+    grad_ckpt: bool = True
+    """activation checkpointing of the decoder layers"""
+    engine: str = "auto"
+    """generation engine: auto (vLLM with CUDA and vllm installed, else HF generate) | hf | vllm"""
+    gpu_memory_utilization: float = 0.4
+    """vLLM: fraction of TOTAL GPU memory for its weights and KV cache; the FSDP trainer shares the GPU"""
+    gen_batch_size: int = 16
+    """HF engine: prompts per generate call (vLLM schedules its own batches)"""
+    grader_timeout: float = 10.0
+    """seconds per graded response; an overrunning grader is killed and the response scores 0"""
+    grader_workers: int = 4
+    """grader processes per rank"""
+    seed: int = 0
+    """prompt order and sampling"""
+    save_every: int = 50
+    """checkpoint every this many steps (0: only at the end)"""
+
+
+# ================================================================================================
+# ALGO LOGIC: reward, group advantage, clipped surrogate
+# ================================================================================================
+def math_reward(samples, examples, timeout_s=10.0, workers=4):
+    """App. E: 1 when the response closes </think> and the text after it verifies against the ground truth
+    with math-verify (multiple-choice letters for MC data), else 0. Graded in worker processes (evaluate.grade).
+    The reward hook's contract: (samples, examples) -> (rewards, grader failures)."""
+    kinds = [evaluate.answer_kind(ex.data_source, ex.ground_truth) for ex in examples]
+    return evaluate.grade([s.text for s in samples], [ex.ground_truth for ex in examples], kinds, timeout_s, workers)
+
+
+def group_advantages(rewards, eps=1e-6):
+    """GRPO's outcome advantage, one group per prompt: A_i = (r_i - mean(r)) / (std(r) + eps), unbiased std as
+    verl (8 rollouts, one correct: +2.474867 for it, -0.353552 for the others). rewards [G, n] -> A [G, n] and
+    the mask [G] of groups whose rewards are all equal: they carry no learning signal, their advantage is exactly
+    0 (float32 rewards summed in float64 are exact, so r - mean = 0)."""
+    r = rewards.double()
+    adv = (r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + eps)   # std: unbiased (n - 1)
+    return adv.float(), (r == r[:, :1]).all(-1)
+
+
+def clipped_loss(lp, old_lp, adv, clip_low, clip_high):
+    """Per-token PPO/GRPO loss max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)), r = pi_theta / pi_old, and
+    diagnostics. With A > 0 only the upper clip can bind (r > 1 + eps_high: no gradient), with A < 0 only the
+    lower one; eps_high > eps_low (clip-higher) lets unlikely good tokens grow further, against entropy collapse."""
+    log_ratio = (lp - old_lp).clamp(-20.0, 20.0)                           # verl's guard against exp overflow
+    ratio = torch.exp(log_ratio)
+    loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high))
+    with torch.no_grad():
+        diag = {"clip_high": ((adv > 0) & (ratio > 1 + clip_high)).float(),
+                "clip_low": ((adv < 0) & (ratio < 1 - clip_low)).float(),
+                "kl": ratio - 1 - log_ratio}                                # k3 estimate of KL(pi_old || pi_theta)
+    return loss, diag
+
+
+# ------------------------------------------------------------------------------------------------
+# The trainer's side: log-probs of the generated tokens, and the loss of one micro-batch
+# ------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def rollout_log_probs(model, batch, args):
+    """log pi_old(y_t) [N] of every response token and the policy's full-vocabulary entropy there [N], both at
+    the rollout temperature. Recomputed by the trainer rather than taken from the engine: the ratio must
+    compare two evaluations of the same numerics (the engine's kernels, dtype and top-p differ)."""
+    h, y = sft.select_targets(sft.normed_hidden(model, batch), batch)      # [N, H], [N]
+    lp, ent = [], []
+    for s in range(0, len(y), args.loss_chunk):
+        logits = model.lm_head(h[s : s + args.loss_chunk]).float() / args.temperature   # [n, V]
+        lp.append(cl._student_log_prob(logits, y[s : s + args.loss_chunk])[0])
+        ent.append(cl.entropy(logits))
+    return torch.cat(lp), torch.cat(ent)
+
+
+def micro_batch_loss(model, batch, old_lp, adv, args):
+    """Sum over the micro-batch's response tokens of the clipped loss, and per-token diagnostics. old_lp, adv:
+    [N] in select_targets order. Each logits chunk is recomputed in backward (torch checkpoint), as in sft.py."""
+    h, y = sft.select_targets(sft.normed_hidden(model, batch), batch)      # [N, H], [N]
+
+    def chunk(h_c, y_c, old_c, adv_c):
+        logits = model.lm_head(h_c).float() / args.temperature             # [n, V]
+        lp, _ = cl._student_log_prob(logits, y_c)
+        loss, diag = clipped_loss(lp, old_c, adv_c, args.clip_low, args.clip_high)
+        return loss.sum(), diag
+
+    total, diags = h.new_zeros((), dtype=torch.float32), []
+    for s in range(0, len(y), args.loss_chunk):
+        part = slice(s, s + args.loss_chunk)
+        loss, diag = checkpoint(chunk, h[part], y[part], old_lp[part], adv[part], use_reentrant=False)
+        total = total + loss
+        diags.append(diag)
+    return total, sft.cat_diags(diags)
+
+
+def optimiser_step(model, optimizer, mbs, args):
+    """One optimiser step on one mini-batch: the clipped loss averaged over the response tokens of every rank
+    (token-mean; no KL term). mbs: this rank's micro-batches [(batch, adv [N], old_lp [N], entropy [N])].
+    Returns this rank's sums [loss, clip_low, clip_high, kl, tokens] and the global gradient norm."""
+    world = dist.get_world_size()
+    n_tok = torch.tensor(float(sum(len(mb[1]) for mb in mbs)), device=mbs[0][1].device)  # nccl: CUDA tensors only
+    dist.all_reduce(n_tok)                                                 # response tokens of all ranks
+    sums = torch.zeros(5, dtype=torch.float64)
+    for j, (batch, adv, old_lp, _) in enumerate(mbs):
+        model.set_requires_gradient_sync(j == len(mbs) - 1)              # reduce-scatter once per optimiser step
+        total, diag = micro_batch_loss(model, batch, old_lp, adv, args)
+        # FSDP averages gradients over ranks, hence * world: the gradient of the global token mean
+        (total * world / n_tok).backward()
+        sums += torch.tensor([total.item(), diag["clip_low"].sum().item(), diag["clip_high"].sum().item(),
+                              diag["kl"].sum().item(), len(adv)], dtype=torch.float64)
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+    grad_norm = grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    return sums, grad_norm.item()
+
+
+@torch.no_grad()
+def sync_weights(model, engine):
+    """Load the trainer's current weights into the generation engine. Every rank calls it: p.full_tensor()
+    all-gathers one parameter from the FSDP2 shards, in state_dict order on every rank, so only one full
+    parameter exists at a time on the vLLM path (its loader consumes the pairs lazily). Names are the HF
+    checkpoint names both engines load."""
+
+    def full_weights():                       # state_dict() gives the DTensor shards even while the root is gathered
+        for name, p in model.state_dict().items():
+            yield name, p.full_tensor() if isinstance(p, DTensor) else p
+
+    if engine.kind == "vllm":
+        # vLLM 0.32 with distributed_executor_backend="external_launcher" runs its engine in this process, so
+        # LLM.apply_model(fn) calls fn on this rank's nn.Module (Worker.get_model()); Qwen2ForCausalLM.load_weights
+        # takes (hf_name, tensor) pairs, fuses q/k/v and gate/up itself, casts to the engine's dtype, and skips
+        # lm_head.weight when it is tied to the embedding loaded in the same call.
+        engine.model.apply_model(lambda m: m.load_weights(full_weights()))
+        engine.model.reset_prefix_cache()     # cached KV blocks were computed by the old weights
+        # never engine.model.collective_rpc("reload_weights") without weights: it re-reads the checkpoint on disk
+    else:
+        engine.model.load_state_dict(dict(full_weights()))   # strict: every name must match
+
+
+# ================================================================================================
+# Plumbing: prompts, rollouts to tensors, the loop, checkpoints, logs
+# ================================================================================================
+def load_prompts(args, tokenizer):
+    """[(example, prompt text, prompt ids)] of every example whose Table 7 prompt fits max_prompt_len."""
+    kept, dropped = [], 0
+    for ex in data.load_examples(args.train_file):
+        text = data.build_prompt(ex.question, tokenizer)
+        ids = tokenizer.encode(text, add_special_tokens=False)         # as evaluate.generate encodes it
+        if len(ids) > args.max_prompt_len:
+            dropped += 1
+        else:
+            kept.append((ex, text, ids))
+    common.print0(f"{args.train_file}: {len(kept)} prompts kept, {dropped} dropped (> {args.max_prompt_len} tokens)")
+    return kept
+
+
+def step_prompts(n_prompts, step, args, rank, world):
+    """Indices of this rank's prompts at `step`: a disjoint shard of the step's prompts_per_step. The order
+    is a fixed permutation per epoch from (seed, epoch), so a resumed run sees the same prompts."""
+    per_epoch = n_prompts // args.prompts_per_step
+    epoch, k = divmod(step, per_epoch)
+    order = torch.randperm(n_prompts, generator=torch.Generator().manual_seed(args.seed + epoch)).tolist()
+    chosen = order[k * args.prompts_per_step : (k + 1) * args.prompts_per_step]
+    share = args.prompts_per_step // world
+    return chosen[rank * share : (rank + 1) * share], epoch
+
+
+def rollout_seed(args, step, rank, world, n_prompts):
+    """The sampling seed of this rank at `step`: one block of n_prompts * rollouts seeds per (seed, step, rank),
+    since vLLM seeds request i with seed + i * rollouts (+ the sample's index). HF seeds torch once with it, and
+    torch's CPU generator keeps only its low 32 bits: hence < 2**31."""
+    return (args.seed * 1_000_003 + step * world + rank) * n_prompts * args.rollouts % 2**31
+
+
+def micro_batches(prompt_ids, samples, adv, args, pad_id, device):
+    """Sequences prompt + response (the response, its EOS included when it stopped, is trained), grouped into
+    mini-batches (one per optimiser step) of micro-batches of `micro_batch` sequences, sorted by length so
+    padding stays small. Every rank has the same counts, as FSDP's collectives require.
+    Returns mini[m] = [(collated batch, adv per response token [N])]."""
+    per_mini = args.mini_batch // dist.get_world_size()                    # prompts per mini-batch on this rank
+    minis = []
+    for start in range(0, len(prompt_ids), per_mini):
+        seqs = [(prompt_ids[i] + s.token_ids, [0] * len(prompt_ids[i]) + [1] * len(s.token_ids), float(adv[i, j]))
+                for i in range(start, start + per_mini) for j, s in enumerate(samples[i])]
+        seqs.sort(key=lambda t: -len(t[0]))
+        mbs = []
+        for first in range(0, len(seqs), args.micro_batch):
+            part = seqs[first : first + args.micro_batch]
+            batch = data.collate([(ids, mask) for ids, mask, _ in part], pad_id)
+            adv_tok = torch.tensor([a for _, mask, a in part for _ in range(sum(mask))])   # [N], select_targets order
+            mbs.append(({k: v.to(device) for k, v in batch.items()}, adv_tok.to(device)))
+        minis.append(mbs)
+    return minis
+
+
+def train(args, device, reward_fn=None):
+    """The GRPO loop in an initialised process group. reward_fn(samples, examples) -> (rewards, failures)
+    defaults to math_reward. Returns the log records (every rank computes them)."""
+    if reward_fn is None:
+        def reward_fn(samples, examples):
+            return math_reward(samples, examples, args.grader_timeout, args.grader_workers)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if args.prompts_per_step % args.mini_batch or args.mini_batch % world:
+        raise SystemExit(f"need prompts_per_step ({args.prompts_per_step}) divisible by mini_batch ({args.mini_batch}) "
+                         f"and mini_batch divisible by the world size ({world})")
+    bf16 = args.bf16 and device.type == "cuda"
+    out_dir = Path(args.out_dir)
+
+    # ---- engine first: vLLM's gpu_memory_utilization is a share of TOTAL memory and must be free at creation
+    kind = ("vllm" if evaluate.vllm_available() else "hf") if args.engine == "auto" else args.engine
+    if kind == "vllm" and "RANK" not in os.environ:   # external_launcher reads RANK / LOCAL_RANK
+        raise SystemExit("engine vllm: the colocated engine needs CUDA, the vllm package and torchrun, also on one "
+                         "GPU (torchrun --nproc_per_node 1 rl.py ...); --engine hf runs anywhere")
+    engine, tokenizer = evaluate.load_engine(
+        args.model, kind, dtype="bfloat16" if bf16 else "float32", seed=args.seed + rank,
+        tensor_parallel_size=1, distributed_executor_backend="external_launcher",   # one engine per rank, in-process
+        gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_prompt_len + args.max_response_len)
+    prompts = load_prompts(args, tokenizer)
+    if len(prompts) < args.prompts_per_step:
+        raise SystemExit(f"{len(prompts)} prompts are fewer than one step's {args.prompts_per_step}")
+
+    model = common.shard_model(common.load_full_model(args.model, scratch=False, seed=args.seed), device, bf16,
+                               args.grad_ckpt)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
+                                  betas=(0.9, 0.999), fused=device.type == "cuda")   # verl's actor defaults
+
+    step, stale = 0, False                           # stale: the engine's weights lag the trainer's
+    resume_from = common.latest_checkpoint(out_dir)
+    if resume_from is not None:
+        step, stale = sft.restore(resume_from, model, optimizer, None)["step"], True
+        common.print0(f"resumed from {resume_from} at step {step}")
+    if rank == 0:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "config.json").write_text(json.dumps(asdict(args), indent=1))
+    log_file = open(out_dir / "log.jsonl", "a") if rank == 0 else None
+    records = []
+
+    while step < args.steps:
+        t0 = time.perf_counter()
+        if stale:                                    # once per step: the engine idles while the trainer updates
+            sync_weights(model, engine)
+        t_sync = time.perf_counter()
+
+        # ---- rollouts: this rank's prompts x `rollouts` samples, a seed per (step, rank) so runs repeat
+        mine, epoch = step_prompts(len(prompts), step, args, rank, world)
+        examples = [prompts[i][0] for i in mine]
+        samples = evaluate.generate(engine, tokenizer, [prompts[i][1] for i in mine], args.rollouts, args.temperature,
+                                    args.top_p, args.max_response_len, rollout_seed(args, step, rank, world, len(mine)),
+                                    batch_size=args.gen_batch_size)
+        t_gen = time.perf_counter()
+        scores, failures = reward_fn([s for group in samples for s in group],
+                                     [ex for ex in examples for _ in range(args.rollouts)])
+        rewards = torch.tensor(scores, dtype=torch.float32).view(len(mine), args.rollouts)     # [G, n]
+        adv, flat_groups = group_advantages(rewards)                       # [G, n], [G]
+        t_reward = time.perf_counter()
+
+        # ---- old log-probs: the policy that generated, as the trainer computes it (ratio = 1 at the first update)
+        minis = micro_batches([prompts[i][2] for i in mine], samples, adv, args, tokenizer.pad_token_id, device)
+        minis = [[(batch, adv_tok, *rollout_log_probs(model, batch, args)) for batch, adv_tok in mbs] for mbs in minis]
+        model.reshard()                              # a no-grad forward leaves the FSDP root's weights gathered
+
+        # ---- one optimiser step per mini-batch (Table 6: 128 prompts, mini-batches of 64 -> 2 steps). Clip fractions
+        # and KL are measured at each update's forward: the first mini-batch of a step is on-policy (ratio 1)
+        stats, grad_norms = torch.zeros(5, dtype=torch.float64), []
+        for mbs in minis:
+            sums, grad_norm = optimiser_step(model, optimizer, mbs, args)
+            stats += sums
+            grad_norms.append(grad_norm)
+        step, stale = step + 1, True
+        t_train = time.perf_counter()
+
+        # ---- log: sums over ranks, then means
+        ent = torch.cat([mb[3] for mbs in minis for mb in mbs])           # [response tokens of this rank]
+        local = {"reward": rewards.sum().item(), "correct": (rewards == 1).sum().item(), "rollouts": rewards.numel(),
+                 "flat_groups": flat_groups.sum().item(), "groups": len(mine),
+                 "length": sum(len(s.token_ids) for g in samples for s in g),
+                 "truncated": sum(s.finish_reason == "length" for g in samples for s in g),
+                 "entropy": ent.double().sum().item(), "failures": failures,
+                 **dict(zip(["loss", "clip_low", "clip_high", "kl", "tokens"], stats.tolist()))}
+        summed = torch.tensor(list(local.values()), dtype=torch.float64, device=device)
+        dist.all_reduce(summed)
+        g = dict(zip(local, summed.tolist()))
+        record = {"step": step, "epoch": epoch, "reward_mean": g["reward"] / g["rollouts"],
+                  "accuracy": g["correct"] / g["rollouts"],                # reward 1; = reward_mean for 0/1 rewards
+                  "zero_var_groups": int(g["flat_groups"]), "zero_var_frac": g["flat_groups"] / g["groups"],
+                  "response_length": g["length"] / g["rollouts"], "truncated_frac": g["truncated"] / g["rollouts"],
+                  "entropy": g["entropy"] / g["tokens"], "loss": g["loss"] / g["tokens"],
+                  "clip_frac_low": g["clip_low"] / g["tokens"], "clip_frac_high": g["clip_high"] / g["tokens"],
+                  "approx_kl": g["kl"] / g["tokens"], "grad_norm": sum(grad_norms) / len(grad_norms),
+                  "grader_failures": int(g["failures"]), "lr": args.lr, "sync_s": t_sync - t0, "gen_s": t_gen - t_sync,
+                  "reward_s": t_reward - t_gen, "train_s": t_train - t_reward}
+        records.append(record)
+        if rank == 0:
+            print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
+            log_file.write(json.dumps(record) + "\n")
+            log_file.flush()
+        if (args.save_every and step % args.save_every == 0) or step == args.steps:
+            path = common.save_checkpoint(out_dir, step, model, tokenizer, sft.trainer_state(model, optimizer, None),
+                                          {"step": step})
+            common.print0(f"saved {path}")
+    if log_file is not None:
+        log_file.close()
+    return records
+
+
+def main():
+    (args,) = common.parse_config(Args)
+    _, _, device = common.setup_distributed()
+    train(args, device)
+    common.shutdown()
+
+
+if __name__ == "__main__":
+    main()
