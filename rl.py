@@ -295,7 +295,7 @@ def train(args, device, reward_fn=None):
         common.print0(f"resumed from {resume_from} at step {step}")
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.json").write_text(json.dumps(asdict(args), indent=1))
+        (out_dir / "run_config.json").write_text(json.dumps(asdict(args), indent=1))
     log_file = open(out_dir / "log.jsonl", "a") if rank == 0 else None
     records = []
 

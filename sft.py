@@ -256,7 +256,7 @@ def main():
         common.print0(f"resumed from {resume_from} at step {step} (epoch {epoch}, batch {batch_idx})")
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "config.json").write_text(json.dumps({**asdict(args), "loss_config": asdict(loss_cfg)}, indent=1))
+        (out_dir / "run_config.json").write_text(json.dumps({**asdict(args), "loss_config": asdict(loss_cfg)}, indent=1))
     log_file = open(out_dir / "log.jsonl", "a") if rank == 0 else None
 
     last_saved = step

@@ -425,7 +425,7 @@ def test_command_line_run_writes_its_log_and_an_hf_checkpoint(checkpoint, toy_sf
     for key in ("reward_mean", "accuracy", "zero_var_frac", "response_length", "entropy", "clip_frac_low",
                 "clip_frac_high", "approx_kl", "grad_norm", "gen_s", "train_s"):
         assert key in log[0], key
-    assert json.loads((out / "config.json").read_text())["prompts_per_step"] == 8       # from config/rl_tiny.py
+    assert json.loads((out / "run_config.json").read_text())["prompts_per_step"] == 8       # from config/rl_tiny.py
     from transformers import AutoModelForCausalLM, AutoTokenizer
     ckpt = common.latest_checkpoint(out)
     assert ckpt.name == "step_000002" and json.loads((ckpt / "state.json").read_text()) == {"step": 2}
