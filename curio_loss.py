@@ -220,14 +220,17 @@ def teacher_log_prob(teacher_logits, targets, cfg: LossConfig = LossConfig(), te
     return lq, diag
 
 
+def _curio(lp, lq, cfg):
+    loss = -lp + cfg.alpha * 0.5 * (lp - lq) ** 2                             # Eq. 1 + alpha * Eq. 5 (Eq. 6)
+    return loss, {"lp": lp.detach(), "weight": 1 - cfg.alpha * (lp.detach() - lq)}
+
+
 def curio_from_teacher(student_logits, targets, lq, cfg: LossConfig = LossConfig()):
     """The student side of CurioSFT given the teacher's lq [N] (from teacher_log_prob): per-token loss
     -lp + alpha/2 (lp - lq)^2 (Eq. 1, 5, 6). Its gradient w.r.t. lp is -(1 - alpha (lp - lq)): cross-entropy
     with a per-token weight w_t that falls below 1 (even below 0) once the student is more confident than
     the flatter teacher."""
-    lp, _ = _student_log_prob(student_logits, targets)
-    loss = -lp + cfg.alpha * 0.5 * (lp - lq) ** 2
-    return loss, {"lp": lp.detach(), "weight": 1 - cfg.alpha * (lp.detach() - lq)}
+    return _curio(_student_log_prob(student_logits, targets)[0], lq, cfg)
 
 
 def curio_sft_loss(student_logits, targets, teacher_logits=None, cfg: LossConfig = LossConfig()):
@@ -236,12 +239,12 @@ def curio_sft_loss(student_logits, targets, teacher_logits=None, cfg: LossConfig
     teacher_logits=None is the ablation 'w/o separate teacher': the teacher is the student's own detached
     logits (no second forward pass, and the student's logsumexp is reused).
     """
+    lp, lse = _student_log_prob(student_logits, targets)
     if teacher_logits is None:
-        lse = torch.logsumexp(_fp32(student_logits.detach()), -1)
         lq, diag = teacher_log_prob(student_logits, targets, cfg, teacher_lse=lse)
     else:
         lq, diag = teacher_log_prob(teacher_logits, targets, cfg)
-    loss, student_diag = curio_from_teacher(student_logits, targets, lq, cfg)
+    loss, student_diag = _curio(lp, lq, cfg)
     return loss, diag | student_diag
 
 

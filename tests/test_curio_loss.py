@@ -439,3 +439,12 @@ def test_one_token_by_hand():
     loss, diag = cl.curio_sft_loss(z, y, z, LossConfig(top_k=3))
     assert diag["tau"].item() == pytest.approx(tau, abs=2e-6)
     assert loss.item() == pytest.approx(-lp + 0.5 * (lp - lq) ** 2, abs=1e-9)
+
+
+def test_dft_gradient_is_cross_entropy_scaled_by_the_detached_probability():
+    z = torch.randn(6, 9, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 9, (6,))
+    g_dft, = torch.autograd.grad(cl.dft_loss(z, y)[0].sum(), z)
+    g_ce, = torch.autograd.grad(cl.ce_loss(z, y)[0].sum(), z)
+    p = torch.softmax(z.detach(), -1)[torch.arange(6), y]
+    torch.testing.assert_close(g_dft, p[:, None] * g_ce)
