@@ -140,9 +140,10 @@ def shard_model(model, device, bf16: bool, grad_ckpt: bool, trainable: bool = Tr
     for buf in model.buffers():  # non-persistent buffers (rotary inv_freq) are not in the state dict
         buf.data = buf.data.to(device)
         dist.broadcast(buf, src=0)
+    # from_pretrained returns eval mode, where HF skips gradient checkpointing: set the mode explicitly
+    model.train(trainable)
     if not trainable:
         model.requires_grad_(False)
-        model.eval()
     return model
 
 

@@ -182,3 +182,19 @@ def test_bad_data_row_is_a_clear_error(tiny_model_dir, toy_sft_file, tmp_path):
                           cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0
     assert "bad.jsonl row 3: field 'target[0].content' is empty" in proc.stderr
+
+
+def test_pretrained_student_trains_with_checkpointing(world_of_one, tiny_model_dir, tmp_path):
+    """from_pretrained returns eval mode, in which HF silently skips gradient checkpointing."""
+    import shutil
+
+    common.load_full_model(str(tiny_model_dir), scratch=True, seed=0).save_pretrained(tmp_path)
+    for name in ("tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(tiny_model_dir / name, tmp_path / name)
+    model = common.shard_model(common.load_full_model(str(tmp_path), scratch=False, seed=0),
+                               torch.device("cpu"), bf16=False, grad_ckpt=True)
+    assert model.training and model.is_gradient_checkpointing
+    assert all(layer.training for layer in model.model.layers)
+    frozen = common.shard_model(common.load_full_model(str(tmp_path), scratch=False, seed=0),
+                                torch.device("cpu"), bf16=False, grad_ckpt=False, trainable=False)
+    assert not frozen.training and not any(p.requires_grad for p in frozen.parameters())
