@@ -322,3 +322,109 @@ def build_toy_tokenizer(texts: list[str], vocab_size: int = 2048):
     tokenizer.add_tokens(["<think>", "</think>"])
     tokenizer.chat_template = CHATML_TEMPLATE
     return tokenizer
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Toy task for the CPU demo: add k labelled numbers. Which operand comes next is a branching token (any order
+# is valid); the digits of every partial sum are factual tokens (one right answer). See DESIGN.md, "The CPU demo".
+# ---------------------------------------------------------------------------------------------------------
+_TOY_CONSONANTS, _TOY_VOWELS = "bdfgklmnprstvz", "aeiou"
+# 14 x 5 = 70 syllables; two-syllable pseudo-words give 4900 labels. Each becomes a BPE token once seen often
+# enough, so the toy's vocabulary has thousands of entries and a tail of rare ones, like a real LM's.
+TOY_LABELS = [a + b + c + d for a in _TOY_CONSONANTS for b in _TOY_VOWELS for c in _TOY_CONSONANTS for d in _TOY_VOWELS]
+TOY_SYSTEM = "Add the numbers."  # the row's system turn; build_prompt always uses SYSTEM_PROMPT (Table 7)
+
+
+def make_toy_task(n: int, seed: int, style: str = "diverse", k: tuple[int, int] = (3, 4), max_operand: int = 99,
+                  n_labels: int = 2000) -> list[dict]:
+    """n rows in the authors' schema: "What is the total of: lido = 23, maku = 7, ...?" with the answer as
+    reward_model.ground_truth and an expert response that adds the operands one at a time:
+
+        <think>
+        maku 7 + lido 23 = 30
+        30 + sevo 51 = 81
+        </think>
+        The total is \\boxed{81}.
+
+    style="diverse": every row adds its operands in its own random order (the base model's pre-training data:
+    several valid continuations at each branching token); style="canonical": always in the question's order
+    (the one expert style that SFT imitates). The questions depend only on (n, seed, k, max_operand, n_labels),
+    not on the style, so both styles of one seed solve the same problems."""
+    import random
+
+    if style not in ("diverse", "canonical"):
+        raise ValueError(f"style {style!r}: expected 'diverse' or 'canonical'")
+    if not 2 <= k[0] <= k[1] <= n_labels:
+        raise ValueError(f"k {k}: expected 2 <= k[0] <= k[1] <= n_labels")
+    rng, order_rng = random.Random(seed), random.Random(seed + 1_000_003)  # orders do not shift the questions
+    labels = TOY_LABELS[:n_labels]
+    rows = []
+    for _ in range(n):
+        names = rng.sample(labels, rng.randint(*k))
+        values = [rng.randint(1, max_operand) for _ in names]
+        order = list(range(len(names)))
+        if style == "diverse":
+            order_rng.shuffle(order)
+        first, second = order[0], order[1]
+        total = values[first] + values[second]
+        lines = [f"{names[first]} {values[first]} + {names[second]} {values[second]} = {total}"]
+        for i in order[2:]:
+            lines.append(f"{total} + {names[i]} {values[i]} = {total + values[i]}")
+            total += values[i]
+        question = "What is the total of: " + ", ".join(f"{a} = {v}" for a, v in zip(names, values)) + "?"
+        response = THINK + "\n".join(lines) + f"\n</think>\nThe total is \\boxed{{{total}}}."
+        rows.append({"data_source": "toy",
+                     "prompt": [{"role": "system", "content": TOY_SYSTEM}, {"role": "user", "content": question}],
+                     "reward_model": {"ground_truth": str(total), "style": "rule"},
+                     "target": [{"role": "assistant", "content": response}]})
+    return rows
+
+
+def write_jsonl(rows: list[dict], path) -> Path:
+    """One JSON row per line (what load_examples reads back); creates the parent directory."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
+    return path
+
+
+def toy_tokenizer_texts(rows: list[dict], n_labels: int = 2000, label_repeats: int = 8) -> list[str]:
+    """Texts to train the toy tokenizer on: the Table 7 prompt, every question and response, and each label
+    `label_repeats` times (so every label of the pool, also those the rows happen not to use, is a token)."""
+    texts = [build_prompt(r["prompt"][-1]["content"]) for r in rows] + [r["target"][0]["content"] for r in rows]
+    return texts + [" ".join(f"{a} = 1," for a in TOY_LABELS[:n_labels])] * label_repeats
+
+
+def _toy_main(argv: list[str] | None = None) -> None:
+    """python data.py toy --out DIR: train_diverse.jsonl, train_canonical.jsonl, test.jsonl and tokenizer/."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="data.py toy", description=_toy_main.__doc__)
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--n_pretrain", type=int, default=2000, help="diverse-style rows (base model pre-training)")
+    p.add_argument("--n_sft", type=int, default=500, help="canonical-style rows (the SFT expert data)")
+    p.add_argument("--n_test", type=int, default=100, help="test questions (with canonical responses)")
+    p.add_argument("--k_min", type=int, default=3, help="fewest operands per question")
+    p.add_argument("--k_max", type=int, default=4, help="most operands per question")
+    p.add_argument("--n_labels", type=int, default=2000, help="pool of operand labels (vocabulary tail)")
+    p.add_argument("--vocab_size", type=int, default=4096, help="BPE vocabulary size (merges permitting)")
+    p.add_argument("--seed", type=int, default=0)
+    a = p.parse_args(argv)
+    out, kw = Path(a.out), dict(k=(a.k_min, a.k_max), n_labels=a.n_labels)
+    # Different seeds, so pre-training, SFT and test questions are different problems.
+    pretrain = make_toy_task(a.n_pretrain, a.seed, "diverse", **kw)
+    sft = make_toy_task(a.n_sft, a.seed + 1, "canonical", **kw)
+    test = make_toy_task(a.n_test, a.seed + 2, "canonical", **kw)
+    for name, rows in (("train_diverse", pretrain), ("train_canonical", sft), ("test", test)):
+        print(f"{write_jsonl(rows, out / f'{name}.jsonl')}: {len(rows)} rows")
+    tokenizer = build_toy_tokenizer(toy_tokenizer_texts(pretrain + sft, a.n_labels), a.vocab_size)
+    tokenizer.save_pretrained(out / "tokenizer")
+    print(f"{out / 'tokenizer'}: {len(tokenizer)} tokens")
+
+
+if __name__ == "__main__":
+    import sys
+
+    if sys.argv[1:2] != ["toy"]:
+        raise SystemExit("usage: python data.py toy --out DIR [...] (see python data.py toy --help)")
+    _toy_main(sys.argv[2:])

@@ -1,0 +1,168 @@
+"""The CPU demo: the whole CurioSFT pipeline on a toy task, one stage command after another.
+
+    python demo.py --size ci   --out out/demo_ci     # every stage, tiny: < 3 minutes on 2 cores (the test)
+    python demo.py --size full --out out/demo        # the demo proper
+
+Stages (each is the stage's own command line, printed before it runs, so it can be copied and re-run):
+  1. data.py toy     pre-training rows (diverse orders), SFT rows (one canonical order), test rows, a BPE tokenizer
+                     with a few thousand tokens; then a tiny Qwen2 config beside it (the "model directory")
+  2. sft.py --scratch --loss sft on the diverse rows: "pre-training" the base model from random weights
+  3. sft.py --loss sft and --loss curio from the base, on the canonical rows
+  4. evaluate.py     accuracy, pass@k, sampling entropy, and the expert-token entropy (--sft_data) of each model
+  5. rl.py           GRPO from each SFT checkpoint, then evaluate.py again
+  6. a summary table (also written to summary.md)
+A stage whose output already exists is skipped, so an interrupted demo continues where it stopped.
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import common
+
+ROOT = Path(__file__).resolve().parent
+PY = sys.executable
+
+# Everything that differs between the CI smoke run and the demo proper. The full sizes are a first guess:
+# tuning them until SFT visibly collapses the entropy is separate work.
+SIZES = {
+    "ci": dict(
+        data=["--n_pretrain", "48", "--n_sft", "16", "--n_test", "4", "--k_min", "3", "--k_max", "3",
+              "--n_labels", "500", "--vocab_size", "1024"],
+        model=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+                   intermediate_size=64),
+        pretrain=["--epochs", "1", "--global_batch", "16", "--lr", "3e-3"],
+        sft=["--epochs", "1", "--global_batch", "8", "--lr", "1e-3"],
+        eval=["--n", "2", "--limit", "4", "--max_new_tokens", "48", "--sft_examples", "8"],
+        rl=["--steps", "1", "--prompts_per_step", "2", "--rollouts", "2", "--mini_batch", "2",
+            "--max_response_len", "48"],
+    ),
+    "full": dict(
+        data=["--n_pretrain", "4000", "--n_sft", "512", "--n_test", "64", "--k_min", "3", "--k_max", "4",
+              "--n_labels", "2000", "--vocab_size", "4096"],
+        model=dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
+                   intermediate_size=384),
+        pretrain=["--epochs", "2", "--global_batch", "32", "--lr", "2e-3", "--warmup_steps", "10"],
+        sft=["--epochs", "3", "--global_batch", "16", "--lr", "5e-4", "--warmup_steps", "5"],
+        eval=["--n", "8", "--limit", "32", "--max_new_tokens", "80", "--sft_examples", "128"],
+        rl=["--steps", "20", "--prompts_per_step", "8", "--rollouts", "4", "--max_response_len", "80"],
+    ),
+}
+
+
+def run(cmd: list[str], log: Path) -> None:
+    """Run one stage command from the repository root, echoing it; its output goes to `log` (shown on failure)."""
+    print("$ " + " ".join(str(c) for c in cmd), flush=True)
+    # One OpenMP thread per process: on a small busy machine, spin-waiting threads make tiny models ~20x slower.
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+    t0 = time.time()
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        proc = subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+    if proc.returncode != 0:
+        sys.stdout.write(log.read_text()[-4000:])
+        raise SystemExit(f"stage failed (exit {proc.returncode}): see {log}")
+    print(f"  done in {time.time() - t0:.0f}s (log: {log})", flush=True)
+
+
+def last_checkpoint(run_dir: Path) -> Path:
+    ckpt = common.latest_checkpoint(run_dir)
+    if ckpt is None:
+        raise SystemExit(f"{run_dir}: no checkpoint")
+    return ckpt
+
+
+def make_model_dir(world: Path, model_kwargs: dict) -> Path:
+    """The tokenizer and a tiny Qwen2 config.json in one HF directory: what sft.py --scratch initialises from."""
+    import transformers
+
+    model_dir = world / "model"
+    tok = transformers.AutoTokenizer.from_pretrained(world / "tokenizer")
+    cfg = transformers.Qwen2Config(vocab_size=len(tok), max_position_embeddings=1024, tie_word_embeddings=False,
+                                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **model_kwargs)
+    cfg.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    n_params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(cfg).parameters())
+    print(f"  {model_dir}: Qwen2 config, vocab {len(tok)}, {n_params / 1e6:.2f}M parameters", flush=True)
+    return model_dir
+
+
+def summary_table(results: dict[str, dict]) -> str:
+    """One row per model: accuracy, pass@k, sampling entropy and diversity, expert-token entropy."""
+    lines = ["| model | avg@n | pass@k (largest k) | truncated | sampling entropy | diversity "
+             "| expert-token entropy (all / top 20%) |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+
+    def num(x, fmt="{:.3f}"):
+        return "–" if x is None else fmt.format(x)
+
+    for name, r in results.items():
+        bench = next(iter(r["benchmarks"].values()))
+        k, p = max(((int(k), v) for k, v in bench["pass_at_k"].items()), default=(None, None))
+        s, e = r["summary"], r.get("expert_entropy") or {}
+        lines.append(f"| {name} | {num(s.get('avg'), '{:.1%}')} | {num(p, '{:.1%}')} (k={k}) "
+                     f"| {num(bench.get('truncated'), '{:.0%}')} | {num(s.get('entropy'))} | {num(s.get('diversity'))} "
+                     f"| {num(e.get('all'))} / {num(e.get('top20'))} |")
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", choices=sorted(SIZES), default="full")
+    ap.add_argument("--out", default="out/demo", help="everything goes here: world/, runs/, eval/, logs/")
+    a = ap.parse_args()
+    size, out = SIZES[a.size], Path(a.out).resolve()
+    world, runs, evals, logs = out / "world", out / "runs", out / "eval", out / "logs"
+    t_start = time.time()
+
+    print("\n== 1. the toy world: data, tokenizer, model config")
+    if not (world / "model" / "config.json").exists():
+        run([PY, "data.py", "toy", "--out", world, *size["data"]], logs / "data.log")
+        make_model_dir(world, size["model"])
+    diverse, canonical, test = world / "train_diverse.jsonl", world / "train_canonical.jsonl", world / "test.jsonl"
+
+    def sft(name: str, model: Path, train_file: Path, loss: str, extra: list) -> Path:
+        if common.latest_checkpoint(runs / name) is None:
+            run([PY, "sft.py", "config/sft_tiny.py", "--model", model, "--train_file", train_file, "--loss", loss,
+                 "--out_dir", runs / name, *extra], logs / f"{name}.log")
+        return last_checkpoint(runs / name)
+
+    print("\n== 2. pre-train the base model from scratch on diverse solutions")
+    base = sft("base", world / "model", diverse, "sft", ["--scratch", *size["pretrain"]])
+
+    print("\n== 3. SFT on the canonical expert style: cross-entropy vs CurioSFT")
+    checkpoints = {"base": base}
+    for loss in ("sft", "curio"):
+        checkpoints[loss] = sft(loss, base, canonical, loss, size["sft"])
+
+    def evaluate(name: str, ckpt: Path) -> dict:
+        result = evals / name / "results.json"
+        if not result.exists():
+            run([PY, "evaluate.py", "--model", ckpt, "--data", test, "--out", evals / name, "--name", name,
+                 "--engine", "hf", "--sft_data", canonical, "--grader_workers", "1", *size["eval"]],
+                logs / f"eval_{name}.log")
+        return json.loads(result.read_text())
+
+    print("\n== 4. evaluate: accuracy, pass@k, entropy")
+    results = {name: evaluate(name, ckpt) for name, ckpt in checkpoints.items()}
+
+    print("\n== 5. GRPO from each SFT checkpoint, then evaluate")
+    for loss in ("sft", "curio"):
+        name = f"{loss}+grpo"
+        if common.latest_checkpoint(runs / name) is None:
+            run([PY, "rl.py", "config/rl_tiny.py", "--model", checkpoints[loss], "--train_file", canonical,
+                 "--out_dir", runs / name, "--save_every", "0", "--grader_workers", "1", *size["rl"]],
+                logs / f"{name}.log")
+        results[name] = evaluate(name, last_checkpoint(runs / name))
+
+    print(f"\n== 6. summary ({a.size}, {time.time() - t_start:.0f}s)")
+    table = summary_table(results)
+    (out / "summary.md").write_text(table)
+    print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,73 @@
+"""The CPU demo end to end (demo.py --size ci), and the toy task it is built on."""
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import data
+import evaluate
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_toy_task_schema_styles_and_grading(tmp_path):
+    diverse = data.make_toy_task(64, seed=3, style="diverse")
+    canonical = data.make_toy_task(64, seed=3, style="canonical")
+    # Same questions and answers in both styles; only the order of the additions differs.
+    assert [r["prompt"] for r in diverse] == [r["prompt"] for r in canonical]
+    assert [r["reward_model"] for r in diverse] == [r["reward_model"] for r in canonical]
+    assert any(d["target"] != c["target"] for d, c in zip(diverse, canonical))
+    assert data.make_toy_task(8, seed=3) == data.make_toy_task(8, seed=3)  # deterministic
+    # Canonical adds the operands in the question's order, diverse in a permutation of it.
+    def labels(text):
+        return re.findall(r"\b([a-z]+) \d+", text)
+
+    for d, c in zip(diverse, canonical):
+        names = re.findall(r"\b([a-z]+) = \d+", c["prompt"][1]["content"])
+        assert names
+        assert labels(c["target"][0]["content"]) == names
+        assert sorted(labels(d["target"][0]["content"])) == sorted(names)
+    # Rows round-trip through load_examples, and the expert response grades correct (math-verify).
+    examples = data.load_examples(data.write_jsonl(diverse + canonical, tmp_path / "toy.jsonl"), require_response=True)
+    assert all(ex.response.rstrip().endswith(f"\\boxed{{{ex.ground_truth}}}.") for ex in examples)
+    assert all("</think>" in ex.response for ex in examples)
+    responses, truths = [ex.response for ex in examples[:16]], [ex.ground_truth for ex in examples[:16]]
+    wrong = [r.replace(f"{{{t}}}", f"{{{int(t) + 1}}}") for r, t in zip(responses, truths)]
+    scores, failures = evaluate.grade(responses + wrong, truths + truths, ["math"] * 32, workers=1)
+    assert scores == [1.0] * 16 + [0.0] * 16 and failures == 0
+    with pytest.raises(ValueError):
+        data.make_toy_task(1, seed=0, style="other")
+
+
+def test_toy_tokenizer_has_a_vocabulary_tail():
+    rows = data.make_toy_task(100, seed=0, style="diverse", n_labels=1000)
+    tok = data.build_toy_tokenizer(data.toy_tokenizer_texts(rows, n_labels=1000), vocab_size=2048)
+    assert len(tok) > 1000  # every label of the pool is one token: a vocabulary far beyond the digits in use
+    assert all(len(tok.tokenize(" " + label)) == 1 for label in data.TOY_LABELS[:1000])
+    assert tok.tokenize("<think>\n")[0] == "<think>"
+
+
+def test_demo_ci_runs_every_stage(tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out = tmp_path / "demo"
+    proc = subprocess.run([sys.executable, "demo.py", "--size", "ci", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    for name in ("train_diverse", "train_canonical", "test"):
+        assert data.load_examples(out / "world" / f"{name}.jsonl")
+    assert (out / "world" / "model" / "config.json").exists()
+    names = ["base", "sft", "curio", "sft+grpo", "curio+grpo"]
+    for name in names:
+        ckpts = sorted((out / "runs" / name).glob("step_*"))
+        assert ckpts, f"no checkpoint for {name}"
+        model = AutoModelForCausalLM.from_pretrained(ckpts[-1])
+        assert model.config.vocab_size == len(AutoTokenizer.from_pretrained(ckpts[-1]))
+        result = json.loads((out / "eval" / name / "results.json").read_text())
+        assert result["summary"]["avg"] is not None and result["expert_entropy"]["tokens"] > 0
+    assert (out / "runs" / "curio" / "log.jsonl").read_text().count("w_mean") >= 1
+    assert "== 6. summary" in proc.stdout and all(f"| {name} |" in proc.stdout for name in names)
+    assert (out / "summary.md").exists()
