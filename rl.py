@@ -120,22 +120,8 @@ def clipped_loss(lp, old_lp, adv, clip_low, clip_high):
 
 
 # ------------------------------------------------------------------------------------------------
-# The trainer's side: log-probs of the generated tokens, and the loss of one micro-batch
+# The trainer's side: the loss of one micro-batch
 # ------------------------------------------------------------------------------------------------
-@torch.no_grad()
-def rollout_log_probs(model, batch, args):
-    """log pi_old(y_t) [N] of every response token and the policy's full-vocabulary entropy there [N], both at
-    the rollout temperature. Recomputed by the trainer rather than taken from the engine: the ratio must
-    compare two evaluations of the same numerics (the engine's kernels, dtype and top-p differ)."""
-    h, y = sft.select_targets(sft.normed_hidden(model, batch), batch)      # [N, H], [N]
-    lp, ent = [], []
-    for s in range(0, len(y), args.loss_chunk):
-        logits = model.lm_head(h[s : s + args.loss_chunk]).float() / args.temperature   # [n, V]
-        lp.append(cl._student_log_prob(logits, y[s : s + args.loss_chunk])[0])
-        ent.append(cl.entropy(logits))
-    return torch.cat(lp), torch.cat(ent)
-
-
 def micro_batch_loss(model, batch, old_lp, adv, args):
     """Sum over the micro-batch's response tokens of the clipped loss, and per-token diagnostics. old_lp, adv:
     [N] in select_targets order. Each logits chunk is recomputed in backward (torch checkpoint), as in sft.py."""
@@ -320,7 +306,10 @@ def train(args, device, reward_fn=None):
 
         # ---- old log-probs: the policy that generated, as the trainer computes it (ratio = 1 at the first update)
         minis = micro_batches([prompts[i][2] for i in mine], samples, adv, args, tokenizer.pad_token_id, device)
-        minis = [[(batch, adv_tok, *rollout_log_probs(model, batch, args)) for batch, adv_tok in mbs] for mbs in minis]
+        # old log-probs (and entropy) at the rollout temperature, recomputed by the trainer rather than taken from
+        # the engine: the ratio must compare two evaluations with the same numerics (kernels, dtype, top-p differ)
+        minis = [[(batch, adv_tok, *sft.token_log_probs(model, batch, args.loss_chunk, args.temperature))
+                  for batch, adv_tok in mbs] for mbs in minis]
         model.reshard()                              # a no-grad forward leaves the FSDP root's weights gathered
 
         # ---- one optimiser step per mini-batch (Table 6: 128 prompts, mini-batches of 64 -> 2 steps). Clip fractions

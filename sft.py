@@ -157,11 +157,16 @@ def micro_batch_loss(model, teacher, base, batch, old_logp, args, cfg, want_entr
 
 
 @torch.no_grad()
-def expert_log_probs(model, batch, args):
-    """log pi(y_t) of the expert tokens [N] (PSFT's old log-probs at the start of a batch)."""
-    h, y = select_targets(normed_hidden(model, batch), batch)
-    return torch.cat([cl._student_log_prob(model.lm_head(h[s : s + args.loss_chunk]), y[s : s + args.loss_chunk])[0]
-                      for s in range(0, max(len(y), 1), args.loss_chunk)])
+def token_log_probs(model, batch, chunk: int, temperature: float = 1.0):
+    """log pi(y_t) [N] of the trained tokens and the full-vocabulary entropy there [N], at `temperature`, one
+    chunk of logits at a time (PSFT's old log-probs; GRPO's old log-probs and rollout entropy)."""
+    h, y = select_targets(normed_hidden(model, batch), batch)             # [N, H], [N]
+    lp, ent = [], []
+    for s in range(0, max(len(y), 1), chunk):
+        logits = model.lm_head(h[s : s + chunk]).float() / temperature     # [n, V]
+        lp.append(cl._student_log_prob(logits, y[s : s + chunk])[0])
+        ent.append(cl.entropy(logits))
+    return torch.cat(lp), torch.cat(ent)
 
 
 @torch.no_grad()
@@ -274,7 +279,7 @@ def main():
         while batch_idx < len(plan) and step != args.max_steps:
             mine = [{k: v.to(device) for k, v in data.collate([dataset[i] for i in mb], tokenizer.pad_token_id).items()}
                     for mb in plan[batch_idx][rank]]
-            old_logp = [expert_log_probs(model, b, args) for b in mine] if needs == "old_logp" else [None] * len(mine)
+            old_logp = [token_log_probs(model, b, args.loss_chunk)[0] for b in mine] if needs == "old_logp" else [None] * len(mine)
             # every rank has the same number of micro-batches, so the same split into optimiser steps
             for group in torch.arange(len(mine)).tensor_split(args.updates_per_batch):
                 group = group.tolist()

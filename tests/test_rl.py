@@ -108,12 +108,17 @@ def test_token_losses_ignore_padding_and_first_update_is_on_policy(checkpoint, w
     n = [len(r) for r in responses]
 
     # old log-probs equal log_softmax of the full logits at the response tokens; entropy likewise
-    old, ent = rl.rollout_log_probs(model, batch, args)
+    old, ent = sft.token_log_probs(model, batch, args.loss_chunk, args.temperature)
     logits = model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
     sel = batch["loss_mask"][:, 1:].bool()
     ref = logits.log_softmax(-1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0][sel]
     torch.testing.assert_close(old, ref.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent, evaluate.entropy(logits[sel]).detach(), rtol=1e-5, atol=1e-5)
+    # ... at the rollout temperature when it is not 1
+    old_t, ent_t = sft.token_log_probs(model, batch, args.loss_chunk, temperature=0.7)
+    ref_t = (logits / 0.7).log_softmax(-1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0][sel]
+    torch.testing.assert_close(old_t, ref_t.detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent_t, evaluate.entropy(logits[sel] / 0.7).detach(), rtol=1e-5, atol=1e-5)
 
     # padding contributes nothing: the padded micro-batch sums exactly the two sequences' losses, whatever the pad id
     adv = torch.cat([torch.full((n[0],), 1.5), torch.full((n[1],), -0.7)])
@@ -169,7 +174,7 @@ def test_optimiser_step_takes_the_token_mean_over_its_micro_batches(checkpoint, 
     for responses, a in (([[11, 12, 13, 14, 15, tok.eos_token_id], [21]], 1.0), ([[31]], -2.0)):
         batch, _ = padded_batch(tok, responses)
         adv = torch.full((sum(map(len, responses)),), a)
-        old, ent = rl.rollout_log_probs(model, batch, args)
+        old, ent = sft.token_log_probs(model, batch, args.loss_chunk, args.temperature)
         old = old + torch.linspace(-0.4, 0.4, len(old))                  # off-policy: some tokens clipped
         mbs.append((batch, adv, old, ent))
         sel = batch["loss_mask"][:, 1:].bool()
@@ -236,7 +241,7 @@ def test_sync_weights_moves_the_trainers_weights_into_the_hf_engine(checkpoint, 
     engine, tok = evaluate.load_engine(str(checkpoint), "hf", "float32")
     model = fsdp_model(checkpoint)
     batch, _ = padded_batch(tok, [[5, 6, 7, tok.eos_token_id]])
-    old, _ = rl.rollout_log_probs(model, batch, rl.Args())
+    old, _ = sft.token_log_probs(model, batch, rl.Args().loss_chunk, rl.Args().temperature)
     total, _ = rl.micro_batch_loss(model, batch, old, torch.tensor([1.0, -1.0, 2.0, 0.5]), rl.Args())
     total.backward()
     torch.optim.AdamW(model.parameters(), lr=1e-2).step()
@@ -293,7 +298,7 @@ def test_sync_weights_moves_the_trainers_weights_into_vllm(checkpoint, tmp_path)
 STEP_SCRIPT = r"""
 import json, sys, torch
 sys.path.insert(0, {repo!r})
-import common, data, evaluate, rl
+import common, data, evaluate, rl, sft
 from safetensors.torch import save_file
 rank, world, device = common.setup_distributed()
 ckpt, out = sys.argv[1], sys.argv[2]
@@ -312,7 +317,7 @@ for k in range(0, len(mine), args.micro_batch):
     part = mine[k : k + args.micro_batch]
     batch = data.collate([(ids, mask) for ids, mask, _ in part], 0)
     adv = torch.tensor([a for _, mask, a in part for _ in range(sum(mask))])
-    old, ent = rl.rollout_log_probs(model, batch, args)
+    old, ent = sft.token_log_probs(model, batch, args.loss_chunk, args.temperature)
     mbs.append((batch, adv, old + torch.linspace(-0.4, 0.4, len(old)), ent))   # ratios on both sides of the clip
 model.reshard()
 sums, grad_norm = rl.optimiser_step(model, optimizer, mbs, args)

@@ -83,7 +83,7 @@ def test_every_loss_lowers_its_own_loss_on_a_fixed_batch(world_of_one, tiny_mode
     teacher, base = (other, None) if needs == "teacher_lq" else (None, other)
     batch, _, _ = toy_batch(tiny_model_dir)
     args = sft.Args(loss=name, loss_chunk=32)
-    old = sft.expert_log_probs(model, batch, args) if needs == "old_logp" else None
+    old = sft.token_log_probs(model, batch, args.loss_chunk)[0] if needs == "old_logp" else None
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
     for _ in range(6):
