@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
-from torch.utils.checkpoint import checkpoint
 
 import common
 import curio_loss as cl
@@ -124,7 +123,7 @@ def clipped_loss(lp, old_lp, adv, clip_low, clip_high):
 # ------------------------------------------------------------------------------------------------
 def micro_batch_loss(model, batch, old_lp, adv, args):
     """Sum over the micro-batch's response tokens of the clipped loss, and per-token diagnostics. old_lp, adv:
-    [N] in select_targets order. Each logits chunk is recomputed in backward (torch checkpoint), as in sft.py."""
+    [N] in select_targets order. Each logits chunk is recomputed in backward (sft.chunked_sum)."""
     h, y = sft.select_targets(sft.normed_hidden(model, batch), batch)      # [N, H], [N]
 
     def chunk(h_c, y_c, old_c, adv_c):
@@ -133,13 +132,7 @@ def micro_batch_loss(model, batch, old_lp, adv, args):
         loss, diag = clipped_loss(lp, old_c, adv_c, args.clip_low, args.clip_high)
         return loss.sum(), diag
 
-    total, diags = h.new_zeros((), dtype=torch.float32), []
-    for s in range(0, len(y), args.loss_chunk):
-        part = slice(s, s + args.loss_chunk)
-        loss, diag = checkpoint(chunk, h[part], y[part], old_lp[part], adv[part], use_reentrant=False)
-        total = total + loss
-        diags.append(diag)
-    return total, sft.cat_diags(diags)
+    return sft.chunked_sum(chunk, args.loss_chunk, h, y, old_lp, adv)
 
 
 def optimiser_step(model, optimizer, mbs, args):

@@ -106,8 +106,7 @@ def teacher_side(head, hidden_t, y, args, cfg):
 
 
 def student_loss_sum(model, h, y, extra, args, cfg, want_entropy):
-    """Sum over the N tokens of the per-token loss, one chunk of logits at a time. Each chunk is
-    recomputed in backward (torch checkpoint), so only h [N, H] is kept, never [N, V] logits."""
+    """Sum over the N tokens of the per-token loss, one chunk of logits at a time (chunked_sum)."""
     needs = cl.LOSSES[args.loss][1]
 
     def chunk(h_c, y_c, extra_c):
@@ -120,11 +119,18 @@ def student_loss_sum(model, h, y, extra, args, cfg, want_entropy):
             diag["student_entropy"] = cl.entropy(logits.detach())
         return loss.sum(), diag
 
-    total, diags = h.new_zeros((), dtype=torch.float32), []
-    extra_tensor = extra.get("tensor")
-    for s in range(0, max(len(y), 1), args.loss_chunk):            # one (empty) chunk when N = 0: FSDP needs a backward
-        e = extra_tensor[s : s + args.loss_chunk] if extra_tensor is not None else None
-        loss, diag = checkpoint(chunk, h[s : s + args.loss_chunk], y[s : s + args.loss_chunk], e, use_reentrant=False)
+    return chunked_sum(chunk, args.loss_chunk, h, y, extra.get("tensor"))
+
+
+def chunked_sum(fn, chunk, *per_token):
+    """Sum of fn(*tensors of one chunk) -> (loss sum, diagnostics) over chunks of `chunk` tokens of the
+    per-token tensors (None passes through). Each chunk is recomputed in backward (torch checkpoint), so only
+    the inputs, e.g. h [N, H], are kept, never the [N, V] logits fn builds."""
+    n = len(per_token[0])
+    total, diags = per_token[0].new_zeros((), dtype=torch.float32), []
+    for s in range(0, max(n, 1), chunk):                           # one (empty) chunk when N = 0: FSDP needs a backward
+        part = [t if t is None else t[s : s + chunk] for t in per_token]
+        loss, diag = checkpoint(fn, *part, use_reentrant=False)
         total = total + loss
         diags.append(diag)
     return total, cat_diags(diags)
