@@ -213,7 +213,9 @@ def teacher_log_prob(teacher_logits, targets, cfg: LossConfig = LossConfig(), te
                 forced = _full_entropy_at_most(z, top, torch.logsumexp(top, -1), lse_full, h_top,
                                                cfg.low_entropy_threshold)
                 tau = torch.where(forced, cfg.tau_min, tau)
-                diag["forced_tau_min"] = forced.float()
+                # one state per token: a forced token is not also counted as clamped
+                diag |= {"forced_tau_min": forced.float(), "clamped_low": (low & ~forced).float(),
+                         "clamped_high": (high & ~forced).float()}
         inv_tau = (1.0 / tau).unsqueeze(-1)                                    # [N, 1]
         lq = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) / tau - torch.logsumexp(z * inv_tau, -1)
         diag |= {"tau": tau, "lq": lq}

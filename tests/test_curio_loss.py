@@ -265,8 +265,10 @@ def test_near_one_hot_is_forced_to_tau_min_only_with_the_authors_rule():
     _, diag = cl.curio_sft_loss(z, targets, z)
     assert torch.equal(diag["tau"], torch.full((2,), 1.1))
     assert torch.equal(diag["forced_tau_min"], torch.ones(2))
+    assert not diag["clamped_high"].any() and not diag["clamped_low"].any()  # forced, so not counted as clamped
     _, diag_paper = cl.curio_sft_loss(z, targets, z, LossConfig(low_entropy_threshold=None))
     assert "forced_tau_min" not in diag_paper
+    assert torch.equal(diag_paper["clamped_high"], torch.ones(2))  # H(1.5) is still below H + Delta
 
 
 def test_full_entropy_rule_decides_exactly_near_the_threshold():
