@@ -43,9 +43,9 @@ def _chatml(messages: list[dict]) -> str:
     return turns + "<|im_start|>assistant\n"
 
 
-def build_prompt(question: str, tokenizer=None) -> str:
+def build_prompt(question: str, tokenizer=None, system: str = SYSTEM_PROMPT) -> str:
     """Table 7 prompt, ending with "<|im_start|>assistant\\n<think>\\n"."""
-    messages = [{"role": "system", "content": SYSTEM_PROMPT}, {"role": "user", "content": USER_PREFIX + question}]
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": USER_PREFIX + question}]
     if tokenizer is not None and tokenizer.chat_template:
         text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     else:
@@ -64,6 +64,19 @@ class Example:
     response: str | None  # target[0].content without its leading "<think>\n"; None when the file has no target
     data_source: str
     row: int  # 0-based row in the file, for error messages and de-duplication
+    system: str | None = None  # content of the row's system message, if it has one
+
+
+def example_prompt(ex: Example, tokenizer=None, system_prompt: str = "paper") -> str:
+    """The prompt of one example: with Table 7's system prompt ("paper", every stage's default) or with the row's
+    own system message ("row": the toy demo's one-liner, which makes its sequences ~3x shorter on a CPU)."""
+    if system_prompt == "paper":
+        return build_prompt(ex.question, tokenizer)
+    if system_prompt != "row":
+        raise ValueError(f"system_prompt {system_prompt!r}: expected 'paper' or 'row'")
+    if ex.system is None:
+        raise ValueError(f"row {ex.row}: field 'prompt' has no system message, which system_prompt='row' needs")
+    return build_prompt(ex.question, tokenizer, ex.system)
 
 
 def _read_rows(path: Path) -> list:
@@ -113,6 +126,8 @@ def _parse_row(row, i: int, path: Path, require_response: bool) -> Example:
     if not users:
         raise bad("prompt", "has no user message")
     question = text(messages[users[-1]], "content", f"prompt[{users[-1]}].content")
+    systems = [k for k, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "system"]
+    system = text(messages[systems[0]], "content", f"prompt[{systems[0]}].content") if systems else None
 
     reward_model = get(row, "reward_model", "reward_model", dict)
     ground_truth = str(get(reward_model, "ground_truth", "reward_model.ground_truth", (str, int, float)))
@@ -127,7 +142,7 @@ def _parse_row(row, i: int, path: Path, require_response: bool) -> Example:
         response = get(target[0], "content", "target[0].content", str).removeprefix(THINK)
         if not response.strip():  # also catches a response that is only "<think>\n"
             raise bad("target[0].content", "is empty")
-    return Example(question, ground_truth, response, data_source, i)
+    return Example(question, ground_truth, response, data_source, i, system)
 
 
 def load_examples(path, require_response: bool = False) -> list[Example]:
@@ -168,7 +183,8 @@ def tokenize_sft(tokenizer, prompt: str, response: str) -> tuple[list[int], list
     return _join(prompt_ids, response_ids, _eos_id(tokenizer))
 
 
-def build_sft_data(tokenizer, examples: list[Example], max_prompt_len: int = 1024, max_response_len: int = 8192):
+def build_sft_data(tokenizer, examples: list[Example], max_prompt_len: int = 1024, max_response_len: int = 8192,
+                   system_prompt: str = "paper"):
     """[(input_ids, loss_mask)] (int32 tensors) for every example that fits, and stats {"kept", "dropped_prompt",
     "dropped_response"} for the caller to print: an over-long example is dropped, never truncated
     (a truncated response would teach the model to stop without an answer)."""
@@ -180,7 +196,7 @@ def build_sft_data(tokenizer, examples: list[Example], max_prompt_len: int = 102
     chunk = 512  # batched encoding is much faster (Rust threads); chunks bound the memory of one call
     for start in range(0, len(examples), chunk):
         part = examples[start : start + chunk]
-        prompts = tokenizer([build_prompt(ex.question, tokenizer) for ex in part], add_special_tokens=False)
+        prompts = tokenizer([example_prompt(ex, tokenizer, system_prompt) for ex in part], add_special_tokens=False)
         responses = tokenizer([ex.response for ex in part], add_special_tokens=False)
         for p_ids, r_ids in zip(prompts["input_ids"], responses["input_ids"]):
             if len(p_ids) > max_prompt_len:
@@ -325,53 +341,51 @@ def build_toy_tokenizer(texts: list[str], vocab_size: int = 2048):
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Toy task for the CPU demo: add k labelled numbers. Which operand comes next is a branching token (any order
-# is valid); the digits of every partial sum are factual tokens (one right answer). See DESIGN.md, "The CPU demo".
+# Toy task for the CPU demo: add k numbers. Which operand comes next is a branching token (any order is valid);
+# the digits of every partial sum are factual tokens (one right answer). See DESIGN.md, "The CPU demo".
 # ---------------------------------------------------------------------------------------------------------
 _TOY_CONSONANTS, _TOY_VOWELS = "bdfgklmnprstvz", "aeiou"
-# 14 x 5 = 70 syllables; two-syllable pseudo-words give 4900 labels. Each becomes a BPE token once seen often
-# enough, so the toy's vocabulary has thousands of entries and a tail of rare ones, like a real LM's.
+# 14 x 5 = 70 syllables; two-syllable pseudo-words give 4900 words that the task never uses. The tokenizer learns
+# them, so the toy's vocabulary has thousands of entries the model learns to rule out: a real LM's rare tail.
 TOY_LABELS = [a + b + c + d for a in _TOY_CONSONANTS for b in _TOY_VOWELS for c in _TOY_CONSONANTS for d in _TOY_VOWELS]
-TOY_SYSTEM = "Add the numbers."  # the row's system turn; build_prompt always uses SYSTEM_PROMPT (Table 7)
+TOY_SYSTEM = "Add the numbers in <think>, then give the total in \\boxed{}."  # stages use it with --system_prompt row
 
 
-def make_toy_task(n: int, seed: int, style: str = "diverse", k: tuple[int, int] = (3, 4), max_operand: int = 99,
-                  n_labels: int = 2000) -> list[dict]:
-    """n rows in the authors' schema: "What is the total of: lido = 23, maku = 7, ...?" with the answer as
-    reward_model.ground_truth and an expert response that adds the operands one at a time:
+def make_toy_task(n: int, seed: int, style: str = "diverse", k: tuple[int, int] = (3, 4),
+                  max_operand: int = 9) -> list[dict]:
+    """n rows in the authors' schema: "What is the total of 7, 3, 5?" (distinct operands in 1..max_operand) with
+    the answer as reward_model.ground_truth and an expert response that adds the operands one at a time:
 
         <think>
-        maku 7 + lido 23 = 30
-        30 + sevo 51 = 81
+        7 + 5 = 12
+        12 + 3 = 15
         </think>
-        The total is \\boxed{81}.
+        The total is \\boxed{15}.
 
-    style="diverse": every row adds its operands in its own random order (the base model's pre-training data:
-    several valid continuations at each branching token); style="canonical": always in the question's order
-    (the one expert style that SFT imitates). The questions depend only on (n, seed, k, max_operand, n_labels),
-    not on the style, so both styles of one seed solve the same problems."""
+    The operand that starts each line is a branching token (any operand not yet added is right); the sums and
+    the rest are factual tokens (one right answer). style="diverse": every row adds its operands in its own
+    random order (the base model's pre-training data); style="canonical": always in the question's order (the
+    one expert style that SFT imitates). The questions depend only on (n, seed, k, max_operand), not on the
+    style, so both styles of one seed solve the same problems."""
     import random
 
     if style not in ("diverse", "canonical"):
         raise ValueError(f"style {style!r}: expected 'diverse' or 'canonical'")
-    if not 2 <= k[0] <= k[1] <= n_labels:
-        raise ValueError(f"k {k}: expected 2 <= k[0] <= k[1] <= n_labels")
+    if not 2 <= k[0] <= k[1] <= max_operand:
+        raise ValueError(f"k {k}: expected 2 <= k[0] <= k[1] <= max_operand ({max_operand}): operands are distinct")
     rng, order_rng = random.Random(seed), random.Random(seed + 1_000_003)  # orders do not shift the questions
-    labels = TOY_LABELS[:n_labels]
     rows = []
     for _ in range(n):
-        names = rng.sample(labels, rng.randint(*k))
-        values = [rng.randint(1, max_operand) for _ in names]
-        order = list(range(len(names)))
+        values = rng.sample(range(1, max_operand + 1), rng.randint(*k))
+        order = values[:]
         if style == "diverse":
             order_rng.shuffle(order)
-        first, second = order[0], order[1]
-        total = values[first] + values[second]
-        lines = [f"{names[first]} {values[first]} + {names[second]} {values[second]} = {total}"]
-        for i in order[2:]:
-            lines.append(f"{total} + {names[i]} {values[i]} = {total + values[i]}")
-            total += values[i]
-        question = "What is the total of: " + ", ".join(f"{a} = {v}" for a, v in zip(names, values)) + "?"
+        total = order[0] + order[1]
+        lines = [f"{order[0]} + {order[1]} = {total}"]
+        for v in order[2:]:
+            lines.append(f"{total} + {v} = {total + v}")
+            total += v
+        question = "What is the total of " + ", ".join(map(str, values)) + "?"
         response = THINK + "\n".join(lines) + f"\n</think>\nThe total is \\boxed{{{total}}}."
         rows.append({"data_source": "toy",
                      "prompt": [{"role": "system", "content": TOY_SYSTEM}, {"role": "user", "content": question}],
@@ -389,10 +403,11 @@ def write_jsonl(rows: list[dict], path) -> Path:
 
 
 def toy_tokenizer_texts(rows: list[dict], n_labels: int = 2000, label_repeats: int = 8) -> list[str]:
-    """Texts to train the toy tokenizer on: the Table 7 prompt, every question and response, and each label
-    `label_repeats` times (so every label of the pool, also those the rows happen not to use, is a token)."""
-    texts = [build_prompt(r["prompt"][-1]["content"]) for r in rows] + [r["target"][0]["content"] for r in rows]
-    return texts + [" ".join(f"{a} = 1," for a in TOY_LABELS[:n_labels])] * label_repeats
+    """Texts to train the toy tokenizer on: every question under both system prompts, every response, and
+    n_labels pseudo-words `label_repeats` times each (so that each becomes a token of the vocabulary's tail)."""
+    texts = [build_prompt(r["prompt"][-1]["content"], system=s) for r in rows for s in (SYSTEM_PROMPT, TOY_SYSTEM)]
+    texts += [r["target"][0]["content"] for r in rows]
+    return texts + [" ".join(f"{a} 1," for a in TOY_LABELS[:n_labels])] * label_repeats
 
 
 def _toy_main(argv: list[str] | None = None) -> None:
@@ -406,25 +421,64 @@ def _toy_main(argv: list[str] | None = None) -> None:
     p.add_argument("--n_test", type=int, default=100, help="test questions (with canonical responses)")
     p.add_argument("--k_min", type=int, default=3, help="fewest operands per question")
     p.add_argument("--k_max", type=int, default=4, help="most operands per question")
-    p.add_argument("--n_labels", type=int, default=2000, help="pool of operand labels (vocabulary tail)")
+    p.add_argument("--vocab_labels", type=int, default=2000,
+                   help="pseudo-words made tokens of the tokenizer, never used by the task: the vocabulary's tail")
+    p.add_argument("--max_operand", type=int, default=9, help="distinct operands are drawn from 1..max_operand")
     p.add_argument("--vocab_size", type=int, default=4096, help="BPE vocabulary size (merges permitting)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    out, kw = Path(a.out), dict(k=(a.k_min, a.k_max), n_labels=a.n_labels)
+    out, kw = Path(a.out), dict(k=(a.k_min, a.k_max), max_operand=a.max_operand)
     # Different seeds, so pre-training, SFT and test questions are different problems.
     pretrain = make_toy_task(a.n_pretrain, a.seed, "diverse", **kw)
     sft = make_toy_task(a.n_sft, a.seed + 1, "canonical", **kw)
     test = make_toy_task(a.n_test, a.seed + 2, "canonical", **kw)
     for name, rows in (("train_diverse", pretrain), ("train_canonical", sft), ("test", test)):
         print(f"{write_jsonl(rows, out / f'{name}.jsonl')}: {len(rows)} rows")
-    tokenizer = build_toy_tokenizer(toy_tokenizer_texts(pretrain + sft, a.n_labels), a.vocab_size)
+    tokenizer = build_toy_tokenizer(toy_tokenizer_texts(pretrain + sft, a.vocab_labels), a.vocab_size)
     tokenizer.save_pretrained(out / "tokenizer")
     print(f"{out / 'tokenizer'}: {len(tokenizer)} tokens")
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Download of the paper's data and model (needs a machine that can reach the Hugging Face hub)
+# ---------------------------------------------------------------------------------------------------------
+HUB_DATASETS = {  # local folder name -> hub dataset (DESIGN.md, "Data schemas")
+    "openr1_46k": "Elliott/Openr1-Math-46k-8192",  # LUFFY's OpenR1-Math-46K training file (SFT and GRPO prompts)
+    "curiosft": "Hao0oWang/CurioSFT_Data",  # the authors' data: rephrased questions and the evaluation sets
+}
+HUB_MODEL = "Elliott/Qwen2.5-Math-7B-16k-think"  # Qwen2.5-Math-7B with a 16k context: the base the authors train
+
+
+def _download_main(argv: list[str] | None = None) -> None:
+    """python data.py download --out data [--model_out models]: the datasets (and the 7B base model), each file
+    checked to load in the schema above."""
+    import argparse
+
+    p = argparse.ArgumentParser(prog="data.py download", description=_download_main.__doc__)
+    p.add_argument("--out", default="data", help="datasets go to OUT/<name>/")
+    p.add_argument("--model_out", default="", help="also download the base model (~15 GB) to this directory")
+    a = p.parse_args(argv)
+    from huggingface_hub import snapshot_download
+
+    jobs = [(repo, "dataset", Path(a.out) / name) for name, repo in HUB_DATASETS.items()]
+    if a.model_out:
+        jobs.append((HUB_MODEL, "model", Path(a.model_out) / HUB_MODEL.split("/")[1]))
+    for repo, kind, local in jobs:
+        try:
+            snapshot_download(repo, repo_type=kind, local_dir=local)
+        except Exception as e:  # offline, DNS, proxy, 401, ...: the hub library raises many types
+            raise SystemExit(f"data.py download: could not download {kind} {repo} from the Hugging Face hub "
+                             f"({type(e).__name__}: {e}). This needs a machine online; or copy the files to {local}.")
+        for f in sorted(local.rglob("*.parquet")) if kind == "dataset" else []:
+            print(f"{f}: {len(load_examples(f))} rows")  # raises, naming the row, on a file not in the schema
+        print(f"{local}: {repo}")
 
 
 if __name__ == "__main__":
     import sys
 
-    if sys.argv[1:2] != ["toy"]:
-        raise SystemExit("usage: python data.py toy --out DIR [...] (see python data.py toy --help)")
-    _toy_main(sys.argv[2:])
+    commands = {"toy": _toy_main, "download": _download_main}
+    if sys.argv[1:2] not in ([c] for c in commands):
+        raise SystemExit("usage: python data.py {toy,download} ... (see python data.py toy --help, "
+                         "python data.py download --help)")
+    commands[sys.argv[1]](sys.argv[2:])

@@ -35,7 +35,7 @@ from tqdm import tqdm
 
 from common import parse_config
 from curio_loss import entropy
-from data import Example, build_prompt, load_examples, tokenize_sft
+from data import Example, example_prompt, load_examples, tokenize_sft
 
 # math-verify logs every timeout together with the whole (possibly huge) input.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
@@ -66,6 +66,8 @@ class Args:
     """nucleus sampling (paper Sec. 5.1)"""
     max_new_tokens: int = 8192
     """maximum response length in tokens (paper App. E)"""
+    system_prompt: str = "paper"
+    """paper: Table 7's system prompt | row: each row's own system message (the toy demo's one-liner)"""
     seed: int = 0
     """sampling seed"""
     limit: int = 0
@@ -97,7 +99,9 @@ class PlotArgs:
     results: list[str] = field(default_factory=list)
     """results.json files written by evaluate.py, one per checkpoint"""
     logs: list[str] = field(default_factory=list)
-    """sft.py JSONL logs ({"step": .., "entropy_top20": .., ...} per line) for the entropy-over-training plot"""
+    """sft.py/rl.py JSONL logs ({"step": .., "student_entropy_top20": .., ...} per line): curves over training"""
+    log_keys: list[str] = field(default_factory=list)
+    """log fields to plot over training, one panel each (default: every field with "entropy" in its name)"""
     out: str = "out/compare"
     """output directory: compare.md and plots"""
 
@@ -166,7 +170,8 @@ def ngram_diversity(token_ids: list[list[int]], n: int = 4) -> float | None:
 
 
 @torch.no_grad()
-def expert_token_entropy(model, tokenizer, examples: list[Example], max_len: int = 9216) -> dict:
+def expert_token_entropy(model, tokenizer, examples: list[Example], max_len: int = 9216,
+                         system_prompt: str = "paper") -> dict:
     """Full-vocabulary entropy of the model's next-token distribution (tau = 1) at every position that predicts
     an expert response token or its EOS (the SFT loss positions, as data.py masks them), split at the 80th
     percentile over all positions into the top 20% and the bottom 80% (paper Fig. 2a/b). The split is by rank,
@@ -174,7 +179,7 @@ def expert_token_entropy(model, tokenizer, examples: list[Example], max_len: int
     device = next(model.parameters()).device
     entropies = []
     for ex in tqdm(examples, desc="expert-token entropy", disable=len(examples) < 32):
-        ids, mask = tokenize_sft(tokenizer, build_prompt(ex.question, tokenizer), ex.response)
+        ids, mask = tokenize_sft(tokenizer, example_prompt(ex, tokenizer, system_prompt), ex.response)
         ids, mask = ids[:max_len], torch.tensor(mask[:max_len], dtype=torch.bool)
         logits = model(torch.tensor([ids], device=device)).logits[0]  # (L, V)
         entropies.append(entropy(logits[:-1][mask[1:].to(device)]).cpu())  # positions predicting response + EOS
@@ -478,7 +483,7 @@ def evaluate(engine: Engine, tokenizer, benchmarks: dict[str, list[Example]], ar
     n_of = {b: args.n_mmlu_pro if b.startswith("mmlu_pro") else args.n for b in benchmarks}
     for n in sorted(set(n_of.values())):  # one generate call per n: large batches keep vLLM busy
         names = [b for b in benchmarks if n_of[b] == n]
-        prompts = [build_prompt(ex.question, tokenizer) for b in names for ex in benchmarks[b]]
+        prompts = [example_prompt(ex, tokenizer, args.system_prompt) for b in names for ex in benchmarks[b]]
         out = iter(generate(engine, tokenizer, prompts, n, args.temperature, args.top_p, args.max_new_tokens,
                             args.seed, args.batch_size))
         samples.update({b: [next(out) for _ in benchmarks[b]] for b in names})
@@ -543,9 +548,9 @@ def compare_table(results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot_results(results: list[dict], out_dir: str, logs: list[str] = ()) -> list[str]:
+def plot_results(results: list[dict], out_dir: str, logs: list[str] = (), log_keys: list[str] = ()) -> list[str]:
     """pass@k curves per benchmark, accuracy vs entropy and vs diversity across checkpoints (paper Figs. 1, 4),
-    and entropy over training from sft.py logs. Returns the written paths."""
+    and `log_keys` over training from sft.py logs, one line per run (paper Fig. 2). Returns the written paths."""
     out, written = Path(out_dir), []
     benchmarks = list(dict.fromkeys(b for r in results for b in r["benchmarks"]))
     cols = min(3, len(benchmarks))
@@ -575,16 +580,19 @@ def plot_results(results: list[dict], out_dir: str, logs: list[str] = ()) -> lis
     written.append(_save(fig, out / "accuracy_vs_entropy_diversity.png"))
 
     if logs:
-        fig, ax = plt.subplots(figsize=(6, 4))
-        for path in logs:
-            rows = [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
-            keys = sorted({k for row in rows for k, v in row.items() if "entropy" in k and isinstance(v, (int, float))})
-            for k in keys:
-                points = [(row["step"], row[k]) for row in rows if "step" in row and k in row]
-                ax.plot(*zip(*points), label=f"{Path(path).parent.name}/{Path(path).stem}: {k}")
-        ax.set(xlabel="step", ylabel="entropy (nats)", title="entropy during training (paper Fig. 2a/b)")
-        ax.legend(fontsize="x-small")
-        written.append(_save(fig, out / "entropy_over_training.png"))
+        runs = [(Path(path).parent.name, [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()])
+                for path in logs]
+        keys = list(log_keys) or sorted({k for _, rows in runs for row in rows for k, v in row.items()
+                                         if "entropy" in k and isinstance(v, (int, float))})
+        fig, axes = plt.subplots(1, len(keys), figsize=(4 * len(keys), 3.5), squeeze=False)
+        for ax, key in zip(axes.flat, keys):
+            for name, rows in runs:
+                points = [(row["step"], row[key]) for row in rows if "step" in row and key in row]
+                if points:
+                    ax.plot(*zip(*points), label=name)
+            ax.set(xlabel="step", title=key)
+        axes.flat[0].legend(fontsize="small")
+        written.append(_save(fig, out / "over_training.png"))
     return written
 
 
@@ -607,7 +615,7 @@ def run_eval(args: Args) -> dict:
     if args.sft_data:  # teacher forcing needs HF logits; done first, so vLLM gets the GPU memory afterwards
         examples = load_examples(args.sft_data, require_response=True)[: args.sft_examples]
         hf, tokenizer = load_engine(args.model, "hf", args.dtype)
-        expert = expert_token_entropy(hf.model, tokenizer, examples)
+        expert = expert_token_entropy(hf.model, tokenizer, examples, system_prompt=args.system_prompt)
         del hf
         torch.cuda.empty_cache()
     engine, tokenizer = load_engine(args.model, args.engine, args.dtype, args.seed,
@@ -648,7 +656,7 @@ def run_plot(args: PlotArgs) -> list[str]:
     Path(args.out).mkdir(parents=True, exist_ok=True)
     (Path(args.out) / "compare.md").write_text(compare_table(results))
     print(compare_table(results))
-    return plot_results(results, args.out, args.logs)
+    return plot_results(results, args.out, args.logs, args.log_keys)
 
 
 def main(argv: list[str] | None = None) -> None:

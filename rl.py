@@ -61,6 +61,8 @@ class Args:
     """longer prompts are dropped, and counted"""
     max_response_len: int = 8192
     """generation stops after this many tokens (Table 6)"""
+    system_prompt: str = "paper"
+    """paper: Table 7's system prompt | row: each row's own system message (the toy demo's one-liner)"""
     loss_chunk: int = 2048
     """tokens per logits chunk: [tokens, vocab] logits exist one chunk at a time, recomputed in backward"""
     bf16: bool = True
@@ -184,10 +186,10 @@ def sync_weights(model, engine):
 # Plumbing: prompts, rollouts to tensors, the loop, checkpoints, logs
 # ================================================================================================
 def load_prompts(args, tokenizer):
-    """[(example, prompt text, prompt ids)] of every example whose Table 7 prompt fits max_prompt_len."""
+    """[(example, prompt text, prompt ids)] of every example whose prompt fits max_prompt_len."""
     kept, dropped = [], 0
     for ex in data.load_examples(args.train_file):
-        text = data.build_prompt(ex.question, tokenizer)
+        text = data.example_prompt(ex, tokenizer, args.system_prompt)
         ids = tokenizer.encode(text, add_special_tokens=False)         # as evaluate.generate encodes it
         if len(ids) > args.max_prompt_len:
             dropped += 1

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Quick start on a fresh machine:  bash run.sh        (install, then the CPU demo)
+# Quick start on a fresh machine:  bash run.sh        (install, then the CPU demo: ~12 minutes on 2 cores)
 #                                  bash run.sh test   (install, then the tests)
+#                                  bash run.sh bench  (install, then the loss benchmark)
 set -euo pipefail
 cd "$(dirname "$0")"
 venv=${VENV:-.venv}
@@ -8,6 +9,7 @@ venv=${VENV:-.venv}
 "$venv/bin/python" -m pip install -q -r requirements.txt
 case "${1:-demo}" in
   test) shift || true; exec "$venv/bin/python" -m pytest -q "$@" ;;
-  demo) exec "$venv/bin/python" curio_loss.py ;;
-  *) echo "usage: bash run.sh [demo|test [pytest args]]" >&2; exit 2 ;;
+  demo) exec "$venv/bin/python" demo.py --size full --out out/demo ;;
+  bench) exec "$venv/bin/python" curio_loss.py ;;
+  *) echo "usage: bash run.sh [demo|test [pytest args]|bench]" >&2; exit 2 ;;
 esac

@@ -47,6 +47,8 @@ class Args:
     """longer prompts are dropped, and counted"""
     max_response_len: int = 8192
     """longer responses (with EOS) are dropped, and counted"""
+    system_prompt: str = "paper"
+    """paper: Table 7's system prompt | row: each row's own system message (the toy demo's one-liner)"""
     lr: float = 1e-5
     """peak learning rate (App. E)"""
     warmup_steps: int = 60
@@ -236,7 +238,8 @@ def main():
 
     tokenizer = AutoTokenizer.from_pretrained(args.model)
     examples = data.load_examples(args.train_file, require_response=True)
-    dataset, stats = data.build_sft_data(tokenizer, examples, args.max_prompt_len, args.max_response_len)
+    dataset, stats = data.build_sft_data(tokenizer, examples, args.max_prompt_len, args.max_response_len,
+                                         args.system_prompt)
     common.print0(f"{args.train_file}: {stats['kept']} examples kept, {stats['dropped_prompt']} dropped "
                   f"(prompt > {args.max_prompt_len} tokens), {stats['dropped_response']} dropped "
                   f"(response > {args.max_response_len} tokens)")

@@ -1,6 +1,7 @@
 """Tests for data.py: prompt, loaders, loss mask, micro-batch plan, collate, toy tokenizer."""
 import json
 import random
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -82,8 +83,23 @@ def write(path, rows):
 def test_load_parses_fields(tmp_path, ext):
     rows = [row(), row(question="Q2", ground_truth="\\frac{1}{2}", response="no think prefix", source="amc")]
     examples = data.load_examples(write(tmp_path / f"train.{ext}", rows), require_response=True)
-    assert examples[0] == data.Example(QUESTION, "46", RESPONSE, "openr1", 0)  # leading "<think>\n" stripped
-    assert examples[1] == data.Example("Q2", "\\frac{1}{2}", "no think prefix", "amc", 1)
+    assert examples[0] == data.Example(QUESTION, "46", RESPONSE, "openr1", 0, "sys")  # leading "<think>\n" stripped
+    assert examples[1] == data.Example("Q2", "\\frac{1}{2}", "no think prefix", "amc", 1, "sys")
+
+
+def test_example_prompt_paper_or_row_system(tmp_path):
+    rows = [row(), row()]
+    rows[1]["prompt"] = rows[1]["prompt"][1:]  # a user turn only
+    with_system, without = data.load_examples(write(tmp_path / "p.jsonl", rows))
+    assert without.system is None
+    assert data.example_prompt(with_system) == data.example_prompt(without) == data.build_prompt(QUESTION)
+    assert data.example_prompt(with_system, system_prompt="row") == (
+        f"<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\n{data.USER_PREFIX}{QUESTION}<|im_end|>\n"
+        "<|im_start|>assistant\n<think>\n")
+    with pytest.raises(ValueError, match="row 1: field 'prompt' has no system message"):
+        data.example_prompt(without, system_prompt="row")
+    with pytest.raises(ValueError, match="expected 'paper' or 'row'"):
+        data.example_prompt(with_system, system_prompt="table7")
 
 
 def test_load_numeric_ground_truth_and_eval_file(tmp_path):
@@ -270,3 +286,32 @@ def test_toy_tokenizer_survives_qwen2_reload(tok, tmp_path):
     for s in STRINGS + [data.build_prompt(QUESTION, tok) + RESPONSE]:
         assert reloaded.encode(s, add_special_tokens=False) == tok.encode(s, add_special_tokens=False), s
     assert data.build_prompt(QUESTION, reloaded) == data.build_prompt(QUESTION)  # chat template saved too
+
+
+def test_download_offline_is_a_clear_error(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    def offline(repo_id, **kwargs):
+        raise OSError("Network is unreachable")
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
+    with pytest.raises(SystemExit, match=r"could not download dataset Elliott/Openr1-Math-46k-8192 .*"
+                                         r"Network is unreachable.*needs a machine online"):
+        data._download_main(["--out", str(tmp_path)])
+
+
+def test_download_checks_the_schema_of_what_it_fetched(tmp_path, monkeypatch, capsys):
+    import huggingface_hub
+
+    def hub_giving(rows):  # a fake snapshot_download that puts one parquet file somewhere under local_dir
+        def download(repo_id, repo_type, local_dir):
+            (Path(local_dir) / "data").mkdir(parents=True)
+            write(Path(local_dir) / "data" / "train.parquet", rows)
+        return download
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub_giving([row(), row()]))
+    data._download_main(["--out", str(tmp_path / "good")])
+    assert f"{tmp_path / 'good' / 'openr1_46k' / 'data' / 'train.parquet'}: 2 rows" in capsys.readouterr().out
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub_giving([{"x": 1}]))
+    with pytest.raises(ValueError, match=r"train\.parquet row 0"):
+        data._download_main(["--out", str(tmp_path / "bad")])

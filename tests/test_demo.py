@@ -21,33 +21,45 @@ def test_toy_task_schema_styles_and_grading(tmp_path):
     assert [r["reward_model"] for r in diverse] == [r["reward_model"] for r in canonical]
     assert any(d["target"] != c["target"] for d, c in zip(diverse, canonical))
     assert data.make_toy_task(8, seed=3) == data.make_toy_task(8, seed=3)  # deterministic
-    # Canonical adds the operands in the question's order, diverse in a permutation of it.
-    def labels(text):
-        return re.findall(r"\b([a-z]+) \d+", text)
+
+    def added(text):  # the operands in the order the response adds them
+        lines = re.findall(r"^(\d+) \+ (\d+) = (\d+)$", text, re.M)
+        return [int(lines[0][0])] + [int(b) for _, b, _ in lines]
 
     for d, c in zip(diverse, canonical):
-        names = re.findall(r"\b([a-z]+) = \d+", c["prompt"][1]["content"])
-        assert names
-        assert labels(c["target"][0]["content"]) == names
-        assert sorted(labels(d["target"][0]["content"])) == sorted(names)
+        operands = [int(v) for v in re.findall(r"\d+", c["prompt"][1]["content"])]
+        assert 3 <= len(operands) == len(set(operands)) <= 4 and all(1 <= v <= 9 for v in operands)
+        assert added(c["target"][0]["content"]) == operands  # canonical: the question's order
+        assert sorted(added(d["target"][0]["content"])) == sorted(operands)  # diverse: a permutation of it
+        # Every line's sum is right, and the boxed answer is the total.
+        for a, b, total in re.findall(r"^(\d+) \+ (\d+) = (\d+)$", d["target"][0]["content"], re.M):
+            assert int(a) + int(b) == int(total)
+        assert d["reward_model"]["ground_truth"] == str(sum(operands))
+    assert len({tuple(added(d["target"][0]["content"])) for d in diverse}) > 32  # many orders, not one
     # Rows round-trip through load_examples, and the expert response grades correct (math-verify).
     examples = data.load_examples(data.write_jsonl(diverse + canonical, tmp_path / "toy.jsonl"), require_response=True)
     assert all(ex.response.rstrip().endswith(f"\\boxed{{{ex.ground_truth}}}.") for ex in examples)
-    assert all("</think>" in ex.response for ex in examples)
+    assert all("</think>" in ex.response and ex.system == data.TOY_SYSTEM for ex in examples)
     responses, truths = [ex.response for ex in examples[:16]], [ex.ground_truth for ex in examples[:16]]
     wrong = [r.replace(f"{{{t}}}", f"{{{int(t) + 1}}}") for r, t in zip(responses, truths)]
     scores, failures = evaluate.grade(responses + wrong, truths + truths, ["math"] * 32, workers=1)
     assert scores == [1.0] * 16 + [0.0] * 16 and failures == 0
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="style"):
         data.make_toy_task(1, seed=0, style="other")
+    with pytest.raises(ValueError, match="distinct"):
+        data.make_toy_task(1, seed=0, k=(3, 4), max_operand=3)
 
 
 def test_toy_tokenizer_has_a_vocabulary_tail():
-    rows = data.make_toy_task(100, seed=0, style="diverse", n_labels=1000)
+    rows = data.make_toy_task(100, seed=0, style="diverse")
     tok = data.build_toy_tokenizer(data.toy_tokenizer_texts(rows, n_labels=1000), vocab_size=2048)
-    assert len(tok) > 1000  # every label of the pool is one token: a vocabulary far beyond the digits in use
-    assert all(len(tok.tokenize(" " + label)) == 1 for label in data.TOY_LABELS[:1000])
+    # (almost) every pseudo-word is one token: a vocabulary far beyond the digits and words the task uses
+    assert len(tok) > 1000 and sum(len(tok.tokenize(" " + w)) == 1 for w in data.TOY_LABELS[:1000]) >= 990
     assert tok.tokenize("<think>\n")[0] == "<think>"
+    # With the row's one-line system prompt a toy prompt is under a third of its Table 7 length: the demo's speed.
+    ex = data.Example("What is the total of 7, 1, 3?", "11", None, "toy", 0, data.TOY_SYSTEM)
+    row, paper = (len(tok.encode(data.example_prompt(ex, tok, p))) for p in ("row", "paper"))
+    assert 3 * row < paper
 
 
 def test_demo_ci_runs_every_stage(tmp_path):
@@ -60,7 +72,7 @@ def test_demo_ci_runs_every_stage(tmp_path):
     for name in ("train_diverse", "train_canonical", "test"):
         assert data.load_examples(out / "world" / f"{name}.jsonl")
     assert (out / "world" / "model" / "config.json").exists()
-    names = ["base", "sft", "curio", "sft+grpo", "curio+grpo"]
+    names = ["base", "sft", "curio", "entropy", "sft+grpo", "curio+grpo"]
     for name in names:
         ckpts = sorted((out / "runs" / name).glob("step_*"))
         assert ckpts, f"no checkpoint for {name}"
@@ -69,5 +81,7 @@ def test_demo_ci_runs_every_stage(tmp_path):
         result = json.loads((out / "eval" / name / "results.json").read_text())
         assert result["summary"]["avg"] is not None and result["expert_entropy"]["tokens"] > 0
     assert (out / "runs" / "curio" / "log.jsonl").read_text().count("w_mean") >= 1
-    assert "== 6. summary" in proc.stdout and all(f"| {name} |" in proc.stdout for name in names)
-    assert (out / "summary.md").exists()
+    assert "== 6. plots and summary" in proc.stdout and all(f"| {name} |" in proc.stdout for name in names)
+    assert "top-20% expert-token entropy at 0 / 25 / 50 / 75 / 100%" in (out / "summary.md").read_text()
+    for plot in ("pass_at_k.png", "accuracy_vs_entropy_diversity.png", "over_training.png"):
+        assert (out / "plots" / plot).stat().st_size > 0

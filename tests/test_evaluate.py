@@ -288,7 +288,7 @@ def test_end_to_end_cpu(checkpoint, tmp_path):
              "--out", str(tmp_path / "cmp")])
     compare = (tmp_path / "cmp" / "compare.md").read_text()
     assert "| tiny |" in compare and "| other |" in compare and "ID avg" in compare
-    for name in ("pass_at_k.png", "accuracy_vs_entropy_diversity.png", "entropy_over_training.png"):
+    for name in ("pass_at_k.png", "accuracy_vs_entropy_diversity.png", "over_training.png"):
         assert (tmp_path / "cmp" / name).stat().st_size > 0
 
 
