@@ -550,7 +550,8 @@ def compare_table(results: list[dict]) -> str:
 
 def plot_results(results: list[dict], out_dir: str, logs: list[str] = (), log_keys: list[str] = ()) -> list[str]:
     """pass@k curves per benchmark, accuracy vs entropy and vs diversity across checkpoints (paper Figs. 1, 4),
-    and `log_keys` over training from sft.py logs, one line per run (paper Fig. 2). Returns the written paths."""
+    accuracy before and after RL for each pair named X / X+grpo, and `log_keys` over training from sft.py logs,
+    one line per run (paper Fig. 2). Returns the written paths."""
     out, written = Path(out_dir), []
     benchmarks = list(dict.fromkeys(b for r in results for b in r["benchmarks"]))
     cols = min(3, len(benchmarks))
@@ -578,6 +579,20 @@ def plot_results(results: list[dict], out_dir: str, logs: list[str] = (), log_ke
                 ax.annotate(r["name"], (x, 100 * y), fontsize="small")
         ax.set(xlabel=f"{key} (mean over benchmarks)", ylabel=f"accuracy ({acc_key}, %)")
     written.append(_save(fig, out / "accuracy_vs_entropy_diversity.png"))
+
+    # Before and after RL (paper Table 3): a result named "X+grpo" is X after a later stage.
+    by_name = {r["name"]: r for r in results}
+    pairs = [(by_name[r["name"].rpartition("+")[0]], r) for r in results if r["name"].rpartition("+")[0] in by_name]
+    if pairs:
+        fig, ax = plt.subplots(figsize=(1.2 + 1.6 * len(pairs), 3.5))
+        for i, (before, after) in enumerate(pairs):
+            for dx, r, color in ((-0.2, before, "tab:gray"), (0.2, after, "tab:blue")):
+                y = 100 * (r["summary"][acc_key] or 0)
+                ax.bar(i + dx, y, width=0.4, color=color)
+                ax.annotate(f"{y:.1f}", (i + dx, y), ha="center", va="bottom", fontsize="small")
+        ax.set_xticks(range(len(pairs)), [f"{b['name']}\n→ {a['name']}" for b, a in pairs], fontsize="small")
+        ax.set(ylabel=f"accuracy ({acc_key}, %)", title="before (gray) and after (blue)")
+        written.append(_save(fig, out / "accuracy_before_after_rl.png"))
 
     if logs:
         runs = [(Path(path).parent.name, [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()])

@@ -83,5 +83,6 @@ def test_demo_ci_runs_every_stage(tmp_path):
     assert (out / "runs" / "curio" / "log.jsonl").read_text().count("w_mean") >= 1
     assert "== 6. plots and summary" in proc.stdout and all(f"| {name} |" in proc.stdout for name in names)
     assert "top-20% expert-token entropy at 0 / 25 / 50 / 75 / 100%" in (out / "summary.md").read_text()
-    for plot in ("pass_at_k.png", "accuracy_vs_entropy_diversity.png", "over_training.png"):
+    for plot in ("pass_at_k.png", "accuracy_vs_entropy_diversity.png", "over_training.png",
+                 "accuracy_before_after_rl.png"):
         assert (out / "plots" / plot).stat().st_size > 0

@@ -276,9 +276,10 @@ def test_end_to_end_cpu(checkpoint, tmp_path):
     table = (out / "results.md").read_text()
     assert "| aime | 2 | 4 |" in table and "pass@4" in table
     assert (out / "pass_at_k.png").stat().st_size > 0 and (out / "accuracy_vs_entropy_diversity.png").is_file()
+    assert not (out / "accuracy_before_after_rl.png").exists()              # one checkpoint: nothing to pair
 
-    # Compare mode: two checkpoints and an SFT log.
-    other = json.loads((out / "results.json").read_text()) | {"name": "other"}
+    # Compare mode: a checkpoint, the same after "RL" (paired by name), and an SFT log.
+    other = json.loads((out / "results.json").read_text()) | {"name": "tiny+grpo"}
     (tmp_path / "other.json").write_text(json.dumps(other))
     log = tmp_path / "sft" / "log.jsonl"
     log.parent.mkdir()
@@ -287,8 +288,9 @@ def test_end_to_end_cpu(checkpoint, tmp_path):
     ev.main(["plot", "--results", str(out / "results.json"), str(tmp_path / "other.json"), "--logs", str(log),
              "--out", str(tmp_path / "cmp")])
     compare = (tmp_path / "cmp" / "compare.md").read_text()
-    assert "| tiny |" in compare and "| other |" in compare and "ID avg" in compare
-    for name in ("pass_at_k.png", "accuracy_vs_entropy_diversity.png", "over_training.png"):
+    assert "| tiny |" in compare and "| tiny+grpo |" in compare and "ID avg" in compare
+    for name in ("pass_at_k.png", "accuracy_vs_entropy_diversity.png", "over_training.png",
+                 "accuracy_before_after_rl.png"):
         assert (tmp_path / "cmp" / name).stat().st_size > 0
 
 
