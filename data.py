@@ -428,10 +428,11 @@ def _toy_main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     out, kw = Path(a.out), dict(k=(a.k_min, a.k_max), max_operand=a.max_operand)
-    # Different seeds, so pre-training, SFT and test questions are different problems.
-    pretrain = make_toy_task(a.n_pretrain, a.seed, "diverse", **kw)
-    sft = make_toy_task(a.n_sft, a.seed + 1, "canonical", **kw)
-    test = make_toy_task(a.n_test, a.seed + 2, "canonical", **kw)
+    # A seed per split, so pre-training, SFT and test questions are different draws, and no split is shared between
+    # runs with different --seed.
+    pretrain = make_toy_task(a.n_pretrain, 3 * a.seed, "diverse", **kw)
+    sft = make_toy_task(a.n_sft, 3 * a.seed + 1, "canonical", **kw)
+    test = make_toy_task(a.n_test, 3 * a.seed + 2, "canonical", **kw)
     for name, rows in (("train_diverse", pretrain), ("train_canonical", sft), ("test", test)):
         print(f"{write_jsonl(rows, out / f'{name}.jsonl')}: {len(rows)} rows")
     tokenizer = build_toy_tokenizer(toy_tokenizer_texts(pretrain + sft, a.vocab_labels), a.vocab_size)

@@ -139,6 +139,12 @@ def main() -> None:
     size, out, seed = SIZES[a.size], Path(a.out).resolve(), ["--seed", str(a.seed)]
     world, runs, evals, logs = out / "world", out / "runs", out / "eval", out / "logs"
     t_start = time.time()
+    # Finished stages are reused, so an --out must not mix seeds.
+    seed_file = out / "seed"
+    if seed_file.exists() and seed_file.read_text().strip() != str(a.seed):
+        raise SystemExit(f"{out} holds a run with --seed {seed_file.read_text().strip()}: use another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    seed_file.write_text(f"{a.seed}\n")
 
     print("\n== 1. the toy world: data, tokenizer, model config")
     if not (world / "model" / "config.json").exists():

@@ -86,3 +86,8 @@ def test_demo_ci_runs_every_stage(tmp_path):
     for plot in ("pass_at_k.png", "accuracy_vs_entropy_diversity.png", "over_training.png",
                  "accuracy_before_after_rl.png"):
         assert (out / "plots" / plot).stat().st_size > 0
+
+    # Finished stages are reused, so another seed into the same --out must stop, not mix two runs.
+    proc = subprocess.run([sys.executable, "demo.py", "--size", "ci", "--out", str(out), "--seed", "1"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "holds a run with --seed 0" in proc.stderr
