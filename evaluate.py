@@ -548,10 +548,18 @@ def compare_table(results: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def stage_pairs(results: list[dict], acc_key: str) -> list[tuple[dict, dict]]:
+    """(X, X+stage) for every result named "X+stage" (e.g. "curio+grpo") whose X is also there: a checkpoint before
+    and after a later stage (paper Table 3). Pairs where either accuracy is missing are left out of the plot."""
+    by_name = {r["name"]: r for r in results}
+    pairs = [(by_name[r["name"].rpartition("+")[0]], r) for r in results if r["name"].rpartition("+")[0] in by_name]
+    return [(b, a) for b, a in pairs if b["summary"][acc_key] is not None and a["summary"][acc_key] is not None]
+
+
 def plot_results(results: list[dict], out_dir: str, logs: list[str] = (), log_keys: list[str] = ()) -> list[str]:
     """pass@k curves per benchmark, accuracy vs entropy and vs diversity across checkpoints (paper Figs. 1, 4),
-    accuracy before and after RL for each pair named X / X+grpo, and `log_keys` over training from sft.py logs,
-    one line per run (paper Fig. 2). Returns the written paths."""
+    accuracy before and after RL for each pair named X / X+grpo (`stage_pairs`), and `log_keys` over training from
+    sft.py logs, one line per run (paper Fig. 2). Returns the written paths."""
     out, written = Path(out_dir), []
     benchmarks = list(dict.fromkeys(b for r in results for b in r["benchmarks"]))
     cols = min(3, len(benchmarks))
@@ -580,14 +588,12 @@ def plot_results(results: list[dict], out_dir: str, logs: list[str] = (), log_ke
         ax.set(xlabel=f"{key} (mean over benchmarks)", ylabel=f"accuracy ({acc_key}, %)")
     written.append(_save(fig, out / "accuracy_vs_entropy_diversity.png"))
 
-    # Before and after RL (paper Table 3): a result named "X+grpo" is X after a later stage.
-    by_name = {r["name"]: r for r in results}
-    pairs = [(by_name[r["name"].rpartition("+")[0]], r) for r in results if r["name"].rpartition("+")[0] in by_name]
+    pairs = stage_pairs(results, acc_key)
     if pairs:
         fig, ax = plt.subplots(figsize=(1.2 + 1.6 * len(pairs), 3.5))
         for i, (before, after) in enumerate(pairs):
             for dx, r, color in ((-0.2, before, "tab:gray"), (0.2, after, "tab:blue")):
-                y = 100 * (r["summary"][acc_key] or 0)
+                y = 100 * r["summary"][acc_key]
                 ax.bar(i + dx, y, width=0.4, color=color)
                 ax.annotate(f"{y:.1f}", (i + dx, y), ha="center", va="bottom", fontsize="small")
         ax.set_xticks(range(len(pairs)), [f"{b['name']}\n→ {a['name']}" for b, a in pairs], fontsize="small")

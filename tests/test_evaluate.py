@@ -219,6 +219,17 @@ def _write_benchmarks(root: Path) -> Path:
     return bench
 
 
+def test_stage_pairs_match_names_and_skip_missing_accuracy():
+    def result(name, avg=0.5):
+        return {"name": name, "summary": {"avg": avg}}
+
+    results = [result("sft"), result("curio", None), result("sft+grpo"), result("curio+grpo"), result("dft+grpo"),
+               result("sft+grpo+grpo"), result("base")]
+    pairs = [(b["name"], a["name"]) for b, a in ev.stage_pairs(results, "avg")]
+    # curio has no accuracy, dft was not evaluated, base has no later stage; "+" nests
+    assert pairs == [("sft", "sft+grpo"), ("sft+grpo", "sft+grpo+grpo")]
+
+
 def test_evaluate_wiring_with_canned_responses(tmp_path, monkeypatch):
     """De-duplication, generation, grading and per-benchmark metrics line up (the real grader, fake samples)."""
     answers = {"2+3": ["5"] * 4, "7*6": ["42", "41", "0", "1"], "10-4": ["5"] * 4, "1/2 + 1/2": ["1"] * 4,
