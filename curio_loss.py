@@ -359,12 +359,14 @@ def _diagnose_nonfinite(logits, targets, extra):
 # ------------------------------------------------------------------------------------------------
 # Logging
 # ------------------------------------------------------------------------------------------------
-def split_entropy(h: torch.Tensor, top_frac: float = 0.2):
-    """Mean entropy of the top-20% and of the bottom-80% positions (paper Fig. 2a/b). h [N] -> (top, bottom)."""
+def split_entropy(h: torch.Tensor, x: torch.Tensor | None = None, top_frac: float = 0.2):
+    """Mean of x (default: h itself) over the top-20% highest-entropy positions and over the bottom 80% (paper
+    Fig. 2a/b). h, x [N] -> (top, bottom)."""
     if h.numel() == 0:
         return float("nan"), float("nan")
+    x = h if x is None else x
     cut = torch.quantile(h.float(), 1 - top_frac)
-    top, bottom = h[h >= cut], h[h < cut]
+    top, bottom = x[h >= cut], x[h < cut]
     return top.mean().item(), (bottom.mean().item() if bottom.numel() else float("nan"))
 
 
@@ -384,6 +386,8 @@ def summarize(diag: dict[str, torch.Tensor], alpha: float = 1.0) -> dict[str, fl
         w = diag["weight"]
         out |= {"w_mean": w.mean().item(), "w_frac_neg": (w < 0).float().mean().item(),
                 "w_frac_above_1": (w > 1).float().mean().item()}
+        if "teacher_entropy" in diag:  # where it acts: branching (high H_t) vs factual tokens
+            out["w_top20"], out["w_bottom80"] = split_entropy(diag["teacher_entropy"], w)
     for key in ("teacher_entropy", "student_entropy"):
         if key in diag:
             out[f"{key}_top20"], out[f"{key}_bottom80"] = split_entropy(diag[key])

@@ -414,7 +414,7 @@ def test_summarize_reports_the_logged_statistics():
     diag["student_entropy"] = cl.entropy(z)
     s = cl.summarize(diag)
     for key in ("ce", "distill", "tau_mean", "tau_min", "tau_max", "frac_clamped_low", "frac_clamped_high",
-                "frac_forced_tau_min", "w_mean", "w_frac_neg", "w_frac_above_1",
+                "frac_forced_tau_min", "w_mean", "w_frac_neg", "w_frac_above_1", "w_top20", "w_bottom80",
                 "student_entropy_top20", "student_entropy_bottom80"):
         assert key in s and math.isfinite(s[key]), key
     assert 1.1 <= s["tau_min"] <= s["tau_mean"] <= s["tau_max"] <= 1.5
@@ -423,6 +423,10 @@ def test_summarize_reports_the_logged_statistics():
     top, bottom = cl.split_entropy(h)
     assert top == pytest.approx(h.sort().values[-40:].mean().item(), rel=1e-5)
     assert bottom == pytest.approx(h.sort().values[:160].mean().item(), rel=1e-5)
+    # w_t split by the teacher's entropy H_t: the weights at the 40 highest-H_t positions, and the others
+    order = diag["teacher_entropy"].argsort()
+    assert s["w_top20"] == pytest.approx(diag["weight"][order[-40:]].mean().item(), rel=1e-5)
+    assert s["w_bottom80"] == pytest.approx(diag["weight"][order[:160]].mean().item(), rel=1e-5)
 
 
 def test_entropy_increment_is_eq7_with_the_papers_constants():
