@@ -7,7 +7,7 @@ Stages (each is the stage's own command line, printed before it runs, so it can 
   1. data.py toy     pre-training rows (diverse orders), SFT rows (one canonical order), test rows, a BPE tokenizer
                      with a few thousand tokens; then a tiny Qwen2 config beside it (the "model directory")
   2. sft.py --scratch --loss sft on the diverse rows: "pre-training" the base model from random weights
-  3. sft.py --loss sft and --loss curio from the base, on the canonical rows
+  3. sft.py --loss sft, curio and entropy from the base, on the canonical rows
   4. evaluate.py     accuracy, pass@k, sampling entropy, and the expert-token entropy (--sft_data) of each model
   5. rl.py           GRPO from each SFT checkpoint, then evaluate.py again
   6. a summary table (also written to summary.md)
@@ -58,7 +58,7 @@ SIZES = {
     ),
 }
 SFT_LOSSES = ("sft", "curio", "entropy")  # vanilla cross-entropy, CurioSFT, the entropy-loss baseline (Table 2)
-RL_FROM = ("sft", "curio")
+RL_FROM = SFT_LOSSES
 # One process runs at a time and these models are tiny: more than a few threads only add synchronisation.
 THREADS = str(min(4, os.cpu_count() or 1))
 
@@ -120,13 +120,17 @@ def summary_table(results: dict[str, dict]) -> str:
 
 def sft_curve_table(logs: dict[str, Path]) -> str:
     """Expert-token entropy of the top 20% (the branching tokens) and cross-entropy during each SFT run, at five
-    points of training (paper Fig. 2a)."""
-    lines = ["| SFT run | top-20% expert-token entropy at 0 / 25 / 50 / 75 / 100% of training | cross-entropy at the end |",
-             "| --- | --- | --- |"]
+    points of training (paper Fig. 2a), and for CurioSFT its weight on CE, w_t = 1 - alpha (lp - lq), at the
+    top-20% and bottom-80% teacher-entropy tokens (mean over the logged steps; 1 is plain CE)."""
+    lines = ["| SFT run | top-20% expert-token entropy at 0 / 25 / 50 / 75 / 100% of training | cross-entropy at the end "
+             "| w_t at top 20% / bottom 80% |",
+             "| --- | --- | --- | --- |"]
     for name, path in logs.items():
         rows = [r for r in map(json.loads, path.read_text().splitlines()) if "student_entropy_top20" in r]
         curve = [rows[round(f * (len(rows) - 1))]["student_entropy_top20"] for f in (0, 0.25, 0.5, 0.75, 1)]
-        lines.append(f"| {name} | {' / '.join(f'{h:.3f}' for h in curve)} | {rows[-1]['ce']:.4f} |")
+        w = [sum(r[k] for r in rows) / len(rows) for k in ("w_top20", "w_bottom80")] if "w_top20" in rows[0] else None
+        lines.append(f"| {name} | {' / '.join(f'{h:.3f}' for h in curve)} | {rows[-1]['ce']:.4f} "
+                     f"| {'–' if w is None else f'{w[0]:.3f} / {w[1]:.3f}'} |")
     return "\n".join(lines) + "\n"
 
 

@@ -72,7 +72,7 @@ def test_demo_ci_runs_every_stage(tmp_path):
     for name in ("train_diverse", "train_canonical", "test"):
         assert data.load_examples(out / "world" / f"{name}.jsonl")
     assert (out / "world" / "model" / "config.json").exists()
-    names = ["base", "sft", "curio", "entropy", "sft+grpo", "curio+grpo"]
+    names = ["base", "sft", "curio", "entropy", "sft+grpo", "curio+grpo", "entropy+grpo"]
     for name in names:
         ckpts = sorted((out / "runs" / name).glob("step_*"))
         assert ckpts, f"no checkpoint for {name}"
@@ -82,7 +82,11 @@ def test_demo_ci_runs_every_stage(tmp_path):
         assert result["summary"]["avg"] is not None and result["expert_entropy"]["tokens"] > 0
     assert (out / "runs" / "curio" / "log.jsonl").read_text().count("w_mean") >= 1
     assert "== 6. plots and summary" in proc.stdout and all(f"| {name} |" in proc.stdout for name in names)
-    assert "top-20% expert-token entropy at 0 / 25 / 50 / 75 / 100%" in (out / "summary.md").read_text()
+    summary = (out / "summary.md").read_text()
+    assert "top-20% expert-token entropy at 0 / 25 / 50 / 75 / 100%" in summary
+    # CurioSFT's weight on CE at branching / factual tokens; plain CE has none
+    assert re.search(r"^\| curio \|.*\| -?\d+\.\d{3} / -?\d+\.\d{3} \|$", summary, re.M)
+    assert re.search(r"^\| sft \|.*\| – \|$", summary, re.M)
     for plot in ("pass_at_k.png", "accuracy_vs_entropy_diversity.png", "over_training.png",
                  "accuracy_before_after_rl.png"):
         assert (out / "plots" / plot).stat().st_size > 0
