@@ -8,6 +8,7 @@ Row schema (the authors' and LUFFY's files, e.g. OpenR1-Math-46K and the eval se
     target: [{role: assistant, content: "<think>\\n..."}]   (training files only: the expert response)
 """
 import json
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -392,6 +393,28 @@ def make_toy_task(n: int, seed: int, style: str = "diverse", k: tuple[int, int] 
                      "reward_model": {"ground_truth": str(total), "style": "rule"},
                      "target": [{"role": "assistant", "content": response}]})
     return rows
+
+
+TOY_SOLUTION_KINDS = ("expert order", "other order", "wrong operand", "wrong sum", "malformed")
+_TOY_LINE = re.compile(r"^(\d+) \+ (\d+) = (\d+)$", re.M)
+
+
+def toy_solution_kind(question: str, response: str) -> str:
+    """What a sampled response to a toy question did, one of TOY_SOLUTION_KINDS: added the question's numbers in
+    the expert's (the question's) order or in another valid order (the branching the base model learned), or made
+    a mistake: a chain of "a + b = s" lines (each starting from the previous sum, then "</think>") that adds a
+    number not in the question or adds one twice or never ("wrong operand"), a wrong sum, or no such chain."""
+    operands = [int(v) for v in re.findall(r"\d+", question)]
+    reasoning, closed, _ = response.partition("</think>")
+    lines = [tuple(map(int, m)) for m in _TOY_LINE.findall(reasoning)]
+    if not closed or not lines or any(a != prev[2] for prev, (a, _, _) in zip(lines, lines[1:])):
+        return "malformed"
+    if any(a + b != s for a, b, s in lines):
+        return "wrong sum"
+    order = [lines[0][0]] + [b for _, b, _ in lines]
+    if sorted(order) != sorted(operands):
+        return "wrong operand"
+    return "expert order" if order == operands else "other order"
 
 
 def write_jsonl(rows: list[dict], path) -> Path:

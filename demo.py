@@ -10,10 +10,12 @@ Stages (each is the stage's own command line, printed before it runs, so it can 
   3. sft.py --loss sft, curio and entropy from the base, on the canonical rows
   4. evaluate.py     accuracy, pass@k, sampling entropy, and the expert-token entropy (--sft_data) of each model
   5. rl.py           GRPO from each SFT checkpoint, then evaluate.py again
-  6. a summary table (also written to summary.md)
+  6. summary tables (also written to summary.md): the metrics, how the samples add (expert order, another valid
+     order, or a mistake), and entropy during SFT
 A stage whose output already exists is skipped, so an interrupted demo continues where it stopped.
 """
 import argparse
+import collections
 import json
 import os
 import subprocess
@@ -22,6 +24,7 @@ import time
 from pathlib import Path
 
 import common
+import data
 
 ROOT = Path(__file__).resolve().parent
 PY = sys.executable
@@ -134,6 +137,18 @@ def sft_curve_table(logs: dict[str, Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def solution_kinds_table(samples: dict[str, Path]) -> str:
+    """How each model's samples add the numbers (data.toy_solution_kind): the share that follows the expert's
+    order, another valid order (the diversity that SFT collapses), or makes a mistake."""
+    lines = ["| model | " + " | ".join(data.TOY_SOLUTION_KINDS) + " |",
+             "| --- |" + " --- |" * len(data.TOY_SOLUTION_KINDS)]
+    for name, path in samples.items():
+        rows = [json.loads(line) for line in path.read_text().splitlines()]
+        kinds = collections.Counter(data.toy_solution_kind(r["question"], r["response"]) for r in rows)
+        lines.append(f"| {name} | " + " | ".join(f"{kinds[k] / len(rows):.1%}" for k in data.TOY_SOLUTION_KINDS) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", choices=sorted(SIZES), default="full")
@@ -197,7 +212,8 @@ def main() -> None:
     run([PY, "evaluate.py", "plot", "--results", *(evals / name / "results.json" for name in results),
          "--logs", *sft_logs.values(), "--log_keys", "student_entropy_top20", "student_entropy_bottom80", "ce",
          "--out", out / "plots"], logs / "plot.log")
-    table = summary_table(results) + "\n" + sft_curve_table(sft_logs)
+    table = (summary_table(results) + "\n" + solution_kinds_table({name: evals / name / "samples.jsonl" for name in results})
+             + "\n" + sft_curve_table(sft_logs))
     (out / "summary.md").write_text(table)
     print(table + f"\n{a.size} demo: {time.time() - t_start:.0f}s; plots in {out / 'plots'}")
 

@@ -36,6 +36,20 @@ def test_toy_task_schema_styles_and_grading(tmp_path):
             assert int(a) + int(b) == int(total)
         assert d["reward_model"]["ground_truth"] == str(sum(operands))
     assert len({tuple(added(d["target"][0]["content"])) for d in diverse}) > 32  # many orders, not one
+    # toy_solution_kind tells the expert's order from another valid one, and each kind of mistake
+    for d, c in zip(diverse, canonical):
+        question, expert, other = c["prompt"][1]["content"], c["target"][0]["content"], d["target"][0]["content"]
+        assert data.toy_solution_kind(question, expert) == "expert order"
+        assert data.toy_solution_kind(question, other) == ("expert order" if other == expert else "other order")
+    q = "What is the total of 2, 9, 3?"
+    for response, kind in [("9 + 3 = 12\n12 + 2 = 14\n</think>\n\\boxed{14}", "other order"),
+                           ("2 + 9 = 11\n11 + 2 = 13\n</think>", "wrong operand"),   # 2 twice, 3 never
+                           ("2 + 6 = 8\n8 + 3 = 11\n</think>", "wrong operand"),     # 6 is not in the question
+                           ("2 + 9 = 12\n12 + 3 = 15\n</think>", "wrong sum"),
+                           ("2 + 9 = 11\n12 + 3 = 15\n</think>", "malformed"),       # does not go on from 11
+                           ("2 + 9 = 11\n11 + 3 = 14", "malformed"),                  # no </think>
+                           ("</think>\\boxed{14}", "malformed")]:
+        assert data.toy_solution_kind(q, response) == kind, response
     # Rows round-trip through load_examples, and the expert response grades correct (math-verify).
     examples = data.load_examples(data.write_jsonl(diverse + canonical, tmp_path / "toy.jsonl"), require_response=True)
     assert all(ex.response.rstrip().endswith(f"\\boxed{{{ex.ground_truth}}}.") for ex in examples)
@@ -87,6 +101,7 @@ def test_demo_ci_runs_every_stage(tmp_path):
     # CurioSFT's weight on CE at branching / factual tokens; plain CE has none
     assert re.search(r"^\| curio \|.*\| -?\d+\.\d{3} / -?\d+\.\d{3} \|$", summary, re.M)
     assert re.search(r"^\| sft \|.*\| – \|$", summary, re.M)
+    assert "| model | expert order | other order | wrong operand | wrong sum | malformed |" in summary
     for plot in ("pass_at_k.png", "accuracy_vs_entropy_diversity.png", "over_training.png",
                  "accuracy_before_after_rl.png"):
         assert (out / "plots" / plot).stat().st_size > 0
