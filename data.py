@@ -396,22 +396,31 @@ def make_toy_task(n: int, seed: int, style: str = "diverse", k: tuple[int, int] 
 
 
 TOY_SOLUTION_KINDS = ("expert order", "other order", "wrong operand", "wrong sum", "malformed")
-_TOY_LINE = re.compile(r"^(\d+) \+ (\d+) = (\d+)$", re.M)
+_TOY_LINE = re.compile(r"(\d+) \+ (\d+) = (\d+)")
+
+
+def toy_additions(response: str) -> list[tuple[int, int, int]] | None:
+    """The (a, b, s) of every "a + b = s" line of a toy response's reasoning (before its last "</think>", as
+    evaluate grades it), or None where there is no "</think>" or a line of another form."""
+    reasoning, closed, _ = response.rpartition("</think>")
+    lines = [_TOY_LINE.fullmatch(line) for line in reasoning.removeprefix(THINK).strip().split("\n")]
+    return [tuple(map(int, m.groups())) for m in lines] if closed and all(lines) else None
 
 
 def toy_solution_kind(question: str, response: str) -> str:
-    """What a sampled response to a toy question did, one of TOY_SOLUTION_KINDS: added the question's numbers in
-    the expert's (the question's) order or in another valid order (the branching the base model learned), or made
-    a mistake: a chain of "a + b = s" lines (each starting from the previous sum, then "</think>") that adds a
-    number not in the question or adds one twice or never ("wrong operand"), a wrong sum, or no such chain."""
-    operands = [int(v) for v in re.findall(r"\d+", question)]
-    reasoning, closed, _ = response.partition("</think>")
-    lines = [tuple(map(int, m)) for m in _TOY_LINE.findall(reasoning)]
-    if not closed or not lines or any(a != prev[2] for prev, (a, _, _) in zip(lines, lines[1:])):
+    """What the reasoning of a sampled response to a toy question did, one of TOY_SOLUTION_KINDS: added the
+    question's numbers in the expert's (the question's) order or in another valid order (the branching the base
+    model learned), or made a mistake: a wrong sum, a number not in the question or one added twice or never
+    ("wrong operand"), or no chain of additions each going on from the previous sum ("malformed"). The boxed
+    answer is not looked at: evaluate grades it."""
+    lines = toy_additions(response)
+    if not lines:
         return "malformed"
     if any(a + b != s for a, b, s in lines):
         return "wrong sum"
-    order = [lines[0][0]] + [b for _, b, _ in lines]
+    if any(a != prev[2] for prev, (a, _, _) in zip(lines, lines[1:])):
+        return "malformed"
+    order, operands = [lines[0][0]] + [b for _, b, _ in lines], [int(v) for v in re.findall(r"\d+", question)]
     if sorted(order) != sorted(operands):
         return "wrong operand"
     return "expert order" if order == operands else "other order"
