@@ -23,8 +23,8 @@ def test_toy_task_schema_styles_and_grading(tmp_path):
     assert data.make_toy_task(8, seed=3) == data.make_toy_task(8, seed=3)  # deterministic
 
     def added(text):  # the operands in the order the response adds them
-        lines = re.findall(r"^(\d+) \+ (\d+) = (\d+)$", text, re.M)
-        return [int(lines[0][0])] + [int(b) for _, b, _ in lines]
+        lines = data.toy_additions(text)
+        return [lines[0][0]] + [b for _, b, _ in lines]
 
     for d, c in zip(diverse, canonical):
         operands = [int(v) for v in re.findall(r"\d+", c["prompt"][1]["content"])]
@@ -32,8 +32,8 @@ def test_toy_task_schema_styles_and_grading(tmp_path):
         assert added(c["target"][0]["content"]) == operands  # canonical: the question's order
         assert sorted(added(d["target"][0]["content"])) == sorted(operands)  # diverse: a permutation of it
         # Every line's sum is right, and the boxed answer is the total.
-        for a, b, total in re.findall(r"^(\d+) \+ (\d+) = (\d+)$", d["target"][0]["content"], re.M):
-            assert int(a) + int(b) == int(total)
+        for a, b, total in data.toy_additions(d["target"][0]["content"]):
+            assert a + b == total
         assert d["reward_model"]["ground_truth"] == str(sum(operands))
     assert len({tuple(added(d["target"][0]["content"])) for d in diverse}) > 32  # many orders, not one
     # toy_solution_kind tells the expert's order from another valid one, and each kind of mistake
@@ -46,6 +46,8 @@ def test_toy_task_schema_styles_and_grading(tmp_path):
                            ("2 + 9 = 11\n11 + 2 = 13\n</think>", "wrong operand"),   # 2 twice, 3 never
                            ("2 + 6 = 8\n8 + 3 = 11\n</think>", "wrong operand"),     # 6 is not in the question
                            ("2 + 9 = 12\n12 + 3 = 15\n</think>", "wrong sum"),
+                           ("2 + 9 = 12\n11 + 3 = 14\n</think>", "wrong sum"),       # not "malformed"
+                           ("2 + 9 = 11\n11 + 3 = 14\n14 + 7 =\n</think>", "malformed"),  # a line of another form
                            ("2 + 9 = 11\n12 + 3 = 15\n</think>", "malformed"),       # does not go on from 11
                            ("2 + 9 = 11\n11 + 3 = 14", "malformed"),                  # no </think>
                            ("</think>\\boxed{14}", "malformed")]:
@@ -86,7 +88,7 @@ def test_demo_ci_runs_every_stage(tmp_path):
     for name in ("train_diverse", "train_canonical", "test"):
         assert data.load_examples(out / "world" / f"{name}.jsonl")
     assert (out / "world" / "model" / "config.json").exists()
-    names = ["base", "sft", "curio", "entropy", "sft+grpo", "curio+grpo", "entropy+grpo"]
+    names = ["base", "sft", "curio", "entropy", "sft+grpo", "curio+grpo"]
     for name in names:
         ckpts = sorted((out / "runs" / name).glob("step_*"))
         assert ckpts, f"no checkpoint for {name}"
@@ -110,3 +112,7 @@ def test_demo_ci_runs_every_stage(tmp_path):
     proc = subprocess.run([sys.executable, "demo.py", "--size", "ci", "--out", str(out), "--seed", "1"], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "holds a run with --seed 0" in proc.stderr
+    (out / "seed").unlink()  # as in an --out written before seeds were recorded
+    proc = subprocess.run([sys.executable, "demo.py", "--size", "ci", "--out", str(out)], cwd=ROOT,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode != 0 and "holds a run with an unrecorded --seed" in proc.stderr
