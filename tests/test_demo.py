@@ -48,6 +48,8 @@ def test_toy_task_schema_styles_and_grading(tmp_path):
                            ("2 + 9 = 12\n12 + 3 = 15\n</think>", "wrong sum"),
                            ("2 + 9 = 12\n11 + 3 = 14\n</think>", "wrong sum"),       # not "malformed"
                            ("2 + 9 = 11\n11 + 3 = 14\n14 + 7 =\n</think>", "malformed"),  # a line of another form
+                           ("2 + 9 = 11\n11 + 3 = 14 + 1\n</think>", "malformed"),  # a whole line, not a prefix
+                           ("2 + 9 = 11\n</think>\n11 + 3 = 14\n</think>", "malformed"),  # up to the last </think>
                            ("2 + 9 = 11\n12 + 3 = 15\n</think>", "malformed"),       # does not go on from 11
                            ("2 + 9 = 11\n11 + 3 = 14", "malformed"),                  # no </think>
                            ("</think>\\boxed{14}", "malformed")]:
