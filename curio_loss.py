@@ -161,7 +161,7 @@ def curio_loss_reference(student_logits, teacher_logits, targets, cfg: LossConfi
 # ------------------------------------------------------------------------------------------------
 # CurioSFT, vectorized: what training runs
 # ------------------------------------------------------------------------------------------------
-def _student_log_prob(logits, targets):
+def student_log_prob(logits, targets):
     """lp = log pi_theta(y_t | s_t) [N] float32, and the log-partition [N] (reused by callers)."""
     z = _fp32(logits)
     lse = torch.logsumexp(z, dim=-1)
@@ -232,7 +232,7 @@ def curio_from_teacher(student_logits, targets, lq, cfg: LossConfig = LossConfig
     -lp + alpha/2 (lp - lq)^2 (Eq. 1, 5, 6). Its gradient w.r.t. lp is -(1 - alpha (lp - lq)): cross-entropy
     with a per-token weight w_t that falls below 1 (even below 0) once the student is more confident than
     the flatter teacher."""
-    return _curio(_student_log_prob(student_logits, targets)[0], lq, cfg)
+    return _curio(student_log_prob(student_logits, targets)[0], lq, cfg)
 
 
 def curio_sft_loss(student_logits, targets, teacher_logits=None, cfg: LossConfig = LossConfig()):
@@ -241,7 +241,7 @@ def curio_sft_loss(student_logits, targets, teacher_logits=None, cfg: LossConfig
     teacher_logits=None is the ablation 'w/o separate teacher': the teacher is the student's own detached
     logits (no second forward pass, and the student's logsumexp is reused).
     """
-    lp, lse = _student_log_prob(student_logits, targets)
+    lp, lse = student_log_prob(student_logits, targets)
     if teacher_logits is None:
         lq, diag = teacher_log_prob(student_logits, targets, cfg, teacher_lse=lse)
     else:
@@ -255,14 +255,14 @@ def curio_sft_loss(student_logits, targets, teacher_logits=None, cfg: LossConfig
 # ------------------------------------------------------------------------------------------------
 def ce_loss(logits, targets, cfg: LossConfig = LossConfig()):
     """Vanilla SFT, Eq. 1."""
-    lp, _ = _student_log_prob(logits, targets)
+    lp, _ = student_log_prob(logits, targets)
     return -lp, {"lp": lp.detach()}
 
 
 def entropy_reg_loss(logits, targets, cfg: LossConfig = LossConfig(), top_frac: float | None = None):
     """CE - coef * H (Eq. 2). With top_frac, the bonus only on the tokens of this call whose entropy is in
     the top fraction (Sec. 3, Table 1); the trainer should pass a whole micro-batch's tokens in one call."""
-    lp, _ = _student_log_prob(logits, targets)
+    lp, _ = student_log_prob(logits, targets)
     h = entropy(logits)
     bonus = h
     if top_frac is not None and h.numel() > 0:
@@ -274,7 +274,7 @@ def entropy_reg_loss(logits, targets, cfg: LossConfig = LossConfig(), top_frac: 
 def kl_to_base_loss(logits, targets, base_logits, cfg: LossConfig = LossConfig()):
     """CE + coef * KL(pi_theta || pi_base), exact over the vocabulary (the expert token is not sampled
     from pi_theta, so a one-sample estimator would be biased); base_logits from the frozen initial model."""
-    lp, _ = _student_log_prob(logits, targets)
+    lp, _ = student_log_prob(logits, targets)
     logp = torch.log_softmax(_fp32(logits), -1)
     logq = torch.log_softmax(_fp32(base_logits.detach()), -1)
     kl = (logp.exp() * (logp - logq).masked_fill(torch.isneginf(logp), 0.0)).sum(-1)  # 0 log 0 = 0, NaN-free
@@ -283,7 +283,7 @@ def kl_to_base_loss(logits, targets, base_logits, cfg: LossConfig = LossConfig()
 
 def dft_loss(logits, targets, cfg: LossConfig = LossConfig()):
     """DFT: CE scaled by the detached probability of the expert token, -p(y) log p(y)."""
-    lp, _ = _student_log_prob(logits, targets)
+    lp, _ = student_log_prob(logits, targets)
     return -lp * lp.detach().exp(), {"lp": lp.detach()}
 
 
@@ -304,7 +304,7 @@ def gem_loss(logits, targets, cfg: LossConfig = LossConfig()):
 def psft_loss(logits, targets, old_logp=None, cfg: LossConfig = LossConfig()):
     """PSFT: PPO clip with advantage 1 on every expert token, ratio against the log-probs taken at the start
     of the batch (old_logp [N]; None means 'now', i.e. ratio 1, where PSFT equals CE)."""
-    lp, _ = _student_log_prob(logits, targets)
+    lp, _ = student_log_prob(logits, targets)
     old = lp.detach() if old_logp is None else _fp32(old_logp)
     ratio = torch.exp(lp - old)
     loss = torch.maximum(-ratio, -ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high))   # A = 1

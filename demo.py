@@ -23,7 +23,7 @@ import sys
 import time
 from pathlib import Path
 
-import common
+import checkpoints
 import data
 
 ROOT = Path(__file__).resolve().parent
@@ -83,7 +83,7 @@ def run(cmd: list[str], log: Path) -> None:
 
 
 def last_checkpoint(run_dir: Path) -> Path:
-    ckpt = common.latest_checkpoint(run_dir)
+    ckpt = checkpoints.latest(run_dir)
     if ckpt is None:
         raise SystemExit(f"{run_dir}: no checkpoint")
     return ckpt
@@ -178,7 +178,7 @@ def main() -> None:
     diverse, canonical, test = world / "train_diverse.jsonl", world / "train_canonical.jsonl", world / "test.jsonl"
 
     def sft(name: str, model: Path, train_file: Path, loss: str, extra: list) -> Path:
-        if common.latest_checkpoint(runs / name) is None:
+        if checkpoints.latest(runs / name) is None:
             run([PY, "sft.py", "config/sft_tiny.py", "--model", model, "--train_file", train_file, "--loss", loss,
                  "--out_dir", runs / name, "--system_prompt", "row", *seed, *extra], logs / f"{name}.log")
         return last_checkpoint(runs / name)
@@ -206,7 +206,7 @@ def main() -> None:
     print("\n== 5. GRPO from the SFT and the CurioSFT checkpoints, then evaluate")
     for loss in RL_FROM:
         name = f"{loss}+grpo"
-        if common.latest_checkpoint(runs / name) is None:
+        if checkpoints.latest(runs / name) is None:
             run([PY, "rl.py", "config/rl_tiny.py", "--model", checkpoints[loss], "--train_file", canonical,
                  "--out_dir", runs / name, "--save_every", "0", "--grader_workers", "1", "--system_prompt", "row",
                  *seed, *size["rl"]],

@@ -18,11 +18,12 @@ import torch
 import torch.distributed as dist
 from torch.distributed.tensor import DTensor
 
+import checkpoints
 import common
 import curio_loss as cl
 import data
 import evaluate
-import sft
+from chunked_logits import chunked_sum, normed_hidden, select_targets, token_log_probs
 
 
 @dataclass
@@ -125,16 +126,16 @@ def clipped_loss(lp, old_lp, adv, clip_low, clip_high):
 # ------------------------------------------------------------------------------------------------
 def micro_batch_loss(model, batch, old_lp, adv, args):
     """Sum over the micro-batch's response tokens of the clipped loss, and per-token diagnostics. old_lp, adv:
-    [N] in select_targets order. Each logits chunk is recomputed in backward (sft.chunked_sum)."""
-    h, y = sft.select_targets(sft.normed_hidden(model, batch), batch)      # [N, H], [N]
+    [N] in select_targets order. Each logits chunk is recomputed in backward (chunked_logits.chunked_sum)."""
+    h, y = select_targets(normed_hidden(model, batch), batch)      # [N, H], [N]
 
     def chunk(h_c, y_c, old_c, adv_c):
         logits = model.lm_head(h_c).float() / args.temperature             # [n, V]
-        lp, _ = cl._student_log_prob(logits, y_c)
+        lp, _ = cl.student_log_prob(logits, y_c)
         loss, diag = clipped_loss(lp, old_c, adv_c, args.clip_low, args.clip_high)
         return loss.sum(), diag
 
-    return sft.chunked_sum(chunk, args.loss_chunk, h, y, old_lp, adv)
+    return chunked_sum(chunk, args.loss_chunk, h, y, old_lp, adv)
 
 
 def optimiser_step(model, optimizer, mbs, args):
@@ -270,9 +271,9 @@ def train(args, device, reward_fn=None):
                                   betas=(0.9, 0.999), fused=device.type == "cuda")   # verl's actor defaults
 
     step, stale = 0, False                           # stale: the engine's weights lag the trainer's
-    resume_from = common.latest_checkpoint(out_dir)
+    resume_from = checkpoints.latest(out_dir)
     if resume_from is not None:
-        step, stale = sft.restore(resume_from, model, optimizer, None)["step"], True
+        step, stale = checkpoints.restore(resume_from, model, optimizer, None)["step"], True
         common.print0(f"resumed from {resume_from} at step {step}")
     if rank == 0:
         out_dir.mkdir(parents=True, exist_ok=True)
@@ -303,7 +304,7 @@ def train(args, device, reward_fn=None):
         minis = micro_batches([prompts[i][2] for i in mine], samples, adv, args, tokenizer.pad_token_id, device)
         # old log-probs (and entropy) at the rollout temperature, recomputed by the trainer rather than taken from
         # the engine: the ratio must compare two evaluations with the same numerics (kernels, dtype, top-p differ)
-        minis = [[(batch, adv_tok, *sft.token_log_probs(model, batch, args.loss_chunk, args.temperature))
+        minis = [[(batch, adv_tok, *token_log_probs(model, batch, args.loss_chunk, args.temperature))
                   for batch, adv_tok in mbs] for mbs in minis]
         model.reshard()                              # a no-grad forward leaves the FSDP root's weights gathered
 
@@ -343,7 +344,7 @@ def train(args, device, reward_fn=None):
             log_file.write(json.dumps(record) + "\n")
             log_file.flush()
         if (args.save_every and step % args.save_every == 0) or step == args.steps:
-            path = common.save_checkpoint(out_dir, step, model, tokenizer, sft.trainer_state(model, optimizer, None),
+            path = checkpoints.save(out_dir, step, model, tokenizer, checkpoints.trainer_state(model, optimizer, None),
                                           {"step": step})
             common.print0(f"saved {path}")
     if log_file is not None:

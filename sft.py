@@ -14,11 +14,12 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch.utils.checkpoint import checkpoint
 
+import checkpoints
 import common
 import curio_loss as cl
 import data
+from chunked_logits import cat_diags, chunked_sum, normed_hidden, select_targets, token_log_probs
 
 
 @dataclass
@@ -78,24 +79,6 @@ class Args:
 # ================================================================================================
 # ALGO LOGIC: the loss of one micro-batch
 # ================================================================================================
-def normed_hidden(model, batch):
-    """Final normed hidden states [B, T, H] from the model's own forward (so FSDP's hooks run), with
-    logits for only the last position: the full [B, T, V] logits are never built."""
-    captured = {}
-    hook = model.model.norm.register_forward_hook(lambda mod, inp, out: captured.update(h=out))
-    try:
-        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=1)
-    finally:
-        hook.remove()
-    return captured["h"]
-
-
-def select_targets(hidden, batch):
-    """Keep the positions whose next token is trained (response and EOS): [B, T, H] -> h [N, H], y [N]."""
-    sel = batch["loss_mask"][:, 1:].bool()                        # [B, T-1]
-    return hidden[:, :-1][sel], batch["input_ids"][:, 1:][sel]
-
-
 def teacher_side(head, hidden_t, y, args, cfg):
     """Alg. 1 lines 6-11, chunk by chunk, without gradient: lq [N] and the teacher diagnostics."""
     lq, diags = [], []
@@ -124,24 +107,6 @@ def student_loss_sum(model, h, y, extra, args, cfg, want_entropy):
     return chunked_sum(chunk, args.loss_chunk, h, y, extra.get("tensor"))
 
 
-def chunked_sum(fn, chunk, *per_token):
-    """Sum of fn(*tensors of one chunk) -> (loss sum, diagnostics) over chunks of `chunk` tokens of the
-    per-token tensors (None passes through). Each chunk is recomputed in backward (torch checkpoint), so only
-    the inputs, e.g. h [N, H], are kept, never the [N, V] logits fn builds."""
-    n = len(per_token[0])
-    total, diags = per_token[0].new_zeros((), dtype=torch.float32), []
-    for s in range(0, max(n, 1), chunk):                           # one (empty) chunk when N = 0: FSDP needs a backward
-        part = [t if t is None else t[s : s + chunk] for t in per_token]
-        loss, diag = checkpoint(fn, *part, use_reentrant=False)
-        total = total + loss
-        diags.append(diag)
-    return total, cat_diags(diags)
-
-
-def cat_diags(diags):
-    return {k: torch.cat([d[k] for d in diags]) for k in diags[0]} if diags else {}
-
-
 def micro_batch_loss(model, teacher, base, batch, old_logp, args, cfg, want_entropy):
     """Sum of per-token losses of one micro-batch and its diagnostics (Alg. 1 lines 4-13)."""
     h, y = select_targets(normed_hidden(model, batch), batch)      # [N, H], [N]
@@ -165,19 +130,6 @@ def micro_batch_loss(model, teacher, base, batch, old_logp, args, cfg, want_entr
 
 
 @torch.no_grad()
-def token_log_probs(model, batch, chunk: int, temperature: float = 1.0):
-    """log pi(y_t) [N] of the trained tokens and the full-vocabulary entropy there [N], at `temperature`, one
-    chunk of logits at a time (PSFT's old log-probs; GRPO's old log-probs and rollout entropy)."""
-    h, y = select_targets(normed_hidden(model, batch), batch)             # [N, H], [N]
-    lp, ent = [], []
-    for s in range(0, max(len(y), 1), chunk):
-        logits = model.lm_head(h[s : s + chunk]).float() / temperature     # [n, V]
-        lp.append(cl._student_log_prob(logits, y[s : s + chunk])[0])
-        ent.append(cl.entropy(logits))
-    return torch.cat(lp), torch.cat(ent)
-
-
-@torch.no_grad()
 def update_teacher(teacher, model, mu):
     """Alg. 1 line 17, as written: phi <- (1 - mu) phi + mu theta (mu = 0.99 pulls the teacher 99% of the
     way to the student). Both models are sharded alike, so this is elementwise on local shards."""
@@ -196,27 +148,6 @@ def lr_at(step, total_steps, args):
 # ================================================================================================
 # Plumbing: data, models, loop, checkpoints, logs
 # ================================================================================================
-def trainer_state(model, optimizer, teacher):
-    from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
-
-    model_sd, optim_sd = get_state_dict(model, optimizer)
-    state = {"model": model_sd, "optim": optim_sd}
-    if teacher is not None:
-        state["teacher"] = get_model_state_dict(teacher)
-    return state
-
-
-def restore(path, model, optimizer, teacher):
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
-
-    state = trainer_state(model, optimizer, teacher)
-    position = common.load_checkpoint(path, state)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
-    if teacher is not None:
-        set_model_state_dict(teacher, state["teacher"])
-    return position
-
-
 def gather_diags(diag):
     """Per-token diagnostics of every rank, on every rank (small: a few floats per token)."""
     local = {k: v.float().cpu() for k, v in diag.items()}
@@ -263,9 +194,9 @@ def main():
                                   betas=(0.9, 0.95), fused=device.type == "cuda")
 
     step, epoch, batch_idx = 0, 0, 0
-    resume_from = common.latest_checkpoint(out_dir)
+    resume_from = checkpoints.latest(out_dir)
     if resume_from is not None:
-        position = restore(resume_from, model, optimizer, teacher)
+        position = checkpoints.restore(resume_from, model, optimizer, teacher)
         step, epoch, batch_idx = position["step"], position["epoch"], position["batch_idx"]
         common.print0(f"resumed from {resume_from} at step {step} (epoch {epoch}, batch {batch_idx})")
     if rank == 0:
@@ -278,7 +209,7 @@ def main():
     def save():
         nonlocal last_saved
         state = {"step": step, "epoch": epoch, "batch_idx": batch_idx}
-        path = common.save_checkpoint(out_dir, step, model, tokenizer, trainer_state(model, optimizer, teacher), state)
+        path = checkpoints.save(out_dir, step, model, tokenizer, checkpoints.trainer_state(model, optimizer, teacher), state)
         last_saved = step
         common.print0(f"saved {path}")
 

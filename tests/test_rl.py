@@ -15,7 +15,8 @@ import common
 import data
 import evaluate
 import rl
-import sft
+import chunked_logits
+import checkpoints
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -108,14 +109,14 @@ def test_token_losses_ignore_padding_and_first_update_is_on_policy(checkpoint, w
     n = [len(r) for r in responses]
 
     # old log-probs equal log_softmax of the full logits at the response tokens; entropy likewise
-    old, ent = sft.token_log_probs(model, batch, args.loss_chunk, args.temperature)
+    old, ent = chunked_logits.token_log_probs(model, batch, args.loss_chunk, args.temperature)
     logits = model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1]
     sel = batch["loss_mask"][:, 1:].bool()
     ref = logits.log_softmax(-1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0][sel]
     torch.testing.assert_close(old, ref.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent, evaluate.entropy(logits[sel]).detach(), rtol=1e-5, atol=1e-5)
     # ... at the rollout temperature when it is not 1
-    old_t, ent_t = sft.token_log_probs(model, batch, args.loss_chunk, temperature=0.7)
+    old_t, ent_t = chunked_logits.token_log_probs(model, batch, args.loss_chunk, temperature=0.7)
     ref_t = (logits / 0.7).log_softmax(-1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0][sel]
     torch.testing.assert_close(old_t, ref_t.detach(), rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(ent_t, evaluate.entropy(logits[sel] / 0.7).detach(), rtol=1e-5, atol=1e-5)
@@ -174,7 +175,7 @@ def test_optimiser_step_takes_the_token_mean_over_its_micro_batches(checkpoint, 
     for responses, a in (([[11, 12, 13, 14, 15, tok.eos_token_id], [21]], 1.0), ([[31]], -2.0)):
         batch, _ = padded_batch(tok, responses)
         adv = torch.full((sum(map(len, responses)),), a)
-        old, ent = sft.token_log_probs(model, batch, args.loss_chunk, args.temperature)
+        old, ent = chunked_logits.token_log_probs(model, batch, args.loss_chunk, args.temperature)
         old = old + torch.linspace(-0.4, 0.4, len(old))                  # off-policy: some tokens clipped
         mbs.append((batch, adv, old, ent))
         sel = batch["loss_mask"][:, 1:].bool()
@@ -207,7 +208,7 @@ def test_micro_batches_give_every_response_token_its_group_advantage(world_of_on
         assert len(mbs) == args.mini_batch * n // args.micro_batch
         for batch, adv_tok in mbs:
             hidden = torch.zeros(*batch["input_ids"].shape, 1)
-            _, y = sft.select_targets(hidden, batch)
+            _, y = chunked_logits.select_targets(hidden, batch)
             i, j = (y - 100) // n, (y - 100) % n
             assert (y >= 100).all()                                    # prompt tokens and padding are not trained
             assert torch.equal(adv_tok, adv[i, j])
@@ -241,7 +242,7 @@ def test_sync_weights_moves_the_trainers_weights_into_the_hf_engine(checkpoint, 
     engine, tok = evaluate.load_engine(str(checkpoint), "hf", "float32")
     model = fsdp_model(checkpoint)
     batch, _ = padded_batch(tok, [[5, 6, 7, tok.eos_token_id]])
-    old, _ = sft.token_log_probs(model, batch, rl.Args().loss_chunk, rl.Args().temperature)
+    old, _ = chunked_logits.token_log_probs(model, batch, rl.Args().loss_chunk, rl.Args().temperature)
     total, _ = rl.micro_batch_loss(model, batch, old, torch.tensor([1.0, -1.0, 2.0, 0.5]), rl.Args())
     total.backward()
     torch.optim.AdamW(model.parameters(), lr=1e-2).step()
@@ -298,7 +299,7 @@ def test_sync_weights_moves_the_trainers_weights_into_vllm(checkpoint, tmp_path)
 STEP_SCRIPT = r"""
 import json, sys, torch
 sys.path.insert(0, {repo!r})
-import common, data, evaluate, rl, sft
+import chunked_logits, common, data, evaluate, rl
 from safetensors.torch import save_file
 rank, world, device = common.setup_distributed()
 ckpt, out = sys.argv[1], sys.argv[2]
@@ -317,7 +318,7 @@ for k in range(0, len(mine), args.micro_batch):
     part = mine[k : k + args.micro_batch]
     batch = data.collate([(ids, mask) for ids, mask, _ in part], 0)
     adv = torch.tensor([a for _, mask, a in part for _ in range(sum(mask))])
-    old, ent = sft.token_log_probs(model, batch, args.loss_chunk, args.temperature)
+    old, ent = chunked_logits.token_log_probs(model, batch, args.loss_chunk, args.temperature)
     mbs.append((batch, adv, old + torch.linspace(-0.4, 0.4, len(old)), ent))   # ratios on both sides of the clip
 model.reshard()
 sums, grad_norm = rl.optimiser_step(model, optimizer, mbs, args)
@@ -432,7 +433,7 @@ def test_command_line_run_writes_its_log_and_an_hf_checkpoint(checkpoint, toy_sf
         assert key in log[0], key
     assert json.loads((out / "run_config.json").read_text())["prompts_per_step"] == 8       # from config/rl_tiny.py
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    ckpt = common.latest_checkpoint(out)
+    ckpt = checkpoints.latest(out)
     assert ckpt.name == "step_000002" and json.loads((ckpt / "state.json").read_text()) == {"step": 2}
     AutoModelForCausalLM.from_pretrained(ckpt)
     AutoTokenizer.from_pretrained(ckpt)

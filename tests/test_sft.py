@@ -10,6 +10,8 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
+import checkpoints
+import chunked_logits
 import common
 import curio_loss as cl
 import data
@@ -44,7 +46,7 @@ def toy_batch(model_dir, n=4):
 def test_trained_positions_are_exactly_response_and_eos(world_of_one, tiny_model_dir):
     batch, items, tok = toy_batch(tiny_model_dir)
     hidden = torch.arange(batch["input_ids"].numel(), dtype=torch.float32).view(*batch["input_ids"].shape, 1)
-    h, y = sft.select_targets(hidden, batch)
+    h, y = chunked_logits.select_targets(hidden, batch)
     want = [int(i) for ids, mask in items for i, m in zip(ids.tolist(), mask.tolist()) if m]
     assert y.tolist() == want
     assert y.tolist().count(tok.eos_token_id) == len(items)          # every example ends with a trained EOS
@@ -83,7 +85,7 @@ def test_every_loss_lowers_its_own_loss_on_a_fixed_batch(world_of_one, tiny_mode
     teacher, base = (other, None) if needs == "teacher_lq" else (None, other)
     batch, _, _ = toy_batch(tiny_model_dir)
     args = sft.Args(loss=name, loss_chunk=32)
-    old = sft.token_log_probs(model, batch, args.loss_chunk)[0] if needs == "old_logp" else None
+    old = chunked_logits.token_log_probs(model, batch, args.loss_chunk)[0] if needs == "old_logp" else None
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
     for _ in range(6):
@@ -135,7 +137,7 @@ def run_sft(model_dir, train_file, out_dir, *extra, nproc=1):
 
 
 def final_weights(out_dir):
-    return load_file(common.latest_checkpoint(Path(out_dir)) / "model.safetensors")
+    return load_file(checkpoints.latest(Path(out_dir)) / "model.safetensors")
 
 
 def test_two_ranks_match_one_process(tiny_model_dir, toy_sft_file, tmp_path):
@@ -166,7 +168,7 @@ def test_resume_continues_exactly(tiny_model_dir, toy_sft_file, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     # the checkpoint is a Hugging Face model
     from transformers import AutoModelForCausalLM, AutoTokenizer
-    ckpt = common.latest_checkpoint(tmp_path / "b")
+    ckpt = checkpoints.latest(tmp_path / "b")
     assert ckpt.name == "step_000007" and not list((tmp_path / "b").glob("*.tmp"))
     AutoModelForCausalLM.from_pretrained(ckpt)
     AutoTokenizer.from_pretrained(ckpt)
