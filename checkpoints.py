@@ -1,6 +1,7 @@
 """Checkpoints: a Hugging Face directory that evaluate.py, rl.py and vLLM load, plus the sharded trainer state
 (model, optimiser, teacher) and each rank's RNG for an exact resume. Every function here is collective: every
 rank calls it."""
+import copy
 import json
 import os
 import shutil
@@ -10,15 +11,19 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from common import full_state_dict
+from common import full_tensors
 
 
-def save(out_dir: Path, step: int, model, tokenizer, trainer_state: dict, extra_state: dict):
-    """out_dir/step_{step}/: config.json, model.safetensors, tokenizer files (loadable by from_pretrained),
-    trainer/ (torch.distributed.checkpoint of `trainer_state`: sharded model, optimiser, teacher...) and
-    state.json (`extra_state`: counters and data position), plus rng_rank{r}.pt per rank.
-    Written under a .tmp name and renamed when complete: a crash mid-save never leaves a checkpoint that
-    looks finished. Every rank must call it."""
+def save(out_dir: Path, step: int, model, tokenizer, trainer_state: dict, extra_state: dict,
+         dtype: torch.dtype = torch.float32, max_shard_gb: float = 5.0, keep_last: int = 0,
+         keep: Path | None = None) -> Path:
+    """out_dir/step_{step:06d}/: a Hugging Face directory (config.json, model*.safetensors in `dtype`, sharded
+    with an index as save_pretrained writes them, tokenizer files) that from_pretrained and vLLM load, plus
+    trainer/ (torch.distributed.checkpoint of `trainer_state`: sharded float32 model, optimiser, teacher...),
+    rng_rank{r}.pt per rank and state.json (`extra_state`: counters and data position).
+    Written under a .tmp name and renamed when complete: a crash mid-save never leaves a checkpoint that looks
+    finished. Then, with keep_last > 0, the oldest complete checkpoints beyond the newest keep_last are deleted,
+    never `keep` (the one this run resumed from). Every rank must call it."""
     import torch.distributed.checkpoint as dcp
 
     rank = dist.get_rank()
@@ -27,30 +32,69 @@ def save(out_dir: Path, step: int, model, tokenizer, trainer_state: dict, extra_
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    weights = full_state_dict(model)
+    save_hf_weights(model, tmp, dtype, int(max_shard_gb * 2**30))
     dcp.save(trainer_state, checkpoint_id=str(tmp / "trainer"))
-    torch.save({"cpu": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})},
-               tmp / f"rng_rank{rank}.pt")
+    rng = {"cpu": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})}
+    torch.save(rng, tmp / f"rng_rank{rank}.pt")
     dist.barrier()  # every rank's files are written before rank 0 renames the directory
     if rank == 0:
-        unwrapped_config = model.config
-        unwrapped_config.save_pretrained(tmp)
+        config = copy.deepcopy(model.config)
+        config.dtype = dtype                 # vLLM's and from_pretrained's dtype="auto" read it
+        config.save_pretrained(tmp)
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(tmp)
-        if unwrapped_config.tie_word_embeddings:  # safetensors refuses shared storage; HF re-ties on load
-            weights.pop("lm_head.weight", None)
-        save_file({k: v.contiguous() for k, v in weights.items()}, tmp / "model.safetensors", metadata={"format": "pt"})
         tokenizer.save_pretrained(tmp)
         (tmp / "state.json").write_text(json.dumps(extra_state, indent=1))  # last file: marks completeness
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
+        if keep_last > 0:
+            for old in complete(out_dir)[:-keep_last]:
+                if keep is None or old.resolve() != Path(keep).resolve():
+                    shutil.rmtree(old)
     dist.barrier()
     return final
 
 
-def latest(out_dir: Path) -> Path | None:
-    done = sorted(p for p in out_dir.glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
+def save_hf_weights(model, directory: Path, dtype: torch.dtype, max_shard_bytes: int) -> None:
+    """The model's weights as save_pretrained writes them: model.safetensors, or model-0000i-of-0000n.safetensors
+    shards of at most max_shard_bytes (a larger tensor gets its own) and model.safetensors.index.json. Parameters
+    are gathered one at a time and written shard by shard, so rank 0 never holds more than one shard."""
+    tied = model.config.tie_word_embeddings        # safetensors refuses shared storage; HF re-ties on load
+    sizes = {name: p.numel() * dtype.itemsize for name, p in model.state_dict().items()
+             if not (tied and name == "lm_head.weight")}
+    shards, current = [], 0                        # greedy in state-dict order, as huggingface_hub splits
+    for name, size in sizes.items():
+        if not shards or current + size > max_shard_bytes:
+            shards.append([])
+            current = 0
+        shards[-1].append(name)
+        current += size
+    files = ["model.safetensors"] if len(shards) == 1 else \
+            [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+    closes = {names[-1]: file for names, file in zip(shards, files)}
+    rank0, shard = dist.get_rank() == 0, {}
+    for name, full in full_tensors(model, device):  # a collective per tensor: every rank walks them all
+        if rank0 and name in sizes:
+            shard[name] = full.to(dtype).cpu().contiguous()
+        if name in closes:
+            if rank0:
+                save_file(shard, directory / closes[name], metadata={"format": "pt"})
+            shard = {}
+    if rank0 and len(files) > 1:
+        index = {"metadata": {"total_size": sum(sizes.values())},
+                 "weight_map": {name: file for names, file in zip(shards, files) for name in names}}
+        (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+
+
+def complete(out_dir: Path) -> list[Path]:
+    """The complete checkpoints in out_dir (renamed from .tmp, state.json written), oldest first."""
+    return sorted(p for p in Path(out_dir).glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
                   and (p / "state.json").exists())
+
+
+def latest(out_dir: Path) -> Path | None:
+    done = complete(out_dir)
     return done[-1] if done else None
 
 

@@ -1,13 +1,13 @@
 """Plumbing shared by sft.py and rl.py: command line from dataclasses, process group, FSDP2 model building. Nothing here is part of the algorithm; a reader learning the method can skip this file."""
 import argparse
 import ast
+import datetime
 import inspect
 import os
 import runpy
 import sys
 import types
 from dataclasses import fields
-from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -66,8 +66,12 @@ def parse_config(*classes, argv=None, prog=None):
 # ------------------------------------------------------------------------------------------------
 # Process group: torchrun, or one process as a world of one (the same FSDP code path either way)
 # ------------------------------------------------------------------------------------------------
-def setup_distributed():
-    """Returns (rank, world_size, device). nccl for CUDA tensors, gloo for CPU ones."""
+def setup_distributed(timeout_min: float = 60.0):
+    """Returns (rank, world_size, device). nccl for CUDA tensors, gloo for CPU ones.
+
+    timeout_min bounds how long a collective may wait for the slowest rank. In GRPO, ranks that finish
+    generating and grading early wait in the next collective for the slowest rollout; NCCL's default (10
+    minutes) can kill a paper-scale step, so the stage scripts default to an hour (--dist_timeout_min)."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
@@ -75,10 +79,11 @@ def setup_distributed():
         backend = "cpu:gloo,cuda:nccl"  # nccl for the model; gloo for small CPU tensors and objects (logs)
     else:
         device, backend = torch.device("cpu"), "gloo"
+    timeout = datetime.timedelta(minutes=timeout_min)
     if "RANK" in os.environ:
-        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None)
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None, timeout=timeout)
     else:  # a plain `python sft.py`: an in-process store, no ports
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
     return rank, world, device
 
 
@@ -117,19 +122,24 @@ def load_full_model(path: str, scratch: bool, seed: int):
     return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
 
 
-def shard_model(model, device, bf16: bool, grad_ckpt: bool, trainable: bool = True):
+def shard_model(model, device, bf16: bool, grad_ckpt: bool, trainable: bool = True, offload: bool = False):
     """FSDP2 per decoder layer and at the root, weights broadcast from rank 0. bf16 compute with float32
-    master weights and float32 gradient reduction when bf16. FSDP averages gradients over ranks."""
+    master weights and float32 gradient reduction when bf16. FSDP averages gradients over ranks.
+    offload: FSDP2's CPUOffloadPolicy keeps the sharded float32 parameters, their gradients and (since the
+    optimiser is built on those parameters) the Adam states in pinned CPU memory; the GPU holds only the
+    layers being computed. The optimiser step then runs on the CPU."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
-    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     full = model.state_dict() if dist.get_rank() == 0 else {}
     if grad_ckpt:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else MixedPrecisionPolicy()
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
+        MixedPrecisionPolicy()
+    policy = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
     for layer in model.model.layers:
-        fully_shard(layer, mp_policy=mp)
-    fully_shard(model, mp_policy=mp)
+        fully_shard(layer, mp_policy=mp, offload_policy=policy)
+    fully_shard(model, mp_policy=mp, offload_policy=policy)
     if dist.get_rank() != 0:
         model.to_empty(device=device)
     set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
@@ -141,6 +151,20 @@ def shard_model(model, device, bf16: bool, grad_ckpt: bool, trainable: bool = Tr
     if not trainable:
         model.requires_grad_(False)
     return model
+
+
+def full_tensors(model, device=None):
+    """(name, full tensor) for each entry of the FSDP model's state dict, in the same order on every rank,
+    gathered one at a time (`DTensor.full_tensor()` is a collective: every rank must iterate to the end).
+    Only one full parameter exists at a time: what the HF checkpoint writer and the engine weight sync need.
+    device: where to gather (the compute device; offloaded shards live on the CPU and would gather over gloo)."""
+    from torch.distributed.tensor import DTensor
+
+    for name, p in model.state_dict().items():  # state_dict() gives DTensor shards even while the root is gathered
+        if isinstance(p, DTensor):
+            yield name, (p if device is None or p.device == device else p.to(device)).full_tensor()
+        else:
+            yield name, p
 
 
 def full_state_dict(model) -> dict:

@@ -84,6 +84,13 @@ class Args:
     """prompt order and sampling"""
     save_every: int = 50
     """checkpoint every this many steps (0: only at the end)"""
+    keep_last: int = 0
+    """keep only the newest N complete checkpoints (0: all); the one a run resumed from is never deleted"""
+    offload: bool = False
+    """FSDP2 CPU offload of the sharded parameters, gradients and Adam states: the optimiser step runs on the CPU"""
+    dist_timeout_min: float = 60.0
+    """minutes a collective may wait for the slowest rank (ranks that finish their rollouts early wait in the
+    next collective: NCCL's default 10 minutes can abort a paper-scale step)"""
 
 
 # ================================================================================================
@@ -146,8 +153,7 @@ def optimiser_step(model, optimizer, mbs, args):
     n_tok = torch.tensor(float(sum(len(mb[1]) for mb in mbs)), device=mbs[0][1].device)  # nccl: CUDA tensors only
     dist.all_reduce(n_tok)                                                 # response tokens of all ranks
     sums = torch.zeros(5, dtype=torch.float64)
-    for j, (batch, adv, old_lp, _) in enumerate(mbs):
-        model.set_requires_gradient_sync(j == len(mbs) - 1)              # reduce-scatter once per optimiser step
+    for batch, adv, old_lp, _ in mbs:   # FSDP reduce-scatters each micro-batch: no full unsharded gradient is kept
         total, diag = micro_batch_loss(model, batch, old_lp, adv, args)
         # FSDP averages gradients over ranks, hence * world: the gradient of the global token mean
         (total * world / n_tok).backward()
@@ -266,9 +272,9 @@ def train(args, device, reward_fn=None):
         raise SystemExit(f"{len(prompts)} prompts are fewer than one step's {args.prompts_per_step}")
 
     model = common.shard_model(common.load_full_model(args.model, scratch=False, seed=args.seed), device, bf16,
-                               args.grad_ckpt)
+                               args.grad_ckpt, offload=args.offload)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                                  betas=(0.9, 0.999), fused=device.type == "cuda")   # verl's actor defaults
+                                  betas=(0.9, 0.999), fused=device.type == "cuda" and not args.offload)  # verl's defaults
 
     step, stale = 0, False                           # stale: the engine's weights lag the trainer's
     resume_from = checkpoints.latest(out_dir)
@@ -345,7 +351,8 @@ def train(args, device, reward_fn=None):
             log_file.flush()
         if (args.save_every and step % args.save_every == 0) or step == args.steps:
             path = checkpoints.save(out_dir, step, model, tokenizer, checkpoints.trainer_state(model, optimizer, None),
-                                          {"step": step})
+                                    {"step": step}, dtype=torch.bfloat16 if bf16 else torch.float32,
+                                    keep_last=args.keep_last, keep=resume_from)
             common.print0(f"saved {path}")
     if log_file is not None:
         log_file.close()
@@ -354,7 +361,7 @@ def train(args, device, reward_fn=None):
 
 def main():
     (args,) = common.parse_config(Args)
-    _, _, device = common.setup_distributed()
+    _, _, device = common.setup_distributed(args.dist_timeout_min)
     train(args, device)
     common.shutdown()
 

@@ -72,6 +72,13 @@ class Args:
     """data order and from-scratch initialisation"""
     save_every: int = 0
     """checkpoint every this many data batches (0: only at the end)"""
+    keep_last: int = 0
+    """keep only the newest N complete checkpoints (0: all); the one a run resumed from is never deleted"""
+    offload: bool = False
+    """FSDP2 CPU offload of the sharded parameters, gradients and Adam states (the authors ran with offload):
+    frees ~16 bytes per parameter / GPUs of GPU memory, the optimiser step runs on the CPU"""
+    dist_timeout_min: float = 60.0
+    """minutes a collective may wait for the slowest rank before the run is aborted"""
     log_every: int = 1
     """log (and compute the expert-token entropy) every this many optimiser steps"""
 
@@ -159,7 +166,7 @@ def gather_diags(diag):
 def main():
     args, loss_cfg = common.parse_config(Args, cl.LossConfig)
     cl.config_for(args.loss, loss_cfg)                                  # fail early on an unknown --loss
-    rank, world, device = common.setup_distributed()
+    rank, world, device = common.setup_distributed(args.dist_timeout_min)
     bf16 = args.bf16 and device.type == "cuda"
     out_dir = Path(args.out_dir)
     torch.manual_seed(args.seed)
@@ -186,12 +193,13 @@ def main():
     full = common.load_full_model(args.model, args.scratch, args.seed)
     separate = (needs == "teacher_lq" and args.loss != "curio_self_teacher") or needs == "base"
     frozen_copy = copy.deepcopy(full) if separate else None
-    model = common.shard_model(full, device, bf16, args.grad_ckpt)
-    other = common.shard_model(frozen_copy, device, bf16, grad_ckpt=False, trainable=False) if separate else None
+    model = common.shard_model(full, device, bf16, args.grad_ckpt, offload=args.offload)
+    other = common.shard_model(frozen_copy, device, bf16, grad_ckpt=False, trainable=False,
+                               offload=args.offload) if separate else None
     teacher = other if needs == "teacher_lq" else None
     base = other if needs == "base" else None
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                                  betas=(0.9, 0.95), fused=device.type == "cuda")
+                                  betas=(0.9, 0.95), fused=device.type == "cuda" and not args.offload)
 
     step, epoch, batch_idx = 0, 0, 0
     resume_from = checkpoints.latest(out_dir)
@@ -209,7 +217,9 @@ def main():
     def save():
         nonlocal last_saved
         state = {"step": step, "epoch": epoch, "batch_idx": batch_idx}
-        path = checkpoints.save(out_dir, step, model, tokenizer, checkpoints.trainer_state(model, optimizer, teacher), state)
+        path = checkpoints.save(out_dir, step, model, tokenizer, checkpoints.trainer_state(model, optimizer, teacher),
+                                state, dtype=torch.bfloat16 if bf16 else torch.float32, keep_last=args.keep_last,
+                                keep=resume_from)
         last_saved = step
         common.print0(f"saved {path}")
 
@@ -229,8 +239,10 @@ def main():
                 for g in optimizer.param_groups:
                     g["lr"] = lr_at(step, total_steps, args)
                 t0, loss_sum, diags = time.perf_counter(), torch.zeros(()), []
-                for j, k in enumerate(group):
-                    model.set_requires_gradient_sync(j == len(group) - 1)   # reduce-scatter once per step
+                for k in group:
+                    # FSDP reduce-scatters every micro-batch's gradient into the sharded float32 gradient. Syncing
+                    # only the last one (set_requires_gradient_sync(False) before) would keep a full unsharded
+                    # float32 gradient of every parameter on every rank until then: 30 GB for a 7B model
                     total, diag = micro_batch_loss(model, teacher, base, mine[k], old_logp[k], args, loss_cfg, want_log)
                     # Alg. 1 line 14 on the mean over this step's response tokens of all ranks; FSDP averages
                     # gradients over ranks, hence * world (a gradient-sum option needs PREMUL_SUM, absent in gloo)
