@@ -1,7 +1,11 @@
 """Checkpoints: a Hugging Face directory that evaluate.py, rl.py and vLLM load, plus the sharded trainer state
-(model, optimiser, teacher) and each rank's RNG for an exact resume. Every function here is collective: every
-rank calls it."""
+(model, optimiser, teacher) and each rank's RNG for an exact resume, and a SHA-256 digest of every file, checked
+before a resume. Every function here is collective: every rank calls it.
+
+Resuming loads trainer/.metadata, which torch.distributed.checkpoint unpickles: resume only from your own runs.
+The digests catch damaged files (a truncated write, flipped bits), not a directory crafted to match them."""
 import copy
+import hashlib
 import json
 import os
 import shutil
@@ -11,7 +15,7 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from common import full_tensors
+from common import full_tensors, print0
 
 
 def save(out_dir: Path, step: int, model, tokenizer, trainer_state: dict, extra_state: dict,
@@ -32,11 +36,11 @@ def save(out_dir: Path, step: int, model, tokenizer, trainer_state: dict, extra_
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     dist.barrier()
-    save_hf_weights(model, tmp, dtype, int(max_shard_gb * 2**30))
+    save_hf_weights(model, tmp, dtype, int(max_shard_gb * 2**30), step)
     dcp.save(trainer_state, checkpoint_id=str(tmp / "trainer"))
     rng = {"cpu": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})}
     torch.save(rng, tmp / f"rng_rank{rank}.pt")
-    dist.barrier()  # every rank's files are written before rank 0 renames the directory
+    dist.barrier()
     if rank == 0:
         config = copy.deepcopy(model.config)
         config.dtype = dtype                 # vLLM's and from_pretrained's dtype="auto" read it
@@ -44,6 +48,10 @@ def save(out_dir: Path, step: int, model, tokenizer, trainer_state: dict, extra_
         if getattr(model, "generation_config", None) is not None:
             model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+    dist.barrier()  # every file is written before the digests and the rename
+    digests = file_digests(tmp)
+    if rank == 0:
+        (tmp / "sha256.json").write_text(json.dumps(digests, indent=1))
         (tmp / "state.json").write_text(json.dumps(extra_state, indent=1))  # last file: marks completeness
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
@@ -55,10 +63,11 @@ def save(out_dir: Path, step: int, model, tokenizer, trainer_state: dict, extra_
     return final
 
 
-def save_hf_weights(model, directory: Path, dtype: torch.dtype, max_shard_bytes: int) -> None:
+def save_hf_weights(model, directory: Path, dtype: torch.dtype, max_shard_bytes: int, step: int = 0) -> None:
     """The model's weights as save_pretrained writes them: model.safetensors, or model-0000i-of-0000n.safetensors
     shards of at most max_shard_bytes (a larger tensor gets its own) and model.safetensors.index.json. Parameters
-    are gathered one at a time and written shard by shard, so rank 0 never holds more than one shard."""
+    are gathered one at a time and written shard by shard, so rank 0 never holds more than one shard.
+    A non-finite weight stops the save on every rank (each holds the same full tensor): no broken model is saved."""
     tied = model.config.tie_word_embeddings        # safetensors refuses shared storage; HF re-ties on load
     sizes = {name: p.numel() * dtype.itemsize for name, p in model.state_dict().items()
              if not (tied and name == "lm_head.weight")}
@@ -75,6 +84,8 @@ def save_hf_weights(model, directory: Path, dtype: torch.dtype, max_shard_bytes:
     closes = {names[-1]: file for names, file in zip(shards, files)}
     rank0, shard = dist.get_rank() == 0, {}
     for name, full in full_tensors(model, device):  # a collective per tensor: every rank walks them all
+        if not torch.isfinite(full).all():
+            raise FloatingPointError(f"step {step}: weight {name} has non-finite values; no checkpoint is written")
         if rank0 and name in sizes:
             shard[name] = full.to(dtype).cpu().contiguous()
         if name in closes:
@@ -98,17 +109,69 @@ def latest(out_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
+def file_digests(directory: Path) -> dict[str, str]:
+    """{relative path: sha256} of every file below `directory`, the same dict on every rank; the files are
+    hashed in parallel, rank r taking every world-th of them (each rank's trainer shard is one file)."""
+    files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
+    mine = {}
+    for name in files[dist.get_rank() :: dist.get_world_size()]:
+        h = hashlib.sha256()
+        with open(directory / name, "rb") as f:
+            while block := f.read(1 << 24):
+                h.update(block)
+        mine[name] = h.hexdigest()
+    everyone = [None] * dist.get_world_size()
+    dist.all_gather_object(everyone, mine)
+    return {k: v for part in everyone for k, v in sorted(part.items())}
+
+
+def damaged_files(path: Path) -> list[str]:
+    """The files of a complete checkpoint whose digest differs from sha256.json, or that are missing or extra.
+    A checkpoint written before digests existed (no sha256.json) counts as intact."""
+    if not (path / "sha256.json").is_file():
+        return []
+    try:
+        recorded = json.loads((path / "sha256.json").read_text())
+    except (ValueError, UnicodeDecodeError):
+        return ["sha256.json"]
+    found = file_digests(path)
+    found.pop("sha256.json"), found.pop("state.json", None)     # written after the digests
+    return sorted(name for name in recorded.keys() | found.keys() if recorded.get(name) != found.get(name))
+
+
+def resume_point(out_dir: Path) -> Path | None:
+    """The newest complete checkpoint whose files match their digests, or None when there is none yet. A damaged
+    one is skipped with a message naming its files (the previous one is used); if every one is damaged the run
+    stops rather than silently starting over."""
+    done = complete(out_dir)
+    for path in reversed(done):
+        bad = damaged_files(path)
+        if not bad:
+            return path
+        print0(f"checkpoint {path}: files do not match their digests ({', '.join(bad[:5])}); trying the previous one")
+    if done:
+        raise SystemExit(f"{out_dir}: every checkpoint is damaged; move them away to start over")
+    return None
+
+
 def load(path: Path, trainer_state: dict) -> dict:
     """Loads trainer/ into `trainer_state` in place (same structure as saved) and restores this rank's RNG;
     returns state.json. RNG files are read with weights_only=True (no pickle)."""
     import torch.distributed.checkpoint as dcp
 
     dcp.load(trainer_state, checkpoint_id=str(path / "trainer"))
-    rng = torch.load(path / f"rng_rank{dist.get_rank()}.pt", weights_only=True)
-    torch.set_rng_state(rng["cpu"])
-    if "cuda" in rng and torch.cuda.is_available():
-        torch.cuda.set_rng_state(rng["cuda"])
-    return json.loads((path / "state.json").read_text())
+    rng_file, state_file = path / f"rng_rank{dist.get_rank()}.pt", path / "state.json"
+    try:
+        rng = torch.load(rng_file, weights_only=True)
+        torch.set_rng_state(rng["cpu"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+    except Exception as e:
+        raise SystemExit(f"{rng_file}: not a readable RNG state ({type(e).__name__}: {e})") from None
+    try:
+        return json.loads(state_file.read_text())
+    except (ValueError, UnicodeDecodeError) as e:
+        raise SystemExit(f"{state_file}: not valid JSON ({e})") from None
 
 
 def trainer_state(model, optimizer, teacher):

@@ -277,7 +277,7 @@ def train(args, device, reward_fn=None):
                                   betas=(0.9, 0.999), fused=device.type == "cuda" and not args.offload)  # verl's defaults
 
     step, stale = 0, False                           # stale: the engine's weights lag the trainer's
-    resume_from = checkpoints.latest(out_dir)
+    resume_from = checkpoints.resume_point(out_dir)
     if resume_from is not None:
         step, stale = checkpoints.restore(resume_from, model, optimizer, None)["step"], True
         common.print0(f"resumed from {resume_from} at step {step}")

@@ -202,7 +202,7 @@ def main():
                                   betas=(0.9, 0.95), fused=device.type == "cuda" and not args.offload)
 
     step, epoch, batch_idx = 0, 0, 0
-    resume_from = checkpoints.latest(out_dir)
+    resume_from = checkpoints.resume_point(out_dir)
     if resume_from is not None:
         position = checkpoints.restore(resume_from, model, optimizer, teacher)
         step, epoch, batch_idx = position["step"], position["epoch"], position["batch_idx"]
