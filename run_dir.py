@@ -1,0 +1,148 @@
+"""A training run's output directory, shared by sft.py and rl.py: one run per directory (a lock, and the settings
+that define the run recorded and checked on resume), stale partial checkpoints removed, and the run's log:
+log.jsonl always (cut back to the resumed step), a console line or a progress bar on rank 0, and optionally
+Weights & Biases and TensorBoard (imported only when asked for; neither is in requirements.txt)."""
+import fcntl
+import json
+import shutil
+import sys
+import time
+from dataclasses import asdict
+from pathlib import Path
+
+import torch.distributed as dist
+
+LOGGERS = ("wandb", "tensorboard")
+
+
+def claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool):
+    """Every rank calls it; rank 0 does the work before anything is written: lock out_dir for this process's
+    lifetime (keep the returned handle), refuse to resume a run whose defining settings differ from the recorded
+    ones (every setting not in `may_change`), remove step_*.tmp left by an interrupted save, and record the
+    settings in run_config.json. A refusal stops every rank with the same one-line message."""
+    lock, error = None, None
+    if dist.get_rank() == 0:
+        try:
+            lock = _claim(out_dir, settings, may_change, resuming)
+        except SystemExit as e:
+            error = str(e)
+    outcome = [error]
+    dist.broadcast_object_list(outcome, src=0)
+    if outcome[0] is not None:
+        raise SystemExit(outcome[0])
+    return lock
+
+
+def _claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool):
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lock = open(out_dir / ".lock", "w")
+    try:
+        fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        raise SystemExit(f"{out_dir}: another run is writing to this directory (it holds {out_dir / '.lock'})") from None
+    recorded_file = out_dir / "run_config.json"
+    if resuming and recorded_file.is_file():
+        recorded = json.loads(recorded_file.read_text())
+        recorded = {**recorded.pop("loss_config", {}), **recorded}    # the nested layout of earlier versions
+        settings = json.loads(json.dumps(settings))                      # compare as recorded: tuples are lists
+        changed = sorted(k for k in settings.keys() | recorded.keys()
+                         if k not in may_change and settings.get(k) != recorded.get(k))
+        if changed:
+            diffs = ", ".join(f"--{k} {recorded.get(k)!r} -> {settings.get(k)!r}" for k in changed)
+            raise SystemExit(f"{out_dir} holds a run with other settings ({diffs}); resume it with its own settings "
+                             f"or choose another --out_dir")
+    for stale in out_dir.glob("step_*.tmp"):
+        shutil.rmtree(stale)
+    recorded_file.write_text(json.dumps(settings, indent=1))
+    return lock
+
+
+class RunLog:
+    """Rank 0's log of a run. log.jsonl keeps the records of steps <= start_step from an earlier run (the steps a
+    crash lost after the last checkpoint are dropped, so no step appears twice), then appends. On a terminal, a
+    progress bar with ETA; elsewhere a plain line per record with the ETA appended."""
+
+    def __init__(self, out_dir: Path, start_step: int, total_steps: int, desc: str, loggers=(), config=None,
+                 project: str = "curiosft"):
+        self.path, self.start, self.total, self.t0 = out_dir / "log.jsonl", start_step, total_steps, time.monotonic()
+        kept = []
+        lines = self.path.read_text().splitlines() if self.path.is_file() else []
+        for i, line in enumerate(lines):
+            try:
+                if json.loads(line)["step"] <= start_step:
+                    kept.append(line)
+            except (ValueError, KeyError, TypeError):
+                if i < len(lines) - 1:                   # only a crash's half-written last line may be dropped
+                    raise SystemExit(f"{self.path}, line {i + 1}: not a log record") from None
+        self.path.write_text("".join(line + "\n" for line in kept))
+        self.file = open(self.path, "a")
+        self.bar = None
+        if sys.stderr.isatty():
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total_steps, initial=start_step, desc=desc, dynamic_ncols=True)
+        self.backends = [_open_backend(name, out_dir, config or {}, project) for name in loggers]
+
+    def write(self, record: dict) -> None:
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        line = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
+        step = record["step"]
+        if self.bar is not None:
+            self.bar.update(step - self.bar.n)
+            self.bar.write(line)
+        else:
+            done = step - self.start
+            eta = (time.monotonic() - self.t0) / done * (self.total - step) if done > 0 else float("nan")
+            print(f"{line} eta {_hms(eta)}", flush=True)
+        for log in self.backends:
+            log(record)
+
+    def close(self) -> None:
+        self.file.close()
+        if self.bar is not None:
+            self.bar.close()
+
+
+def _hms(seconds: float) -> str:
+    if seconds != seconds:  # nan: no step timed yet
+        return "?"
+    s = int(seconds)
+    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}"
+
+
+def _open_backend(name: str, out_dir: Path, config: dict, project: str):
+    """A function record -> None for one optional logger; a clear error when its package is absent."""
+    if name not in LOGGERS:
+        raise SystemExit(f"--loggers: unknown logger {name!r} (choices: {', '.join(LOGGERS)})")
+    package = {"wandb": "wandb", "tensorboard": "tensorboard"}[name]
+    try:
+        if name == "wandb":
+            import wandb
+
+            run_id_file = out_dir / "wandb_run_id"    # a resumed run continues the same W&B run
+            run_id = run_id_file.read_text().strip() if run_id_file.is_file() else wandb.util.generate_id()
+            run_id_file.write_text(run_id)
+            run = wandb.init(project=project, name=out_dir.name, id=run_id, resume="allow", config=config,
+                             dir=str(out_dir))
+            return lambda record: run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+        from torch.utils.tensorboard import SummaryWriter
+
+        writer = SummaryWriter(str(out_dir / "tensorboard"))
+
+        def log(record):
+            for k, v in record.items():
+                if k != "step" and isinstance(v, (int, float)):
+                    writer.add_scalar(k, v, record["step"])
+            writer.flush()
+        return log
+    except ImportError:
+        raise SystemExit(f"--loggers {name}: the {package} package is not installed (pip install {package})") from None
+
+
+def settings_of(*configs) -> dict:
+    """The flat dict of every dataclass's settings (what run_config.json records)."""
+    out = {}
+    for c in configs:
+        out |= asdict(c)
+    return out

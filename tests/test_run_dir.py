@@ -1,0 +1,85 @@
+"""run_dir.py: one run per output directory, and the run's log (cut back on resume, optional loggers)."""
+import json
+import sys
+import types
+
+import pytest
+import torch
+
+import common
+import run_dir
+
+
+@pytest.fixture(scope="module", autouse=True)
+def world_of_one():
+    if not torch.distributed.is_initialized():
+        common.setup_distributed()
+
+
+SETTINGS = {"model": "m", "lr": 1e-5, "loss": "curio", "max_steps": 10, "loggers": []}
+
+
+def test_a_second_run_on_the_same_directory_is_refused(tmp_path):
+    lock = run_dir.claim(tmp_path, SETTINGS, {"max_steps"}, resuming=False)
+    with pytest.raises(SystemExit, match="another run is writing to this directory"):
+        run_dir.claim(tmp_path, SETTINGS, {"max_steps"}, resuming=False)
+    lock.close()
+    run_dir.claim(tmp_path, SETTINGS, {"max_steps"}, resuming=False).close()   # free again once released
+
+
+def test_resume_with_other_defining_settings_is_refused_by_name(tmp_path):
+    run_dir.claim(tmp_path, SETTINGS, {"max_steps"}, resuming=False).close()
+    changed = {**SETTINGS, "lr": 3e-5, "loss": "sft", "max_steps": 20}
+    with pytest.raises(SystemExit, match=r"--loss 'curio' -> 'sft', --lr 1e-05 -> 3e-05\)"):
+        run_dir.claim(tmp_path, changed, {"max_steps"}, resuming=True)
+    assert json.loads((tmp_path / "run_config.json").read_text())["lr"] == 1e-5     # the record is untouched
+    run_dir.claim(tmp_path, {**SETTINGS, "max_steps": 20}, {"max_steps"}, resuming=True).close()  # allowed change
+    run_dir.claim(tmp_path, changed, {"max_steps"}, resuming=False).close()   # no checkpoint yet: a new run
+
+
+def test_stale_partial_checkpoints_are_removed(tmp_path):
+    (tmp_path / "step_000004.tmp" / "trainer").mkdir(parents=True)
+    (tmp_path / "step_000002").mkdir()
+    run_dir.claim(tmp_path, SETTINGS, set(), resuming=False).close()
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step_")) == ["step_000002"]
+
+
+def test_log_is_cut_back_to_the_resumed_step(tmp_path, capsys):
+    log = run_dir.RunLog(tmp_path, 0, 6, "sft")
+    for step in range(1, 6):
+        log.write({"step": step, "loss": 1.0 / step})
+    log.close()
+    with open(tmp_path / "log.jsonl", "a") as f:
+        f.write('{"step": 6, "lo')                          # a crash in the middle of a write
+    log = run_dir.RunLog(tmp_path, 3, 6, "sft")              # the checkpoint was at step 3
+    log.write({"step": 4, "loss": 0.5})
+    log.close()
+    steps = [json.loads(line)["step"] for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+    assert "step 4 loss 0.5 eta " in capsys.readouterr().out   # not a terminal: plain lines with the ETA
+    (tmp_path / "log.jsonl").write_text('{"step": 1}\nnot json\n{"step": 2}\n')
+    with pytest.raises(SystemExit, match="log.jsonl, line 2: not a log record"):
+        run_dir.RunLog(tmp_path, 2, 6, "sft")
+
+
+@pytest.mark.parametrize("name, package", [("wandb", "wandb"), ("tensorboard", "tensorboard")])
+def test_absent_logger_package_is_a_clear_error(tmp_path, monkeypatch, name, package):
+    monkeypatch.setitem(sys.modules, "wandb", None)                 # None in sys.modules: import fails
+    monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)
+    with pytest.raises(SystemExit, match=f"--loggers {name}: the {package} package is not installed"):
+        run_dir.RunLog(tmp_path, 0, 1, "sft", loggers=[name])
+
+
+def test_wandb_gets_every_record_and_keeps_its_run_id(tmp_path, monkeypatch):
+    calls = []
+    run = types.SimpleNamespace(log=lambda data, step: calls.append((step, data)))
+    fake = types.SimpleNamespace(util=types.SimpleNamespace(generate_id=lambda: "abc123"),
+                                 init=lambda **kw: calls.append(kw) or run)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    log = run_dir.RunLog(tmp_path, 0, 2, "rl", loggers=["wandb"], config={"lr": 1e-6})
+    log.write({"step": 1, "reward_mean": 0.25})
+    assert calls[0]["id"] == "abc123" and calls[0]["config"] == {"lr": 1e-6} and calls[0]["resume"] == "allow"
+    assert calls[1] == (1, {"reward_mean": 0.25})
+    fake.util.generate_id = lambda: "other"
+    run_dir.RunLog(tmp_path, 1, 2, "rl", loggers=["wandb"])
+    assert calls[2]["id"] == "abc123"                        # the resumed run continues the same W&B run
