@@ -1,0 +1,80 @@
+"""common.parse_config: presets and flags, with one-line errors that name the preset, setting or flag."""
+from dataclasses import dataclass
+from typing import Literal
+
+import pytest
+
+import common
+
+
+@dataclass
+class Demo:
+    """demo settings"""
+    REQUIRED = ("model",)
+    model: str = ""
+    """the model"""
+    lr: float = 1e-5
+    """learning rate"""
+    epochs: int = 3
+    """passes"""
+    scratch: bool = False
+    """from scratch"""
+    loss: Literal["sft", "curio"] = "curio"
+    """the loss"""
+    cap: float | None = None
+    """optional cap"""
+    tags: list[str] = None
+    """tags"""
+
+    def __post_init__(self):
+        common.check_ranges(self, positive=["lr", "cap"], at_least_one=["epochs"])
+
+
+def parse(argv):
+    return common.parse_config(Demo, argv=argv, prog="demo.py")[0]
+
+
+def test_flags_presets_and_negative_numbers(tmp_path):
+    preset = tmp_path / "p.py"
+    preset.write_text("lr = 3e-4\nepochs = 2\nscratch = True\nloss = 'sft'\n")
+    cfg = parse([str(preset), "--model", "m", "--cap", "none", "--epochs", "5"])
+    assert (cfg.lr, cfg.epochs, cfg.scratch, cfg.loss, cfg.cap) == (3e-4, 5, True, "sft", None)
+    with pytest.raises(SystemExit, match=r"--lr -0.001: must be a finite number > 0"):
+        parse(["--model", "m", "--lr", "-1e-3"])           # a value argparse alone would read as a flag
+
+
+@pytest.mark.parametrize("line, message", [
+    ("scratch = 'False'", r"scratch = 'False' is not of type bool"),
+    ("epochs = 1.5", r"epochs = 1.5 is not of type int"),
+    ("loss = 'dpo'", r"loss = 'dpo' is not of type"),
+    ("lerning_rate = 1e-5", r"unknown setting 'lerning_rate'"),
+])
+def test_preset_values_of_the_wrong_type_name_the_preset(tmp_path, line, message):
+    preset = tmp_path / "bad.py"
+    preset.write_text(line + "\n")
+    with pytest.raises(SystemExit, match=f"preset {preset}: {message}"):
+        parse([str(preset), "--model", "m"])
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--model", "m", "--lr", "nan"], r"--lr nan: must be a finite number > 0"),
+    (["--model", "m", "--epochs", "0"], r"--epochs 0: must be >= 1"),
+    (["--model", "m", "--cap", "-2"], r"--cap -2.0: must be a finite number > 0"),
+])
+def test_out_of_range_values_name_the_flag(argv, message):
+    with pytest.raises(SystemExit, match=message):
+        parse(argv)
+
+
+def test_choices_required_and_help(capsys):
+    with pytest.raises(SystemExit):
+        parse(["--model", "m", "--loss", "dpo"])
+    assert "--loss: invalid choice: 'dpo'" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        parse([])
+    assert "required: --model" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as done:
+        parse(["--help"])
+    out = capsys.readouterr().out
+    assert done.value.code == 0 and "demo settings:" in out and "(required) the model" in out
+    assert "usage: demo.py [config/PRESET.py ...]" in out and "{sft,curio}" in out
