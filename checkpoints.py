@@ -32,10 +32,17 @@ def save(out_dir: Path, step: int, model, tokenizer, trainer_state: dict, extra_
 
     rank = dist.get_rank()
     final, tmp = out_dir / f"step_{step:06d}", out_dir / f"step_{step:06d}.tmp"
+    need = _tensor_bytes(trainer_state) + sum(p.numel() for p in model.state_dict().values()) * dtype.itemsize
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    dist.barrier()
+    free = [shutil.disk_usage(tmp).free if rank == 0 else 0]
+    dist.broadcast_object_list(free, src=0)                  # one decision for every rank: none is left waiting
+    if need > free[0]:
+        if rank == 0:
+            shutil.rmtree(tmp)
+        raise SystemExit(f"{out_dir}: checkpoint step {step} needs {need / 1e9:.2f} GB, the disk has "
+                         f"{free[0] / 1e9:.2f} GB free (--keep_last N deletes old checkpoints)")
     save_hf_weights(model, tmp, dtype, int(max_shard_gb * 2**30), step)
     dcp.save(trainer_state, checkpoint_id=str(tmp / "trainer"))
     rng = {"cpu": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})}
@@ -61,6 +68,17 @@ def save(out_dir: Path, step: int, model, tokenizer, trainer_state: dict, extra_
                     shutil.rmtree(old)
     dist.barrier()
     return final
+
+
+def _tensor_bytes(state) -> int:
+    """Bytes of every tensor in a nested state dict, at their global (unsharded) shapes."""
+    if isinstance(state, torch.Tensor):
+        return state.numel() * state.element_size()
+    if isinstance(state, dict):
+        return sum(_tensor_bytes(v) for v in state.values())
+    if isinstance(state, (list, tuple)):
+        return sum(_tensor_bytes(v) for v in state)
+    return 0
 
 
 def save_hf_weights(model, directory: Path, dtype: torch.dtype, max_shard_bytes: int, step: int = 0) -> None:

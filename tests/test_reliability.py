@@ -1,6 +1,7 @@
 """Nothing broken is saved or resumed: non-finite weights stop a save, damaged checkpoint files are found by
 their digests and the previous checkpoint is used, unreadable files are named."""
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -80,3 +81,12 @@ def test_unreadable_state_files_are_named(model_and_tokenizer, tmp_path):
     (path / "rng_rank0.pt").write_bytes(b"")
     with pytest.raises(SystemExit, match="rng_rank0.pt: not a readable RNG state"):
         checkpoints.load(path, state)
+
+
+def test_a_checkpoint_that_cannot_fit_on_the_disk_stops_before_writing(model_and_tokenizer, tmp_path, monkeypatch):
+    model, tokenizer = model_and_tokenizer
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=10_000))
+    with pytest.raises(SystemExit, match=r"checkpoint step 3 needs 0.\d+ GB, the disk has 0.00 GB free"):
+        save(model, tokenizer, tmp_path, 3)
+    assert list(tmp_path.iterdir()) == []
