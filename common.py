@@ -182,11 +182,40 @@ def print0(*args):
 # ------------------------------------------------------------------------------------------------
 # Models: rank 0 holds the real weights, the others start on the meta device; FSDP2 then shards them
 # ------------------------------------------------------------------------------------------------
+def check_model_dir(path: str, weights: bool = True) -> None:
+    """A one-line error unless `path` is a local model directory: config.json, tokenizer files and (unless
+    weights=False) safetensors weights. Nothing is ever looked up on a hub: a missing directory is an error,
+    not a repository name."""
+    p = Path(path)
+    if not path or not p.is_dir():
+        raise SystemExit(f"--model {path!r}: no such directory (a local Hugging Face model directory; "
+                         f"`python data.py download` fetches the paper's)")
+    if not (p / "config.json").is_file():
+        raise SystemExit(f"--model {path}: no config.json, not a model directory")
+    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise SystemExit(f"--model {path}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
+    if weights and not any(p.glob("*.safetensors")):
+        raise SystemExit(f"--model {path}: no *.safetensors weights (only safetensors are loaded)")
+
+
+def load_tokenizer(path: str):
+    """The model directory's tokenizer, checked against its config: every token id must have an embedding row."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    vocab = AutoConfig.from_pretrained(path).vocab_size
+    if len(tokenizer) > vocab:
+        raise SystemExit(f"--model {path}: the tokenizer has {len(tokenizer)} tokens but config.json's vocab_size is "
+                         f"{vocab}: ids past {vocab - 1} would have no embedding")
+    return tokenizer
+
+
 def load_full_model(path: str, scratch: bool, seed: int):
     """Rank 0: the HF model at `path` in float32 (FSDP keeps float32 master weights), or a fresh one
     from its config.json with the given seed. Other ranks: the same architecture on the meta device."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
+    check_model_dir(path, weights=not scratch)
     config = AutoConfig.from_pretrained(path)  # no trust_remote_code: architectures transformers knows
     if dist.get_rank() != 0:
         with torch.device("meta"):
@@ -194,7 +223,7 @@ def load_full_model(path: str, scratch: bool, seed: int):
     if scratch:
         torch.manual_seed(seed)
         return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True)
 
 
 def shard_model(model, device, bf16: bool, grad_ckpt: bool, trainable: bool = True, offload: bool = False):

@@ -172,9 +172,8 @@ def main():
     torch.manual_seed(args.seed)
 
     # ---- data: tokenised once, the epoch plan is a pure function of (seed, epoch) on every rank
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(args.model)
+    common.check_model_dir(args.model, weights=not args.scratch)
+    tokenizer = common.load_tokenizer(args.model)
     examples = data.load_examples(args.train_file, require_response=True)
     dataset, stats = data.build_sft_data(tokenizer, examples, args.max_prompt_len, args.max_response_len,
                                          args.system_prompt)

@@ -78,3 +78,28 @@ def test_choices_required_and_help(capsys):
     out = capsys.readouterr().out
     assert done.value.code == 0 and "demo settings:" in out and "(required) the model" in out
     assert "usage: demo.py [config/PRESET.py ...]" in out and "{sft,curio}" in out
+
+
+def test_model_directory_errors_name_the_problem(tmp_path, tiny_model_dir):
+    with pytest.raises(SystemExit, match="--model 'Qwen/Qwen2.5-Math-7B': no such directory"):
+        common.check_model_dir("Qwen/Qwen2.5-Math-7B")             # never a hub lookup
+    with pytest.raises(SystemExit, match="no config.json"):
+        common.check_model_dir(str(tmp_path))
+    (tmp_path / "config.json").write_text((tiny_model_dir / "config.json").read_text())
+    with pytest.raises(SystemExit, match="no tokenizer files"):
+        common.check_model_dir(str(tmp_path))
+    common.check_model_dir(str(tiny_model_dir), weights=False)
+    with pytest.raises(SystemExit, match=r"no \*.safetensors weights"):
+        common.check_model_dir(str(tiny_model_dir))
+
+
+def test_a_vocabulary_smaller_than_the_tokenizer_is_refused(tmp_path, tiny_model_dir):
+    import json
+    import shutil
+
+    shutil.copytree(tiny_model_dir, tmp_path / "m")
+    config = json.loads((tmp_path / "m" / "config.json").read_text())
+    (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "vocab_size": 100}))
+    with pytest.raises(SystemExit, match=r"the tokenizer has \d+ tokens but config.json's vocab_size is 100"):
+        common.load_tokenizer(str(tmp_path / "m"))
+    assert len(common.load_tokenizer(str(tiny_model_dir))) <= config["vocab_size"]
