@@ -174,6 +174,20 @@ def shutdown(exit_code: int = 0):
     os._exit(exit_code)
 
 
+def run_script(main) -> None:
+    """Run a stage script's main() with one error style: a user error (a SystemExit with a message, or a
+    FileNotFoundError / ValueError, which the loaders raise naming the file, row or field) prints one line and
+    exits 1. Bugs keep their traceback; CURIOSFT_DEBUG=1 shows it for user errors too."""
+    try:
+        main()
+    except (FileNotFoundError, ValueError) as e:
+        if os.environ.get("CURIOSFT_DEBUG") == "1":
+            raise
+        rank = f"[rank {dist.get_rank()}] " if dist.is_initialized() and dist.get_world_size() > 1 else ""
+        print(f"{rank}{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr, flush=True)
+        os._exit(1)        # no teardown: other ranks may be blocked in a collective (see shutdown)
+
+
 def print0(*args):
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(*args, flush=True)

@@ -367,4 +367,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    common.run_script(main)

@@ -282,4 +282,4 @@ def main():
 
 
 if __name__ == "__main__":
-    main()
+    common.run_script(main)
