@@ -187,9 +187,9 @@ def main() -> None:
     base = sft("base", world / "model", diverse, "sft", ["--scratch", *size["pretrain"]])
 
     print("\n== 3. SFT on the canonical expert style: cross-entropy, CurioSFT, entropy loss")
-    checkpoints = {"base": base}
+    models = {"base": base}
     for loss in SFT_LOSSES:
-        checkpoints[loss] = sft(loss, base, canonical, loss, size["sft"])
+        models[loss] = sft(loss, base, canonical, loss, size["sft"])
 
     def evaluate(name: str, ckpt: Path) -> dict:
         result = evals / name / "results.json"
@@ -201,13 +201,13 @@ def main() -> None:
         return json.loads(result.read_text())
 
     print("\n== 4. evaluate: accuracy, pass@k, entropy")
-    results = {name: evaluate(name, ckpt) for name, ckpt in checkpoints.items()}
+    results = {name: evaluate(name, ckpt) for name, ckpt in models.items()}
 
     print("\n== 5. GRPO from the SFT and the CurioSFT checkpoints, then evaluate")
     for loss in RL_FROM:
         name = f"{loss}+grpo"
         if checkpoints.latest(runs / name) is None:
-            run([PY, "rl.py", "config/rl_tiny.py", "--model", checkpoints[loss], "--train_file", canonical,
+            run([PY, "rl.py", "config/rl_tiny.py", "--model", models[loss], "--train_file", canonical,
                  "--out_dir", runs / name, "--save_every", "0", "--grader_workers", "1", "--system_prompt", "row",
                  *seed, *size["rl"]],
                 logs / f"{name}.log")
