@@ -5,8 +5,9 @@ process (CPU: HF `generate`) and under `torchrun --nproc_per_node N` (FSDP2 trai
     python rl.py config/rl_tiny.py --model out/sft/step_000010 --train_file data.jsonl
     torchrun --nproc_per_node 8 rl.py config/rl_paper.py --model out/sft/step_000540 --train_file train.parquet
 
-One step: sync the trainer's weights into the engine -> rollouts (prompts x rollouts) -> rewards -> group
-advantages -> old log-probs recomputed by the trainer -> one optimiser step per mini-batch of prompts.
+One step: wake the engine and load the trainer's weights into it -> rollouts (prompts x rollouts) -> the engine
+sleeps -> rewards -> group advantages -> old log-probs recomputed by the trainer -> one optimiser step per
+mini-batch of prompts.
 """
 import json
 import os
