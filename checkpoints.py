@@ -98,14 +98,13 @@ def save_hf_weights(model, directory: Path, dtype: torch.dtype, max_shard_bytes:
         current += size
     files = ["model.safetensors"] if len(shards) == 1 else \
             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
     closes = {names[-1]: file for names, file in zip(shards, files)}
     rank0, shard = dist.get_rank() == 0, {}
-    for name, full in full_tensors(model, device):  # a collective per tensor: every rank walks them all
+    for name, full in full_tensors(model, dtype, skip=set(model.state_dict()) - sizes.keys()):  # a collective each
         if not torch.isfinite(full).all():
             raise FloatingPointError(f"step {step}: weight {name} has non-finite values; no checkpoint is written")
-        if rank0 and name in sizes:
-            shard[name] = full.to(dtype).cpu().contiguous()
+        if rank0:
+            shard[name] = full.cpu().contiguous()
         if name in closes:
             if rank0:
                 save_file(shard, directory / closes[name], metadata={"format": "pt"})

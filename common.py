@@ -271,18 +271,24 @@ def shard_model(model, device, bf16: bool, grad_ckpt: bool, trainable: bool = Tr
     return model
 
 
-def full_tensors(model, device=None):
-    """(name, full tensor) for each entry of the FSDP model's state dict, in the same order on every rank,
-    gathered one at a time (`DTensor.full_tensor()` is a collective: every rank must iterate to the end).
+def full_tensors(model, dtype=None, skip=()):
+    """(name, full tensor) for each entry of the FSDP model's state dict but `skip`, in the same order on every
+    rank, gathered one at a time (`DTensor.full_tensor()` is a collective: every rank must iterate to the end).
     Only one full parameter exists at a time: what the HF checkpoint writer and the engine weight sync need.
-    device: where to gather (the compute device; offloaded shards live on the CPU and would gather over gloo)."""
+    Shards are gathered on the GPU when there is one (offloaded shards live on the CPU and would gather over
+    gloo); dtype: floating tensors are cast before the all-gather, so it moves bf16 bytes rather than float32's."""
     from torch.distributed.tensor import DTensor
 
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+
     for name, p in model.state_dict().items():  # state_dict() gives DTensor shards even while the root is gathered
-        if isinstance(p, DTensor):
-            yield name, (p if device is None or p.device == device else p.to(device)).full_tensor()
-        else:
-            yield name, p
+        if name in skip:
+            continue
+        if device is not None and p.device != device:
+            p = p.to(device)
+        if dtype is not None and p.is_floating_point():
+            p = p.to(dtype)
+        yield name, p.full_tensor() if isinstance(p, DTensor) else p
 
 
 def full_state_dict(model) -> dict:

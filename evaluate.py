@@ -66,6 +66,8 @@ class Args:
     """nucleus sampling (paper Sec. 5.1)"""
     max_new_tokens: int = 8192
     """maximum response length in tokens (paper App. E)"""
+    max_prompt_len: int = 1024
+    """longer prompts (in tokens, chat template included) are left out and counted per benchmark (paper App. E)"""
     system_prompt: str = "paper"
     """paper: Table 7's system prompt | row: each row's own system message (the toy demo's one-liner)"""
     seed: int = 0
@@ -81,7 +83,7 @@ class Args:
     gpu_memory_utilization: float = 0.85
     """vLLM: fraction of total GPU memory it may take"""
     max_model_len: int = 9216
-    """vLLM: prompt + response tokens (1024 + 8192)"""
+    """vLLM: prompt + response tokens, at least max_prompt_len + max_new_tokens (1024 + 8192)"""
     grader_timeout: float = 10.0
     """seconds per graded response; a grader worker that overruns is killed and the response scores 0"""
     grader_workers: int = 4
@@ -225,18 +227,29 @@ def summarize(benchmarks: dict[str, dict]) -> dict:
 class Sample:
     token_ids: list[int]  # generated tokens, the EOS included when the model stopped
     text: str  # decoded token_ids without the EOS, special tokens kept (so "</think>" always survives)
-    logprobs: list[float]  # log-prob of each token under the sampling distribution (temperature, top-p)
+    # The next two only with generate(logprobs=True) (evaluate.py's entropy metric), else None: rl.py's rollouts
+    # skip them, as the trainer recomputes log-probs and entropy with its own numerics.
+    logprobs: list[float] | None  # log-prob of each token under the sampling distribution (temperature, top-p)
     # Per-token entropy of the sampling distribution. HF: exact, from the processed scores of every step.
     # vLLM: -logprob of the sampled token, a one-sample estimate whose token mean is a consistent estimate of the
     # same mean entropy (E[-log p(y)] = H(p) for y ~ p); only the mean is meaningful, not single values.
-    entropy: list[float]
-    finish_reason: str  # "stop" (EOS) or "length"
+    entropy: list[float] | None
+    # HF: "stop" (an EOS) or "length". vLLM: as it reports it: also "abort", "error", "repetition", which are not
+    # truncations; the truncation metrics count "length" only.
+    finish_reason: str
 
 
 @dataclass
 class Engine:
     kind: str  # "hf" or "vllm"
     model: Any  # a transformers model (hf) or a vllm.LLM (vllm); rl.py loads new weights into it
+    logprobs: bool = True  # vLLM: built to return the sampling distribution's log-probs (load_engine)
+
+
+# Qwen checkpoints end a response with either of two tokens (ids 151645 and 151643 in Qwen2.5's tokenizer): chat
+# models <|im_end|>, base models and SFT on them <|endoftext|>. A checkpoint's generation_config often names only
+# one; the authors' rollouts stop on both (stop_token_ids in their agent loop), and so does generate.
+QWEN_EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
 def _encode(tokenizer, text: str) -> list[int]:
@@ -251,10 +264,14 @@ def _decode(tokenizer, token_ids: list[int], stopped: bool) -> str:
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
-    """The tokenizer's EOS (what SFT trains) plus the checkpoint's generation_config EOS ids."""
-    extra = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
-    extra = extra if isinstance(extra, list) else [extra]
-    return list(dict.fromkeys(i for i in [tokenizer.eos_token_id, *extra] if i is not None))
+    """The tokens that end a response: the tokenizer's EOS (what SFT trains), the checkpoint's generation_config
+    EOS ids (HF models; vLLM 0.32 adds them itself: SamplingParams.update_from_generation_config) and every Qwen
+    EOS token the tokenizer has."""
+    config = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    config = config if isinstance(config, list) else [config]
+    vocab = tokenizer.get_vocab()  # added tokens included; a token it lacks is skipped, never mapped to <unk>
+    qwen = [vocab.get(token) for token in QWEN_EOS_TOKENS]
+    return list(dict.fromkeys(i for i in [tokenizer.eos_token_id, *config, *qwen] if i is not None))
 
 
 def _check_checkpoint(path: str) -> None:
@@ -271,23 +288,34 @@ def vllm_available() -> bool:
     return torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
 
 
-def load_engine(path: str, engine: str = "auto", dtype: str = "auto", seed: int = 0, **vllm_kwargs):
+def engine_kind(engine: str) -> str:
+    """The engine a --engine value means: auto is vLLM with CUDA and the vllm package, else HF generate."""
+    if engine not in ("auto", "hf", "vllm"):
+        raise ValueError(f"unknown engine {engine!r} (auto, hf or vllm)")
+    return ("vllm" if vllm_available() else "hf") if engine == "auto" else engine
+
+
+def load_engine(path: str, engine: str = "auto", dtype: str = "auto", seed: int = 0, *, logprobs: bool = True,
+                **vllm_kwargs):
     """(Engine, tokenizer) for a checkpoint directory. vllm_kwargs go to vllm.LLM (tensor_parallel_size,
-    gpu_memory_utilization, max_model_len, distributed_executor_backend, ...); the HF engine ignores them.
+    gpu_memory_utilization, max_model_len, distributed_executor_backend, enable_sleep_mode, ...); the HF engine
+    ignores them. logprobs=False: a vLLM engine that never returns log-probs, with a leaner sampler (rl.py).
     Never trust_remote_code."""
     _check_checkpoint(path)
-    kind = ("vllm" if vllm_available() else "hf") if engine == "auto" else engine
-    if kind not in ("hf", "vllm"):
-        raise ValueError(f"unknown engine {engine!r} (auto, hf or vllm)")
+    kind = engine_kind(engine)
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     if kind == "vllm":
         if not vllm_available():
             raise ValueError("engine vllm needs CUDA and the vllm package (requirements-gpu.txt)")
         from vllm import LLM  # lazy: vLLM cannot even be imported on a CPU build of torch
 
-        # processed_logprobs: log-probs after temperature and top-p, i.e. of the distribution actually sampled.
-        return Engine("vllm", LLM(model=path, seed=seed, dtype=dtype, logprobs_mode="processed_logprobs",
-                                  **vllm_kwargs)), tokenizer
+        if logprobs:
+            # Log-probs after temperature and top-p, i.e. of the distribution actually sampled. An engine-wide cost:
+            # with it, vLLM 0.32's TopKTopPSampler (v1/sample/ops/topk_topp_sampler.py) never takes FlashInfer's
+            # fused top-p path and its forward_native takes a [batch, vocab] log_softmax at every decoding step,
+            # whether a request asked for log-probs or not.
+            vllm_kwargs["logprobs_mode"] = "processed_logprobs"
+        return Engine("vllm", LLM(model=path, seed=seed, dtype=dtype, **vllm_kwargs), logprobs), tokenizer
     device = "cuda" if torch.cuda.is_available() else "cpu"
     auto = torch.bfloat16 if device == "cuda" else torch.float32  # bf16 matmuls are slow on CPU
     torch_dtype = auto if dtype == "auto" else getattr(torch, dtype, None)
@@ -298,38 +326,52 @@ def load_engine(path: str, engine: str = "auto", dtype: str = "auto", seed: int 
 
 
 def generate(engine, tokenizer, prompts: list[str], n: int = 8, temperature: float = 0.6, top_p: float = 0.95,
-             max_new_tokens: int = 8192, seed: int = 0, batch_size: int = 8) -> list[list[Sample]]:
-    """n samples for each prompt (prompt-major). `engine` is an Engine or a bare HF model."""
+             max_new_tokens: int = 8192, seed: int = 0, batch_size: int = 8,
+             logprobs: bool = True) -> list[list[Sample]]:
+    """n samples for each prompt (prompt-major). `engine` is an Engine or a bare HF model. logprobs=False leaves
+    Sample.logprobs and Sample.entropy None and saves what they cost: vLLM builds no Python object per token, HF
+    keeps no [batch * n, vocab] scores per generated token."""
     if not isinstance(engine, Engine):
         engine = Engine("hf", engine)
     if engine.kind == "vllm":
-        return _generate_vllm(engine.model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed)
-    return _generate_hf(engine.model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size)
+        if logprobs and not engine.logprobs:
+            raise ValueError("generate(logprobs=True) on a vLLM engine loaded with logprobs=False")
+        return _generate_vllm(engine.model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, logprobs)
+    return _generate_hf(engine.model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size,
+                        logprobs)
 
 
-def _generate_vllm(llm, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed):
+def _generate_vllm(llm, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, logprobs):
     from vllm import SamplingParams
 
-    # One seed per prompt; vLLM gives the n children of a request seed + child index, so seed + i * n is unique.
-    params = [SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, logprobs=0,
-                             seed=seed + i * n) for i in range(len(prompts))]
+    # vLLM 0.32 vllm/sampling_params.py: logprobs=0 returns the sampled token's log-prob only, None none at all.
+    # stop_token_ids end a sample as the EOS does and stay in token_ids (v1/core/sched/utils.py check_stop).
+    # detokenize=False: vLLM keeps no incremental text; _decode decodes each sample once.
+    # One seed per prompt; vLLM gives the n children of a request seed + child index (v1/engine/parallel_sampling.py),
+    # so seed + i * n is unique. (Seeded requests take the PyTorch sampler rather than FlashInfer's, which has no
+    # per-request generators: topk_topp_sampler.py forward_cuda.)
+    shared = dict(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
+                  logprobs=0 if logprobs else None, stop_token_ids=_eos_ids(llm, tokenizer), detokenize=False)
+    params = [SamplingParams(**shared, seed=seed + i * n) for i in range(len(prompts))]
     outputs = llm.generate([{"prompt_token_ids": _encode(tokenizer, p)} for p in prompts], params, use_tqdm=True)
     result = []
     for out in outputs:
         samples = []
         for o in out.outputs:
             ids = list(o.token_ids)
-            logprobs = [step[t].logprob for step, t in zip(o.logprobs, ids)]
-            stopped = o.finish_reason == "stop"  # on EOS: vLLM keeps it in token_ids, as SFT trains it
-            samples.append(Sample(ids, _decode(tokenizer, ids, stopped), logprobs, [-lp for lp in logprobs],
-                                  "stop" if stopped else "length"))
+            lps = [step[t].logprob for step, t in zip(o.logprobs, ids)] if logprobs else None
+            # finish_reason as vLLM 0.32 names it (v1/engine/__init__.py FINISH_REASON_STRINGS): "stop" (an EOS or
+            # stop token, kept in token_ids, as SFT trains it), "length" (max_tokens or max_model_len), "abort",
+            # "error", "repetition"
+            samples.append(Sample(ids, _decode(tokenizer, ids, o.finish_reason == "stop"), lps,
+                                  None if lps is None else [-lp for lp in lps], o.finish_reason))
         result.append(samples)
     return result
 
 
 @torch.no_grad()
-def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size):
-    # HF keeps every step's scores, (batch * n, vocab) each: fine for small models; use vLLM for real runs.
+def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size, logprobs):
+    # With logprobs, HF keeps every step's scores, (batch * n, vocab) each: fine for small models; vLLM for real runs.
     torch.manual_seed(seed)
     eos = _eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
@@ -344,19 +386,20 @@ def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_token
             input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature, top_p=top_p,
             top_k=0, repetition_penalty=1.0,  # override checkpoint defaults: sample exactly as vLLM does
             num_return_sequences=n, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
-            output_scores=True, return_dict_in_generate=True)
+            output_scores=logprobs, return_dict_in_generate=True)
         new = out.sequences[:, width:]  # (B * n, T), rows grouped by prompt
-        # out.scores: T x (B * n, V) after temperature and top-p, i.e. the sampling distribution.
-        logp = torch.stack([s.float().log_softmax(-1).gather(-1, new[:, t : t + 1])[:, 0]
-                            for t, s in enumerate(out.scores)], 1)  # (B * n, T)
-        ent = torch.stack([entropy(s) for s in out.scores], 1)  # (B * n, T)
+        if logprobs:  # out.scores: T x (B * n, V) after temperature and top-p, i.e. the sampling distribution
+            logp = torch.stack([s.float().log_softmax(-1).gather(-1, new[:, t : t + 1])[:, 0]
+                                for t, s in enumerate(out.scores)], 1)  # (B * n, T)
+            ent = torch.stack([entropy(s) for s in out.scores], 1)  # (B * n, T)
         for row in range(new.shape[0]):
             ids = new[row].tolist()
             stop = next((t for t, i in enumerate(ids) if i in eos), None)
             length = len(ids) if stop is None else stop + 1  # keep the EOS, drop the padding after it
             stopped = stop is not None
-            sample = Sample(ids[:length], _decode(tokenizer, ids[:length], stopped), logp[row, :length].tolist(),
-                            ent[row, :length].tolist(), "stop" if stopped else "length")
+            sample = Sample(ids[:length], _decode(tokenizer, ids[:length], stopped),
+                            logp[row, :length].tolist() if logprobs else None,
+                            ent[row, :length].tolist() if logprobs else None, "stop" if stopped else "length")
             if row % n == 0:
                 result.append([])
             result[-1].append(sample)
@@ -628,9 +671,27 @@ def _save(fig, path: Path) -> str:
 # =========================================================================================================
 # Command line: flags generated from the dataclasses above
 # =========================================================================================================
+def drop_long_prompts(benchmarks: dict[str, list[Example]], tokenizer, args: Args) -> tuple[dict, dict[str, int]]:
+    """(benchmarks without the questions whose prompt, as generate encodes it, is over max_prompt_len tokens,
+    {benchmark: questions dropped}). The authors' scripts filter prompts over 1024 tokens the same way (verl's
+    filter_overlong_prompts); a benchmark left with no question is left out."""
+    kept, dropped = {}, {}
+    for b, examples in benchmarks.items():
+        fits = [ex for ex in examples
+                if len(_encode(tokenizer, example_prompt(ex, tokenizer, args.system_prompt))) <= args.max_prompt_len]
+        dropped[b] = len(examples) - len(fits)
+        if fits:
+            kept[b] = fits
+    return kept, dropped
+
+
 def run_eval(args: Args) -> dict:
     if not args.model or not args.data:
         raise ValueError("--model and --data are required")
+    if engine_kind(args.engine) == "vllm" and args.max_prompt_len + args.max_new_tokens > args.max_model_len:
+        # vLLM would end such responses at max_model_len ("length"), short of max_new_tokens
+        raise ValueError(f"--max-prompt-len {args.max_prompt_len} + --max-new-tokens {args.max_new_tokens} is over "
+                         f"--max-model-len {args.max_model_len}: raise --max-model-len or lower the other two")
     benchmarks = load_benchmarks(args.data, args.limit)  # fail on bad data before loading a model
     expert = None
     if args.sft_data:  # teacher forcing needs HF logits; done first, so vLLM gets the GPU memory afterwards
@@ -644,8 +705,13 @@ def run_eval(args: Args) -> dict:
                                     gpu_memory_utilization=args.gpu_memory_utilization,
                                     max_model_len=args.max_model_len)
     print(f"engine: {engine.kind}")
+    benchmarks, dropped = drop_long_prompts(benchmarks, tokenizer, args)
+    print(f"prompts over {args.max_prompt_len} tokens, dropped: {', '.join(f'{b} {n}' for b, n in dropped.items())}")
+    if not benchmarks:
+        raise ValueError(f"every prompt is over --max-prompt-len {args.max_prompt_len} tokens")
     result, records = evaluate(engine, tokenizer, benchmarks, args)
     result["expert_entropy"] = expert
+    result["long_prompts_dropped"] = dropped
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(result, indent=2))

@@ -5,8 +5,9 @@ process (CPU: HF `generate`) and under `torchrun --nproc_per_node N` (FSDP2 trai
     python rl.py config/rl_tiny.py --model out/sft/step_000010 --train_file data.jsonl
     torchrun --nproc_per_node 8 rl.py config/rl_paper.py --model out/sft/step_000540 --train_file train.parquet
 
-One step: sync the trainer's weights into the engine -> rollouts (prompts x rollouts) -> rewards -> group
-advantages -> old log-probs recomputed by the trainer -> one optimiser step per mini-batch of prompts.
+One step: wake the engine and load the trainer's weights into it -> rollouts (prompts x rollouts) -> the engine
+sleeps -> rewards -> group advantages -> old log-probs recomputed by the trainer -> one optimiser step per
+mini-batch of prompts.
 """
 import json
 import os
@@ -72,8 +73,14 @@ class Args:
     """activation checkpointing of the decoder layers"""
     engine: str = "auto"
     """generation engine: auto (vLLM with CUDA and vllm installed, else HF generate) | hf | vllm"""
-    gpu_memory_utilization: float = 0.4
-    """vLLM: fraction of TOTAL GPU memory for its weights and KV cache; the FSDP trainer shares the GPU"""
+    gpu_memory_utilization: float = 0.6
+    """vLLM: fraction of TOTAL GPU memory for its weights and KV cache while it generates. With vllm_sleep the
+    trainer keeps only its parameter and optimiser shards meanwhile (12 bytes per parameter / GPUs)"""
+    vllm_sleep: bool = True
+    """vLLM sleep mode: the engine frees its weights and KV cache while the trainer works (--no-vllm-sleep keeps
+    them, and the trainer has only the rest of the GPU: lower gpu_memory_utilization)"""
+    sync_bucket_mb: int = 1024
+    """weight sync: MB of full tensors (in the engine's dtype) gathered from the FSDP shards per load into it"""
     gen_batch_size: int = 16
     """HF engine: prompts per generate call (vLLM schedules its own batches)"""
     grader_timeout: float = 10.0
@@ -167,26 +174,57 @@ def optimiser_step(model, optimizer, mbs, args):
 
 
 @torch.no_grad()
-def sync_weights(model, engine):
-    """Load the trainer's current weights into the generation engine. Every rank calls it: p.full_tensor()
-    all-gathers one parameter from the FSDP2 shards, in state_dict order on every rank, so only one full
-    parameter exists at a time on the vLLM path (its loader consumes the pairs lazily). Names are the HF
-    checkpoint names both engines load."""
+def full_weight_buckets(model, dtype, bucket_bytes):
+    """The trainer's weights as full tensors in `dtype`, [(hf_name, tensor)] lists of about bucket_bytes each.
+    Each DTensor shard is cast first, so its all-gather (p.full_tensor()) moves `dtype` bytes, not float32's. Every
+    rank must iterate it in step: the all-gathers run in state_dict order on every rank. Tied aliases (lm_head.weight
+    when it is the embedding) are left out: state_dict lists them, named_parameters does not."""
+    own = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+    bucket, size = [], 0
+    for name, full in common.full_tensors(model, dtype, skip=set(model.state_dict()) - own):
+        bucket.append((name, full))
+        size += full.nbytes
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket
 
-    def full_weights():                       # state_dict() gives the DTensor shards even while the root is gathered
-        for name, p in model.state_dict().items():
-            yield name, p.full_tensor() if isinstance(p, DTensor) else p
 
+@torch.no_grad()
+def sync_weights(model, engine, bucket_bytes=1 << 30):
+    """Load the trainer's current weights into the generation engine, in the engine's dtype, one bucket of full
+    tensors at a time; every rank calls it. Raises if an engine parameter got no weight: after vLLM's level-2
+    sleep it would hold garbage. Names are the HF checkpoint names both engines load."""
     if engine.kind == "vllm":
         # vLLM 0.32 with distributed_executor_backend="external_launcher" runs its engine in this process, so
-        # LLM.apply_model(fn) calls fn on this rank's nn.Module (Worker.get_model()); Qwen2ForCausalLM.load_weights
-        # takes (hf_name, tensor) pairs, fuses q/k/v and gate/up itself, casts to the engine's dtype, and skips
-        # lm_head.weight when it is tied to the embedding loaded in the same call.
-        engine.model.apply_model(lambda m: m.load_weights(full_weights()))
-        engine.model.reset_prefix_cache()     # cached KV blocks were computed by the old weights
-        # never engine.model.collective_rpc("reload_weights") without weights: it re-reads the checkpoint on disk
+        # LLM.apply_model(fn) calls fn on this rank's nn.Module (worker_base.py apply_model, one worker per engine).
+        # Qwen2ForCausalLM.load_weights (models/qwen2.py, AutoWeightsLoader in models/utils.py) takes (hf_name,
+        # tensor) pairs, writes q/k/v and gate/up into their fused parameters, copies into the existing storage
+        # (param.data.copy_: CUDA graphs keep valid pointers), logs a warning for every tensor whose dtype is not
+        # its parameter's (hence the cast), and returns the names of the parameters it loaded. A tied lm_head.weight
+        # must not come without the embedding in the same call (AutoWeightsLoader._check_skipped_aliases raises).
+        llm = engine.model
+        dtype = llm.apply_model(lambda m: next(m.parameters()).dtype)[0]
+        params = set(llm.apply_model(lambda m: [name for name, _ in m.named_parameters()])[0])
+        loaded = set()
+        for bucket in full_weight_buckets(model, dtype, bucket_bytes):
+            loaded |= llm.apply_model(lambda m: m.load_weights(bucket))[0]
+        # cached KV blocks were computed by the old weights (vLLM's sleep also drops them: EngineCore.sleep)
+        if not llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache after the weight sync (requests in flight?)")
+        # never llm.collective_rpc("reload_weights") without weights: it re-reads the checkpoint on disk
     else:
-        engine.model.load_state_dict(dict(full_weights()))   # strict: every name must match
+        params, loaded = {name for name, _ in engine.model.named_parameters()}, set()
+        dtype = next(engine.model.parameters()).dtype
+        for bucket in full_weight_buckets(model, dtype, bucket_bytes):
+            unexpected = engine.model.load_state_dict(dict(bucket), strict=False).unexpected_keys
+            if unexpected:
+                raise RuntimeError(f"weight sync: the HF engine has no parameter {unexpected[0]!r}")
+            loaded |= {name for name, _ in bucket}
+    if params - loaded:
+        raise RuntimeError(f"weight sync: {len(params - loaded)} engine parameters got no weight, e.g. "
+                           f"{sorted(params - loaded)[0]!r}")
 
 
 # ================================================================================================
@@ -259,14 +297,22 @@ def train(args, device, reward_fn=None):
     out_dir = Path(args.out_dir)
 
     # ---- engine first: vLLM's gpu_memory_utilization is a share of TOTAL memory and must be free at creation
-    kind = ("vllm" if evaluate.vllm_available() else "hf") if args.engine == "auto" else args.engine
+    kind = evaluate.engine_kind(args.engine)
     if kind == "vllm" and "RANK" not in os.environ:   # external_launcher reads RANK / LOCAL_RANK
         raise SystemExit("engine vllm: the colocated engine needs CUDA, the vllm package and torchrun, also on one "
                          "GPU (torchrun --nproc_per_node 1 rl.py ...); --engine hf runs anywhere")
+    sleeps = kind == "vllm" and args.vllm_sleep
     engine, tokenizer = evaluate.load_engine(
-        args.model, kind, dtype="bfloat16" if bf16 else "float32", seed=args.seed + rank,
+        args.model, kind, dtype="bfloat16" if bf16 else "float32", seed=args.seed + rank, logprobs=False,
         tensor_parallel_size=1, distributed_executor_backend="external_launcher",   # one engine per rank, in-process
-        gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_prompt_len + args.max_response_len)
+        gpu_memory_utilization=args.gpu_memory_utilization, max_model_len=args.max_prompt_len + args.max_response_len,
+        enable_sleep_mode=sleeps)
+    if sleeps:
+        # vLLM 0.32 LLM.sleep (v1/worker/gpu_worker.py Worker.sleep, device_allocator/cumem.py): level 1 copies the
+        # weights to pinned CPU memory and back at every wake; level 2 discards them (and the KV cache), keeping
+        # only the model's buffers (rotary cos/sin caches, attention scales) on the CPU and restoring them on
+        # wake_up(["weights"]). Every weight is reloaded from the trainer before each rollout, so level 2.
+        engine.model.sleep(level=2)
     prompts = load_prompts(args, tokenizer)
     if len(prompts) < args.prompts_per_step:
         raise SystemExit(f"{len(prompts)} prompts are fewer than one step's {args.prompts_per_step}")
@@ -276,7 +322,7 @@ def train(args, device, reward_fn=None):
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
                                   betas=(0.9, 0.999), fused=device.type == "cuda" and not args.offload)  # verl's defaults
 
-    step, stale = 0, False                           # stale: the engine's weights lag the trainer's
+    step, stale = 0, sleeps                          # stale: the engine lacks the trainer's weights
     resume_from = checkpoints.resume_point(out_dir)
     if resume_from is not None:
         step, stale = checkpoints.restore(resume_from, model, optimizer, None)["step"], True
@@ -289,16 +335,27 @@ def train(args, device, reward_fn=None):
 
     while step < args.steps:
         t0 = time.perf_counter()
-        if stale:                                    # once per step: the engine idles while the trainer updates
-            sync_weights(model, engine)
+        # ---- the engine wakes for the rollouts only, in the order that keeps memory lowest: weights, the trainer's
+        # weights into them, then the KV cache (vLLM 0.32 LLM.wake_up(tags): the scheduler runs once all is awake)
+        if sleeps:
+            torch.cuda.empty_cache()                 # the trainer's freed blocks (activations, grads) back to CUDA
+            engine.model.wake_up(tags=["weights"])
+        if stale:                                    # the engine idles while the trainer updates
+            sync_weights(model, engine, args.sync_bucket_mb << 20)
+        if sleeps:
+            torch.cuda.empty_cache()                 # the sync's buckets
+            engine.model.wake_up(tags=["kv_cache"])
         t_sync = time.perf_counter()
 
-        # ---- rollouts: this rank's prompts x `rollouts` samples, a seed per (step, rank) so runs repeat
+        # ---- rollouts: this rank's prompts x `rollouts` samples, a seed per (step, rank) so runs repeat. No
+        # log-probs from the engine: the trainer recomputes them below
         mine, epoch = step_prompts(len(prompts), step, args, rank, world)
         examples = [prompts[i][0] for i in mine]
         samples = evaluate.generate(engine, tokenizer, [prompts[i][1] for i in mine], args.rollouts, args.temperature,
                                     args.top_p, args.max_response_len, rollout_seed(args, step, rank, world, len(mine)),
-                                    batch_size=args.gen_batch_size)
+                                    batch_size=args.gen_batch_size, logprobs=False)
+        if sleeps:
+            engine.model.sleep(level=2)              # the trainer has the GPU until the next rollouts
         t_gen = time.perf_counter()
         scores, failures = reward_fn([s for group in samples for s in group],
                                      [ex for ex in examples for _ in range(args.rollouts)])

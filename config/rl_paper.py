@@ -16,6 +16,9 @@ grad_ckpt = True
 micro_batch = 4              # sequences per forward per GPU (up to 4 x 9216 tokens); lower it on OOM
 loss_chunk = 4096
 engine = "vllm"
-gpu_memory_utilization = 0.4 # vLLM's share of each GPU (weights + KV cache); the FSDP trainer uses the rest
+# vLLM's share of each GPU while it generates (weights + KV cache). It sleeps while the trainer works, and the
+# trainer then keeps its shards only: 7.6B parameters x 12 bytes / 8 GPUs = 11 GB, plus 0.7 x 80 GB = 67 GB.
+# An estimate, not a measurement: lower it on an out-of-memory error at wake_up.
+gpu_memory_utilization = 0.7
 grader_workers = 8
 save_every = 50

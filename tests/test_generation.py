@@ -1,0 +1,152 @@
+"""evaluate.py's generation: stopping on every Qwen EOS token, rollouts without log-probs, finish reasons as the
+engine gives them, and the prompt-length filter of the evaluation run. vLLM is a recording fake here
+(tests/fake_vllm.py): these tests check what the code asks of vLLM 0.32, not vLLM itself."""
+import json
+
+import pytest
+import torch
+import transformers
+
+import evaluate as ev
+from data import build_prompt, build_toy_tokenizer
+from fake_vllm import install
+
+QUESTIONS = ["What is 2+3?", "Compute 7*6.", "What is 10-4?"]
+LONG = "Add up the following numbers one after another and report the total: " + " + ".join(map(str, range(40)))
+
+
+@pytest.fixture(scope="module")
+def chat_checkpoint(tmp_path_factory):
+    """A tiny Qwen2 whose tokenizer and generation_config both name only <|im_end|> as EOS, as a chat checkpoint
+    may, while its vocabulary also has <|endoftext|>."""
+    texts = [build_prompt(q) + "Add.\n</think>\nThe answer is \\boxed{5}." for q in QUESTIONS + [LONG]] * 20
+    tok = build_toy_tokenizer(texts, vocab_size=400)
+    tok.eos_token = "<|im_end|>"
+    cfg = transformers.Qwen2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                                   num_key_value_heads=1, intermediate_size=128, max_position_embeddings=512,
+                                   eos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    model = transformers.Qwen2ForCausalLM(cfg)
+    model.generation_config.eos_token_id = tok.eos_token_id
+    path = tmp_path_factory.mktemp("ckpt") / "tiny-chat"
+    model.save_pretrained(path)
+    tok.save_pretrained(path)
+    return str(path)
+
+
+def qwen_eos(tok):
+    return tok.convert_tokens_to_ids("<|im_end|>"), tok.convert_tokens_to_ids("<|endoftext|>")
+
+
+def test_eos_ids_add_every_qwen_eos_token(chat_checkpoint):
+    engine, tok = ev.load_engine(chat_checkpoint, "hf")
+    im_end, endoftext = qwen_eos(tok)
+    assert tok.eos_token_id == engine.model.generation_config.eos_token_id == im_end != endoftext   # names one
+    assert ev._eos_ids(engine.model, tok) == [im_end, endoftext]
+    assert ev._eos_ids(None, tok) == [im_end, endoftext]                    # vLLM: no generation_config here
+
+
+def test_hf_generation_stops_on_endoftext_that_the_checkpoint_does_not_name(chat_checkpoint):
+    engine, tok = ev.load_engine(chat_checkpoint, "hf")
+    _, endoftext = qwen_eos(tok)
+
+    def force_endoftext(module, inputs, logits):          # the model wants to end with <|endoftext|>
+        logits[..., endoftext] += 1e4
+        return logits
+
+    engine.model.lm_head.register_forward_hook(force_endoftext)
+    out = ev.generate(engine, tok, [build_prompt(q, tok) for q in QUESTIONS[:2]], n=2, max_new_tokens=5)
+    for s in (s for q in out for s in q):
+        assert (s.token_ids, s.text, s.finish_reason) == ([endoftext], "", "stop")
+        assert len(s.logprobs) == len(s.entropy) == 1
+
+
+def test_hf_generation_without_logprobs_samples_the_same_tokens(chat_checkpoint):
+    engine, tok = ev.load_engine(chat_checkpoint, "hf")
+    calls = []
+    real_generate = engine.model.generate
+
+    def spy(**kwargs):
+        calls.append(kwargs["output_scores"])
+        return real_generate(**kwargs)
+
+    engine.model.generate = spy
+    prompts = [build_prompt(q, tok) for q in QUESTIONS]
+    full = ev.generate(engine, tok, prompts, n=3, max_new_tokens=10, seed=5, batch_size=2)
+    lean = ev.generate(engine, tok, prompts, n=3, max_new_tokens=10, seed=5, batch_size=2, logprobs=False)
+    assert calls == [True, True, False, False]                  # no per-step [B * n, V] scores kept
+    assert [[(s.token_ids, s.finish_reason) for s in q] for q in lean] == \
+           [[(s.token_ids, s.finish_reason) for s in q] for q in full]
+    assert all(s.logprobs is None and s.entropy is None for q in lean for s in q)
+    assert all(len(s.logprobs) == len(s.token_ids) for q in full for s in q)
+
+
+def test_vllm_sampling_params_finish_reasons_and_lean_engine(chat_checkpoint, monkeypatch):
+    vllm = install(monkeypatch)
+    engine, tok = ev.load_engine(chat_checkpoint, "vllm", "bfloat16", seed=3, max_model_len=64)
+    llm = vllm.engines[-1]
+    assert llm.kwargs["logprobs_mode"] == "processed_logprobs" and llm.kwargs["max_model_len"] == 64
+    im_end, endoftext = qwen_eos(tok)
+    body = tok.encode(" The answer is 5.", add_special_tokens=False)
+    llm.scripted = [[(body + [endoftext], "stop"), (body, "length")], [(body, "abort"), (body, "repetition")]]
+    prompts = [build_prompt(q, tok) for q in QUESTIONS[:2]]
+    out = ev.generate(engine, tok, prompts, n=2, max_new_tokens=16, seed=7)
+    calls = [p.kwargs for p in vllm.sampling_params]
+    assert [c["seed"] for c in calls] == [7, 9]                  # seed + i * n: no two samples share a seed
+    for c in calls:
+        assert set(c["stop_token_ids"]) == {im_end, endoftext}   # both, though the checkpoint names one
+        assert (c["logprobs"], c["detokenize"], c["max_tokens"], c["n"]) == (0, False, 16, 2)
+    assert [s.finish_reason for q in out for s in q] == ["stop", "length", "abort", "repetition"]
+    stopped = out[0][0]
+    assert stopped.token_ids[-1] == endoftext and stopped.text == tok.decode(body)   # the EOS kept, not in text
+    assert stopped.logprobs == [-0.25] * len(stopped.token_ids) and stopped.entropy == [0.25] * len(stopped.token_ids)
+    scores = [[1.0, 0.0], [0.0, 0.0]]
+    assert ev.benchmark_metrics(out, scores)["truncated"] == 0.25    # abort and repetition are not truncations
+
+    # a rollout engine: built without processed log-probs, asked for none
+    lean, _ = ev.load_engine(chat_checkpoint, "vllm", "bfloat16", logprobs=False)
+    assert "logprobs_mode" not in vllm.engines[-1].kwargs and not lean.logprobs
+    out = ev.generate(lean, tok, prompts, n=2, max_new_tokens=4, logprobs=False)
+    assert all(s.logprobs is None and s.entropy is None and len(s.token_ids) <= 4 for q in out for s in q)
+    with pytest.raises(ValueError, match="logprobs=False"):
+        ev.generate(lean, tok, prompts, n=2, max_new_tokens=4)
+
+
+
+# ---------------------------------------------------------------- the evaluation run: prompt length
+def write_benchmark(root, questions):
+    rows = [{"data_source": source, "prompt": [{"role": "user", "content": q}],
+             "reward_model": {"ground_truth": "5"}} for source, q in questions]
+    (root / "bench").mkdir()
+    (root / "bench" / "valid.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return root / "bench"
+
+
+def test_evaluation_drops_and_counts_prompts_over_max_prompt_len(chat_checkpoint, tmp_path):
+    bench = write_benchmark(tmp_path, [("math", QUESTIONS[0]), ("math", LONG), ("math", QUESTIONS[1]),
+                                       ("aime", LONG + " Twice.")])
+    tok = transformers.AutoTokenizer.from_pretrained(chat_checkpoint)
+    lengths = {ex.question: len(ev._encode(tok, ev.example_prompt(ex, tok, "paper")))
+               for exs in ev.load_benchmarks(str(bench)).values() for ex in exs}
+    limit = max(lengths[q] for q in QUESTIONS[:2])             # the short ones fit exactly, the long ones do not
+    assert min(lengths[LONG], lengths[LONG + " Twice."]) > limit
+    out = tmp_path / "eval"
+    ev.main(["--model", chat_checkpoint, "--data", str(bench), "--out", str(out), "--engine", "hf", "--n", "2",
+             "--max-new-tokens", "4", "--grader-workers", "1", "--max-prompt-len", str(limit)])
+    result = json.loads((out / "results.json").read_text())
+    assert result["long_prompts_dropped"] == {"math": 1, "aime": 1}
+    assert {b: m["questions"] for b, m in result["benchmarks"].items()} == {"math": 2}   # aime had nothing left
+    records = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    assert sorted({r["question"] for r in records}) == sorted(QUESTIONS[:2])
+
+
+def test_vllm_evaluation_needs_room_for_the_longest_prompt_and_response(chat_checkpoint, tmp_path):
+    bench = write_benchmark(tmp_path, [("math", QUESTIONS[0])])
+    argv = ["--model", chat_checkpoint, "--data", str(bench), "--out", str(tmp_path / "o"), "--engine", "vllm",
+            "--max-prompt-len", "1024", "--max-new-tokens", "8192"]
+    with pytest.raises(SystemExit) as exc:
+        ev.main(argv + ["--max-model-len", "9215"])
+    assert "--max-prompt-len 1024 + --max-new-tokens 8192 is over --max-model-len 9215" in str(exc.value)
+    with pytest.raises(SystemExit) as exc:                     # 9216 fits: it gets as far as loading vLLM
+        ev.main(argv + ["--max-model-len", "9216"])
+    assert "needs CUDA and the vllm package" in str(exc.value)
