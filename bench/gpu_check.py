@@ -15,6 +15,7 @@ whatever the targets say, and 1 when a part crashed (its log is in OUT/logs/).
 4. A summary table of every figure with PASS/MISS per target: printed, and written to OUT/summary.md and summary.json.
 """
 import argparse
+import importlib.metadata
 import json
 import platform
 import shutil
@@ -195,12 +196,20 @@ def toy_model(world: Path, model_kwargs: dict) -> Path:
     return model_dir
 
 
-def toy_stages(size: dict, out: Path, summary: Summary):
+def math_verify_status() -> tuple[bool, str]:
+    """Whether evaluate.py's grader can be imported, and from where (.whl/ puts it on PYTHONPATH)."""
     try:
-        import math_verify  # noqa: F401
+        import math_verify
     except ImportError as e:
-        note = (f"math-verify is not installed ({e}); evaluate.py imports it at module level and rl.py imports "
-                "evaluate.py. On a machine with PyPI: bash bench/gpu_check.sh --fetch_wheels, then carry .whl/")
+        return False, f"math-verify is not installed ({e})"
+    return True, f"math-verify {importlib.metadata.version('math-verify')} from {Path(math_verify.__file__).parent}"
+
+
+def toy_stages(size: dict, out: Path, summary: Summary):
+    available, status = math_verify_status()
+    if not available:
+        note = (f"{status}: evaluate.py imports it at module level and rl.py imports evaluate.py. On a machine "
+                "with PyPI: bash bench/gpu_check.sh --fetch_wheels, then carry .whl/")
         summary.fail("evaluate.py", EVAL_FIGURES, "skipped", note)
         summary.fail("rl.py", RL_FIGURES, "skipped", note)
         return
@@ -285,7 +294,7 @@ def main():
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or 'unknown'})"
     header = [f"# GPU check{' (smoke: tiny shapes, the targets are meant for the GPU run)' if a.smoke else ''}", "",
               f"device: {name}; torch {torch.__version__}, CUDA {torch.version.cuda}, transformers "
-              f"{transformers.__version__}, Python {platform.python_version()}",
+              f"{transformers.__version__}, Python {platform.python_version()}; grader: {math_verify_status()[1]}",
               f"SFT shape: {a.shape}{f' with {a.layers} layers' if a.layers else ''}; command: "
               f"bash bench/gpu_check.sh {' '.join(sys.argv[1:])}".rstrip()]
     text = summary.markdown(header)

@@ -70,7 +70,8 @@ def test_smoke_run_figures_agree_with_each_other(smoke):
 
 def test_model_flops_match_a_flop_count_of_forward_and_backward():
     """FlopCounterMode counts every matmul of a real forward + backward (eager attention: its two matmuls over all
-    T^2 pairs, so twice the causal count the MFU uses); lm_head on all T positions here, i.e. N = B * T."""
+    T^2 pairs, so twice the causal count the MFU uses); lm_head on the last 20 positions of each sequence, as
+    chunked_logits applies it only to the trained ones."""
     from torch.utils.flop_counter import FlopCounterMode
     from transformers import AutoModelForCausalLM
 
@@ -79,8 +80,8 @@ def test_model_flops_match_a_flop_count_of_forward_and_backward():
         model = AutoModelForCausalLM.from_config(sft_step.qwen2_config(shape, 48), attn_implementation="eager")
         ids = torch.randint(0, shape["vocab"], (2, 48))
         with FlopCounterMode(display=False) as counter:
-            model(input_ids=ids).logits.sum().backward()
-        flops = sft_step.model_flops(shape, batch=2, seq=48, trained=2 * 48)
+            model(input_ids=ids, logits_to_keep=20).logits.sum().backward()
+        flops = sft_step.model_flops(shape, batch=2, seq=48, trained=2 * 20)
         assert counter.get_total_flops() == flops["layers"] + flops["lm_head"] + 2 * flops["attention"]
         assert flops["total"] == flops["layers"] + flops["lm_head"] + flops["attention"]
 
