@@ -17,6 +17,7 @@ whatever the targets say, and 1 when a part crashed (its log is in OUT/logs/).
 import argparse
 import importlib.metadata
 import json
+import os
 import platform
 import shutil
 import statistics
@@ -275,23 +276,26 @@ def main():
         torch.set_num_threads(1)
     t0, summary = time.perf_counter(), Summary()
 
-    print("== 1. SFT steps (bench/sft_step.py)", flush=True)
-    sft_steps(a, out, summary)
-    print("== 2. the teacher side of the loss against one logsumexp pass", flush=True)
     tokens, vocab, reps = (64, 32768, 2) if a.smoke else (4096, 151936, 5)
-    try:
-        teacher_side(tokens, vocab, reps, device, summary)
-        torch.cuda.empty_cache()                                 # the logits' cached blocks, before rl.py needs the GPU
-    except Exception as e:  # noqa: BLE001 - a crash is reported in the table, and in the exit status
-        summary.fail("teacher side", TEACHER_FIGURES, "CRASH", f"{type(e).__name__}: {e}")
-    print("== 3. evaluate.py and rl.py on the toy task (HF engine)", flush=True)
-    toy_stages(TOY["smoke" if a.smoke else "gpu"], out, summary)
+    parts = [("SFT step", SFT_FIGURES, "1. SFT steps (bench/sft_step.py)", lambda: sft_steps(a, out, summary)),
+             ("teacher side", TEACHER_FIGURES, "2. the teacher side of the loss against one logsumexp pass",
+              lambda: teacher_side(tokens, vocab, reps, device, summary)),
+             ("toy task", [("evaluate.py and rl.py", "s")], "3. evaluate.py and rl.py on the toy task (HF engine)",
+              lambda: toy_stages(TOY["smoke" if a.smoke else "gpu"], out, summary))]
+    for section, figures, title, run_part in parts:
+        print(f"== {title}", flush=True)
+        try:
+            run_part()
+        except Exception as e:  # noqa: BLE001 - reported in the table and the exit status; the other parts still run
+            summary.fail(section, figures, "CRASH", f"{type(e).__name__}: {e}")
+        torch.cuda.empty_cache()                        # cached blocks of this process, before a subprocess needs them
     summary.add("check", "gpu_check wall time", time.perf_counter() - t0, "s", "< 600 s (GPU)",
                 None if a.smoke else time.perf_counter() - t0 < 600)
 
     import transformers
 
-    name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"CPU ({platform.processor() or 'unknown'})"
+    cpu = f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu
     header = [f"# GPU check{' (smoke: tiny shapes, the targets are meant for the GPU run)' if a.smoke else ''}", "",
               f"device: {name}; torch {torch.__version__}, CUDA {torch.version.cuda}, transformers "
               f"{transformers.__version__}, Python {platform.python_version()}; grader: {math_verify_status()[1]}",

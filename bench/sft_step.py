@@ -11,7 +11,7 @@ machine slows all three alike; a step of one variant moves the weights the next 
 its cost). The separate teacher is a frozen copy of the student, resident for the whole run: the peak memory of the
 variants that do not use it has its resident bytes subtracted. A step is what sft.py runs: sft.micro_batch_loss,
 backward on the token mean, gradient clipping, AdamW (fused on CUDA); CurioSFT's EMA update (Alg. 1 line 17, every
-5 steps) is timed apart and added as a fifth of its time. Peak memory: torch.cuda.max_memory_allocated, reset before
+5 steps) is timed apart (best of 3) and a fifth of it added to curio's step. Peak memory: torch.cuda.max_memory_allocated, reset before
 each step; CPU has no allocator statistics, so no memory figures there.
 
 Model FLOPs of one step (forward + backward; recomputation from activation checkpointing and chunked logits is not
