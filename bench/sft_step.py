@@ -11,8 +11,8 @@ machine slows all three alike; a step of one variant moves the weights the next 
 its cost). The separate teacher is a frozen copy of the student, resident for the whole run: the peak memory of the
 variants that do not use it has its resident bytes subtracted. A step is what sft.py runs: sft.micro_batch_loss,
 backward on the token mean, gradient clipping, AdamW (fused on CUDA); CurioSFT's EMA update (Alg. 1 line 17, every
-5 steps) is timed apart (best of 3) and a fifth of it added to curio's step. Peak memory: torch.cuda.max_memory_allocated, reset before
-each step; CPU has no allocator statistics, so no memory figures there.
+5 steps) is timed apart (best of 3) and a fifth of it added to curio's step. Peak memory:
+torch.cuda.max_memory_allocated, reset before each step; CPU has no allocator statistics, so no memory figures there.
 
 Model FLOPs of one step (forward + backward; recomputation from activation checkpointing and chunked logits is not
 counted, as MFU's definition asks), for B sequences of T tokens of which N are trained:
@@ -20,9 +20,9 @@ counted, as MFU's definition asks), for B sequences of T tokens of which N are t
   + 6 * H * V * N              lm_head acts only on the trained tokens (chunked_logits selects them before it)
   + 6 * L * H * T^2 * B        causal attention: QK^T and AV cost 2 * H * T^2 each over all T^2 pairs in the forward,
                                the causal mask keeps half -> 2 * H * T^2 per layer; backward costs twice the forward
-(H = hidden = heads * head_dim, L = layers, V = vocabulary; biases and norms are left out: < 0.1%.) MFU divides these
-FLOPs per second by the device's dense bf16 peak (datasheet, from its name; --peak_tflops overrides; a device not in
-the table, or a CPU, gets a measured matmul rate, labelled so).
+(H = hidden = heads * head_dim, L = layers, V = vocabulary; biases, norms, softmax and other elementwise work are
+left out: < 0.1% at these shapes.) MFU divides these FLOPs per second by the device's dense bf16 peak (datasheet, from
+its name; --peak_tflops overrides; a device not in the table, or a CPU, gets a measured matmul rate, labelled so).
 """
 import argparse
 import copy
