@@ -110,6 +110,8 @@ class Run:
     """SFT: sequences per optimiser step over all GPUs, as sft.py's --global_batch (0: one micro-batch per step).
     With several micro-batches per step FSDP2 reduce-scatters each one, so the later ones run next to the earlier
     ones' sharded float32 gradients"""
+    updates_per_batch: int = 1
+    """SFT: optimiser steps per data batch, as sft.py's --updates_per_batch (PSFT: 8)"""
     mini_batch: int = 0
     """RL: prompts per optimiser step over all GPUs, as rl.py's --mini_batch (0: one micro-batch per step)"""
     rollouts: int = 8
@@ -151,7 +153,8 @@ class Shapes:
         """q, k, v (biased in Qwen2), o, gate/up/down, two RMSNorm weights."""
         q, kv = self.heads * self.head_dim, self.kv_heads * self.head_dim
         bias = (q + 2 * kv) if self.qkv_bias else 0
-        return self.hidden * (q + 2 * kv) + bias + q * self.hidden + 3 * self.hidden * self.intermediate + 2 * self.hidden
+        attention = self.hidden * (q + 2 * kv) + bias + q * self.hidden
+        return attention + 3 * self.hidden * self.intermediate + 2 * self.hidden
 
     @property
     def root_params(self) -> int:
@@ -353,7 +356,8 @@ def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy:
              "loss_mask": torch.cat([torch.zeros(1, 1), torch.ones(1, n)], 1)}
     model = OneWideLM(vocab, dtype, n + 1, seed=1)
     tracker = LiveTensorBytes()
-    in_backward, no_grad_phase = False, "old_logp" if stage == "rl" else "teacher"
+    old_logp = stage == "rl" or cl.LOSSES[loss][1] == "old_logp"        # RL, and PSFT's batch of old log-probs
+    in_backward, no_grad_phase = False, "old_logp" if old_logp else "teacher"
 
     def on_head(module, args):       # the student's lm_head; without grad: RL's old log-probs, or the self-teacher
         if tracker.phase is not None and not in_backward:
@@ -381,8 +385,10 @@ def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy:
         base = other if needs == "base" else None
         if teacher is not None:
             teacher.lm_head.register_forward_pre_hook(lambda m, a: tracker.set_phase("teacher"))
-        old_lp = chunked_logits.token_log_probs(model, batch, n)[0] if needs == "old_logp" else None
         with tracker:
+            if old_logp:
+                tracker.set_phase("old_logp")
+            old_lp = chunked_logits.token_log_probs(model, batch, n)[0] if old_logp else None
             tracker.set_phase("forward")
             total, _ = sft.micro_batch_loss(model, teacher, base, batch, old_lp, args, cfg, log_entropy)
             in_backward = True
@@ -413,8 +419,8 @@ def _resolve(config: dict, run: dict) -> tuple[Shapes, Run, int]:
         r.token_budget = r.micro_batch * (r.seq_len or longest) if r.stage == "rl" else 16384
     r.seq_len = min(r.seq_len or longest, r.token_budget)
     r.trained_tokens = min(r.trained_tokens or r.token_budget, r.token_budget)
-    per_gpu = (r.global_batch if r.stage == "sft" else r.mini_batch * r.rollouts) / r.gpus   # sequences per step
-    micro_batches = max(1, math.ceil(per_gpu / max(1, r.token_budget // r.seq_len)))
+    per_step = r.global_batch / r.updates_per_batch if r.stage == "sft" else r.mini_batch * r.rollouts
+    micro_batches = max(1, math.ceil(per_step / r.gpus / max(1, r.token_budget // r.seq_len)))   # per GPU
     return shapes_of(config, r.model), r, micro_batches
 
 
@@ -483,7 +489,7 @@ def _step_moments(s: Shapes, r: Run, micro_batches: int, loss_bytes: dict, secon
 
 
 def _old_logp_moments(s: Shapes, r: Run, loss_bytes: dict):
-    """RL's old log-probs: a no-grad forward (layer by layer), then chunks of log-probs and entropies."""
+    """Old log-probs (RL's, PSFT's): a no-grad forward (layer by layer), then chunks of log-probs."""
     c, g = (2 if r.bf16 else 4), r.gpus
     tok, T, N = r.token_budget, r.seq_len, r.trained_tokens
     on_gpu = 0 if r.offload else 1
@@ -507,7 +513,8 @@ def plan(config: dict, **run) -> dict:
         self_teacher = r.loss == "curio_self_teacher"
         second = "base" if needs == "base" else ("teacher" if needs == "teacher_lq" and not self_teacher else None)
         lb = loss_chunk_bytes("sft", r.loss, s.vocab, r.bf16, r.log_entropy)
-        phases = {"sft step": _step_moments(s, r, micro_batches, lb, second, self_teacher)}
+        old_logp = _old_logp_moments(s, r, lb) if needs == "old_logp" else []     # PSFT, before its updates
+        phases = {"sft step": old_logp + _step_moments(s, r, micro_batches, lb, second, self_teacher)}
     else:
         lb = loss_chunk_bytes("rl", "rl", s.vocab, r.bf16, False)
         awake = r.gpu_memory_utilization * gpu
@@ -568,7 +575,8 @@ def describe(result: dict) -> str:
     r = result["run"]
     lines = [f"{r['model']}, {r['stage']}" + (f" --loss {r['loss']}" if r["stage"] == "sft" else "")
              + f", {r['gpus']} GPUs, {r['token_budget']} tokens per micro-batch (sequences of {r['seq_len']}, "
-             f"{r['trained_tokens']} trained; {result['micro_batches']} per optimiser step), loss_chunk {r['loss_chunk']}, {'bf16' if r['bf16'] else 'float32'}, "
+             f"{r['trained_tokens']} trained; {result['micro_batches']} per optimiser step), loss_chunk "
+             f"{r['loss_chunk']}, {'bf16' if r['bf16'] else 'float32'}, "
              f"checkpointing {'on' if r['grad_ckpt'] else 'off'}, offload {'on' if r['offload'] else 'off'}"
              + (f", vLLM {r['gpu_memory_utilization']} of the GPU, sleep level {r['sleep_level']}"
                 if r["stage"] == "rl" else "") + f"; {result['params'] / 1e9:.2f}B parameters"]

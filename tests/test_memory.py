@@ -103,7 +103,8 @@ def measured_sft_peaks(config, loss, batch, chunk, grad_ckpt, bf16):
         separate = (needs == "teacher_lq" and loss != "curio_self_teacher") or needs == "base"
         frozen = copy.deepcopy(full) if separate else None
         model = common.shard_model(full, torch.device("cpu"), bf16, grad_ckpt)
-        other = common.shard_model(frozen, torch.device("cpu"), bf16, grad_ckpt=False, trainable=False) if separate else None
+        other = (common.shard_model(frozen, torch.device("cpu"), bf16, grad_ckpt=False, trainable=False)
+                 if separate else None)
         del full, frozen
         teacher, base = (other if needs == "teacher_lq" else None), (other if needs == "base" else None)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), fused=False)
