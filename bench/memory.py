@@ -38,7 +38,13 @@ The model side is a formula: its terms are the tensors that each op of the HF Qw
 backward (listed in `layer_saved`), checked against measured peaks of real sft.py steps on CPU by
 tests/test_memory.py. Attention is PyTorch's SDPA as transformers calls it: with padding (more than one sequence
 in a micro-batch) a boolean [B, 1, T, T] mask that SDPA turns into a compute-dtype one per call, and K/V
-repeated to every head; without padding neither.
+repeated to every head; without padding neither. The attention kernel is taken to keep what CPU's flash kernel
+keeps (its output and logsumexp), as CUDA's memory-efficient and flash kernels do.
+
+Not counted: FSDP2's padding of each parameter to a multiple of the GPU count, CPU offload's host-to-device copies
+of one layer's shards, kernels' internal workspaces (cuBLAS, attention), what a sleeping vLLM keeps (CUDA graphs),
+the EMA teacher update's temporaries (one parameter shard at a time, after the gradients are freed) and checkpoint
+saving. Gradient accumulation is planned as FSDP2 reduce-scattering every micro-batch.
 """
 import argparse
 import json
