@@ -1,0 +1,259 @@
+"""bench/memory.py: parameter counts against Hugging Face's models, the plan against the measured peak of real
+sft.py / rl.py steps on CPU (live tensor bytes, FSDP2 in a world of one), the plan's switches, its command line."""
+import copy
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from transformers import Qwen2Config, Qwen2ForCausalLM
+
+import chunked_logits
+import common
+import curio_loss as cl
+import data
+import rl
+import sft
+
+REPO = Path(__file__).resolve().parents[1]
+_spec = importlib.util.spec_from_file_location("bench_memory", REPO / "bench" / "memory.py")
+memory = sys.modules["bench_memory"] = importlib.util.module_from_spec(_spec)   # registered: --help reads its source
+_spec.loader.exec_module(memory)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """One intra-op thread: OpenMP threads spin-wait when the CPU is shared."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def world_of_one():
+    if not torch.distributed.is_initialized():
+        common.setup_distributed()
+    return torch.device("cpu")
+
+
+def tiny_config(vocab, intermediate):
+    return Qwen2Config(vocab_size=vocab, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                       num_key_value_heads=2, intermediate_size=intermediate, max_position_embeddings=1024,
+                       tie_word_embeddings=False)
+
+
+def padded_batch(n_seq, longest, vocab):
+    """n_seq right-padded sequences (the longest `longest`), the first eighth of each a prompt."""
+    g = torch.Generator().manual_seed(0)
+    items = []
+    for b in range(n_seq):
+        n = longest - 17 * b
+        items.append((torch.randint(0, vocab, (n,), generator=g).tolist(), [0] * (n // 8) + [1] * (n - n // 8)))
+    return data.collate(items, pad_id=0)
+
+
+def test_parameter_counts_are_hugging_faces():
+    for name, config in memory.MODELS.items():
+        with torch.device("meta"):
+            hf = Qwen2ForCausalLM(Qwen2Config(**config))
+        assert memory.shapes_of(config).params == sum(p.numel() for p in hf.parameters()), name
+    # the model cards: 7.61B (Qwen2.5-7B, which the Math model shares its shapes with) and 1.54B parameters
+    assert memory.shapes_of(memory.MODELS["Qwen2.5-Math-7B"]).params == pytest.approx(7.61e9, rel=5e-3)
+    assert memory.shapes_of(memory.MODELS["Qwen2.5-1.5B"]).params == pytest.approx(1.54e9, rel=5e-3)
+
+
+def test_tracker_follows_views_frees_resizes_and_logsumexp():
+    z = torch.randn(64, 1000)                                   # made outside: not counted
+    tracker = memory.LiveTensorBytes()
+    with tracker:
+        a = torch.empty(1000)
+        view = a[10:]
+        assert tracker.live == 4000
+        del a
+        assert tracker.live == 4000                             # the view keeps the storage
+        del view
+        assert tracker.live == 0 and tracker.peak == 4000
+        b = torch.empty(100)
+        b.untyped_storage().resize_(0)                          # how FSDP2 frees an unsharded parameter
+        assert tracker.live == 0
+        b.untyped_storage().resize_(4000)
+        assert tracker.live == 4000
+        del b
+        tracker.reset_peak()
+        torch.logsumexp(z, -1)                                  # its exp(z - max) temporary is as large as z
+        assert tracker.peak >= z.nbytes
+
+
+# ------------------------------------------------------------------------------------------------
+# The plan against the measured peak of real steps
+# ------------------------------------------------------------------------------------------------
+def measured_sft_peaks(config, loss, batch, chunk, grad_ckpt, bf16):
+    """Peak live tensor bytes of a real sft.py optimiser step of two micro-batches (each reduce-scattered), after
+    a first step that creates the optimiser's states, by phase. Models and optimiser as sft.main builds them."""
+    n_tok = int(batch["loss_mask"][:, 1:].sum())
+    tracker = memory.LiveTensorBytes()
+    with tracker:
+        torch.manual_seed(0)
+        full = Qwen2ForCausalLM(config)
+        needs = cl.LOSSES[loss][1]
+        separate = (needs == "teacher_lq" and loss != "curio_self_teacher") or needs == "base"
+        frozen = copy.deepcopy(full) if separate else None
+        model = common.shard_model(full, torch.device("cpu"), bf16, grad_ckpt)
+        other = (common.shard_model(frozen, torch.device("cpu"), bf16, grad_ckpt=False, trainable=False)
+                 if separate else None)
+        del full, frozen
+        teacher, base = (other if needs == "teacher_lq" else None), (other if needs == "base" else None)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), fused=False)
+        args = sft.Args(loss=loss, loss_chunk=chunk)
+        for layer in model.model.layers:
+            layer.register_full_backward_pre_hook(lambda *_: tracker.set_phase("layers backward"))
+        for micro_batches in (1, 2):
+            tracker.reset_peak()
+            for _ in range(micro_batches):
+                tracker.set_phase("forward and loss")
+                model.set_requires_gradient_sync(True)
+                total, _ = sft.micro_batch_loss(model, teacher, base, batch, None, args, cl.LossConfig(), True)
+                tracker.set_phase("loss backward")
+                (total / n_tok).backward()
+                if base is not None:
+                    base.reshard()
+                del total
+            tracker.set_phase("optimiser step")
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+    return tracker.peak, tracker.phase_peak
+
+
+def predicted_phases(result, phase):
+    """The planner's moments grouped as the measurement's phases."""
+    moments = result["phases"][phase]["moments"]
+    group = {"loss backward": ("loss backward", "lm_head backward"), "optimiser step": ("optimiser step",)}
+    out = {k: max(moments[m] for m in ms) for k, ms in group.items()}
+    out["layers backward"] = max(v for m, v in moments.items() if m.startswith("layer ") or m.startswith("root"))
+    return out
+
+
+SFT_CASES = {  # loss, vocab, intermediate, sequences, longest, loss_chunk, checkpointing, bf16
+    "sft-ckpt-fp32": ("sft", 8192, 256, 2, 256, 128, True, False),
+    "curio-fp32": ("curio", 8192, 256, 2, 256, 128, False, False),
+    "curio-ckpt-fp32-1024tok": ("curio", 1024, 512, 2, 512, 256, True, False),
+    "self-teacher-bf16": ("curio_self_teacher", 8192, 256, 2, 256, 128, False, True),
+    "self-teacher-ckpt-fp32-1024tok": ("curio_self_teacher", 1024, 512, 2, 512, 512, True, False),
+    "curio-ckpt-bf16-1536tok": ("curio", 1024, 512, 3, 512, 256, True, True),
+    "kl-fp32": ("kl", 1024, 512, 2, 512, 256, False, False),
+}
+
+
+@pytest.mark.parametrize("case", SFT_CASES)
+def test_plan_is_within_15_percent_of_a_measured_sft_step(world_of_one, case):
+    loss, vocab, inter, n_seq, longest, chunk, grad_ckpt, bf16 = SFT_CASES[case]
+    config, batch = tiny_config(vocab, inter), padded_batch(n_seq, longest, vocab)
+    peak, phases = measured_sft_peaks(config, loss, batch, chunk, grad_ckpt, bf16)
+    result = memory.plan(config.to_dict(), stage="sft", loss=loss, gpus=1, token_budget=batch["input_ids"].numel(),
+                         seq_len=longest, trained_tokens=int(batch["loss_mask"][:, 1:].sum()), loss_chunk=chunk,
+                         bf16=bf16, grad_ckpt=grad_ckpt, global_batch=2 * n_seq, device="cpu")
+    assert result["micro_batches"] == 2
+    ratio = peak / result["total_bytes"]
+    print(f"{case}: measured {peak / 2**20:.2f} MiB, predicted {result['total_bytes'] / 2**20:.2f} MiB "
+          f"(at '{result['phases']['sft step']['moment']}'), measured/predicted {ratio:.3f}")
+    assert abs(ratio - 1) < 0.15, case
+    for name, predicted in predicted_phases(result, "sft step").items():   # the model side too, not only the peak
+        print(f"  {name}: measured/predicted {phases[name] / predicted:.3f}")
+        assert abs(phases[name] / predicted - 1) < 0.15, (case, name)
+
+
+def test_plan_is_within_15_percent_of_a_measured_rl_step(world_of_one):
+    config, batch = tiny_config(1024, 512), padded_batch(2, 512, 1024)
+    n = int(batch["loss_mask"][:, 1:].sum())
+    adv = torch.randn(n, generator=torch.Generator().manual_seed(1))
+    args = rl.Args(loss_chunk=256)
+    tracker = memory.LiveTensorBytes()
+    with tracker:
+        torch.manual_seed(0)
+        model = common.shard_model(Qwen2ForCausalLM(config), torch.device("cpu"), True, True)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, betas=(0.9, 0.999), fused=False)
+        for micro_batches in (1, 2):                   # as rl.train: old log-probs, then one optimiser step
+            tracker.reset_peak()
+            old = [chunked_logits.token_log_probs(model, batch, args.loss_chunk, args.temperature)
+                   for _ in range(micro_batches)]
+            model.reshard()
+            rl.optimiser_step(model, optimizer, [(batch, adv, lp, ent) for lp, ent in old], args)
+            del old
+    result = memory.plan(config.to_dict(), stage="rl", gpus=1, micro_batch=2, seq_len=512, trained_tokens=n,
+                         loss_chunk=256, grad_ckpt=True, mini_batch=1, rollouts=4, sleep_level=1, device="cpu")
+    training = result["phases"]["rl training"]
+    assert result["micro_batches"] == 2 and training["parts"]["vllm"] == 0
+    ratio = tracker.peak / training["total_bytes"]
+    print(f"rl: measured {tracker.peak / 2**20:.2f} MiB, predicted {training['total_bytes'] / 2**20:.2f} MiB "
+          f"(at '{training['moment']}'), measured/predicted {ratio:.3f}")
+    assert abs(ratio - 1) < 0.15
+
+
+# ------------------------------------------------------------------------------------------------
+# Switches, command line, errors
+# ------------------------------------------------------------------------------------------------
+SEVEN_B = memory.MODELS["Qwen2.5-Math-7B"]
+
+
+def test_each_switch_moves_the_part_it_should():
+    base = dict(stage="sft", loss="curio", gpus=8, token_budget=16384, loss_chunk=4096, global_batch=256)
+    p = memory.plan(SEVEN_B, **base)
+    parts = p["parts"]
+    assert p["total_bytes"] == sum(parts.values()) and parts["teacher"] > 0 and parts["base"] == 0
+    assert parts["parameters"] == 4 * p["params"] // 8 and parts["optimiser"] == 8 * p["params"] // 8
+    assert memory.plan(SEVEN_B, **{**base, "gpus": 4})["parts"]["parameters"] == 2 * parts["parameters"]
+    assert memory.plan(SEVEN_B, **{**base, "loss": "sft"})["parts"]["teacher"] == 0
+    assert memory.plan(SEVEN_B, **{**base, "loss": "kl"})["parts"]["base"] > 0
+    off = memory.plan(SEVEN_B, **{**base, "offload": True})
+    assert off["parts"]["parameters"] == off["parts"]["optimiser"] == off["parts"]["teacher"] == 0
+    chunk = memory.plan(SEVEN_B, **{**base, "loss_chunk": 1024})["phases"]["sft step"]
+    full = p["phases"]["sft step"]["moments"]["loss backward"]
+    assert chunk["moments"]["loss backward"] < full - 2 * 2**30           # 3/4 of the chunk's [n, V] tensors
+    no_ckpt = memory.plan(SEVEN_B, **{**base, "grad_ckpt": False})
+    assert no_ckpt["total_bytes"] > 2 * p["total_bytes"] and not no_ckpt["fits"]
+    one_step = memory.plan(SEVEN_B, **{**base, "global_batch": 8})          # one sequence per GPU: no accumulation
+    assert one_step["micro_batches"] == 1 and one_step["total_bytes"] < p["total_bytes"]
+    rl_run = dict(stage="rl", gpus=8, micro_batch=4, gpu_memory_utilization=0.4, mini_batch=64)
+    awake = memory.plan(SEVEN_B, **rl_run)["phases"]
+    asleep = memory.plan(SEVEN_B, **rl_run, sleep_level=1)["phases"]
+    share = int(0.4 * memory.Run.gpu_gib * memory.GIB)
+    assert awake["rl training"]["parts"]["vllm"] == share and asleep["rl training"]["parts"]["vllm"] == 0
+    assert asleep["rl generation"]["parts"]["vllm"] == share
+
+
+def run_cli(*argv):
+    return subprocess.run([sys.executable, "bench/memory.py", *argv], cwd=REPO, capture_output=True, text=True,
+                          timeout=300)
+
+
+def test_command_line_json_is_the_plan_and_reads_config_json(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(memory.MODELS["Qwen2.5-1.5B"]))
+    flags = ["--stage", "sft", "--loss", "curio", "--gpus", "1", "--token_budget", "8192", "--loss_chunk", "4096",
+             "--json"]
+    proc = run_cli("--model", str(tmp_path / "config.json"), *flags)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    out = json.loads(proc.stdout)
+    assert out["total_bytes"] == sum(out["parts"].values()) == out["phases"]["sft step"]["total_bytes"]
+    want = memory.plan(memory.MODELS["Qwen2.5-1.5B"], model="Qwen2.5-1.5B", stage="sft", loss="curio", gpus=1,
+                       token_budget=8192, loss_chunk=4096)
+    assert out["parts"] == want["parts"] and out["run"]["seq_len"] == 8192
+
+
+def test_presets_set_the_run_and_bad_input_is_one_clear_line(capsys):
+    memory.main(["config/rl_paper.py", "--stage", "rl", "--model", "Qwen2.5-Math-7B", "--json"])
+    run = json.loads(capsys.readouterr().out)["run"]
+    assert (run["micro_batch"], run["loss_chunk"], run["gpu_memory_utilization"]) == (4, 4096, 0.4)
+    assert run["token_budget"] == 4 * (1024 + 8192)
+    with pytest.raises(SystemExit, match="config/rl_paper.py sets RL fields .*add --stage rl"):
+        memory.main(["config/rl_paper.py", "--model", "Qwen2.5-Math-7B"])
+    with pytest.raises(SystemExit, match="--model Qwen-9B: neither a named shape"):
+        memory.main(["--model", "Qwen-9B"])
+    with pytest.raises(SystemExit, match="unknown loss 'curios'"):
+        memory.main(["--model", "Qwen2.5-1.5B", "--loss", "curios"])
+    with pytest.raises(ValueError, match=r"missing field\(s\) \['intermediate_size'\]"):
+        memory.plan({k: v for k, v in SEVEN_B.items() if k != "intermediate_size"})
