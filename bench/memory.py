@@ -1,7 +1,7 @@
 """Memory planner: the per-GPU peak of an sft.py or rl.py run, by part and by phase, before renting the GPUs.
 
     python bench/memory.py config/sft_paper.py --model Qwen2.5-Math-7B --gpus 8 --loss curio
-    python bench/memory.py config/rl_paper.py --stage rl --model Qwen2.5-Math-7B --gpus 8 --sleep_level 1
+    python bench/memory.py config/rl_paper.py --stage rl --model Qwen2.5-Math-7B --gpus 8 
     python bench/memory.py --model path/to/config.json --stage sft --loss curio --gpus 1 --token_budget 8192 \
         --loss_chunk 4096 --json
 
@@ -126,9 +126,9 @@ class Run:
     """sft.py computes the student's entropy per chunk on logging steps (log_every 1: every step)"""
     gpu_memory_utilization: float = 0.4
     """RL: vLLM's share of the GPU's total memory while it is awake"""
-    sleep_level: int = 0
-    """RL: 0 = the engine never sleeps; 1 = asleep while the trainer works, weights offloaded to CPU and KV cache
-    freed; 2 = weights and KV cache freed (either way ~0 on the GPU while asleep)"""
+    vllm_sleep: bool = True
+    """RL: vLLM's sleep mode, as rl.py --vllm_sleep (its default): the engine frees its weights and KV cache while
+    the trainer works; --no-vllm_sleep keeps it awake beside the trainer"""
     gpu_gib: float = 79.1
     """the GPU's memory as torch reports it (an 80 GB H100: 79.1 GiB)"""
     headroom: float = 0.1
@@ -416,8 +416,6 @@ def _resolve(config: dict, run: dict) -> tuple[Shapes, Run, int]:
         raise ValueError(f"stage must be sft or rl, got {r.stage!r}")
     if r.stage == "sft" and r.loss not in cl.LOSSES:
         raise ValueError(f"unknown loss {r.loss!r}; choose one of {sorted(cl.LOSSES)}")
-    if r.sleep_level not in (0, 1, 2):
-        raise ValueError(f"sleep_level must be 0, 1 or 2, got {r.sleep_level}")
     if r.device not in ("cuda", "cpu"):
         raise ValueError(f"device must be cuda or cpu, got {r.device!r}")
     longest = r.max_prompt_len + r.max_response_len
@@ -526,13 +524,13 @@ def plan(config: dict, **run) -> dict:
         awake = r.gpu_memory_utilization * gpu
         training = _old_logp_moments(s, r, lb) + _step_moments(s, r, micro_batches, lb, None, False)
         for _, parts in training:
-            parts["vllm"] = 0 if r.sleep_level else awake
+            parts["vllm"] = 0 if r.vllm_sleep else awake
         on_gpu, c_engine = (0 if r.offload else 1), (2 if r.bf16 else 4)
         # the trainer keeps its sharded weights and optimiser states (zero_grad(set_to_none) freed the gradients)
         trainer = {"parameters": on_gpu * 4 * s.params / r.gpus, "optimiser": on_gpu * 8 * s.params / r.gpus}
         # the sync runs with the engine's weights awake (its KV cache still asleep with sleep mode), one full
         # float32 parameter (at most the [V, H] embedding) gathered and cast at a time
-        sync = {**trainer, "vllm": c_engine * s.params if r.sleep_level else awake,
+        sync = {**trainer, "vllm": c_engine * s.params if r.vllm_sleep else awake,
                 "weight_sync": (4 + c_engine) * s.vocab * s.hidden}
         phases = {"rl generation": [("weight sync", sync), ("rollouts", {**trainer, "vllm": awake})],
                   "rl training": training}
@@ -552,7 +550,7 @@ def plan(config: dict, **run) -> dict:
 # ------------------------------------------------------------------------------------------------
 # Command line
 # ------------------------------------------------------------------------------------------------
-RL_ONLY = {"micro_batch", "mini_batch", "gpu_memory_utilization", "sleep_level", "rollouts", "engine"}
+RL_ONLY = {"micro_batch", "mini_batch", "gpu_memory_utilization", "vllm_sleep", "rollouts", "engine"}
 
 
 def preset_flags(paths: list[str], stage_given: str | None) -> list[str]:
@@ -584,7 +582,7 @@ def describe(result: dict) -> str:
              f"{r['trained_tokens']} trained; {result['micro_batches']} per optimiser step), loss_chunk "
              f"{r['loss_chunk']}, {'bf16' if r['bf16'] else 'float32'}, "
              f"checkpointing {'on' if r['grad_ckpt'] else 'off'}, offload {'on' if r['offload'] else 'off'}"
-             + (f", vLLM {r['gpu_memory_utilization']} of the GPU, sleep level {r['sleep_level']}"
+             + (f", vLLM {r['gpu_memory_utilization']} of the GPU, sleep mode {'on' if r['vllm_sleep'] else 'off'}"
                 if r["stage"] == "rl" else "") + f"; {result['params'] / 1e9:.2f}B parameters"]
     for phase, ph in result["phases"].items():
         lines.append(f"{phase}: peak {_gib(ph['total_bytes'])} at '{ph['moment']}'")

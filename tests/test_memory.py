@@ -3,6 +3,7 @@ sft.py / rl.py steps on CPU (live tensor bytes, FSDP2 in a world of one), the pl
 import copy
 import importlib.util
 import json
+import runpy
 import subprocess
 import sys
 from pathlib import Path
@@ -185,7 +186,7 @@ def test_plan_is_within_15_percent_of_a_measured_rl_step(world_of_one):
             rl.optimiser_step(model, optimizer, [(batch, adv, lp, ent) for lp, ent in old], args)
             del old
     result = memory.plan(config.to_dict(), stage="rl", gpus=1, micro_batch=2, seq_len=512, trained_tokens=n,
-                         loss_chunk=256, grad_ckpt=True, mini_batch=1, rollouts=4, sleep_level=1, device="cpu")
+                         loss_chunk=256, grad_ckpt=True, mini_batch=1, rollouts=4, vllm_sleep=True, device="cpu")
     training = result["phases"]["rl training"]
     assert result["micro_batches"] == 2 and training["parts"]["vllm"] == 0
     ratio = tracker.peak / training["total_bytes"]
@@ -219,8 +220,8 @@ def test_each_switch_moves_the_part_it_should():
     one_step = memory.plan(SEVEN_B, **{**base, "global_batch": 8})          # one sequence per GPU: no accumulation
     assert one_step["micro_batches"] == 1 and one_step["total_bytes"] < p["total_bytes"]
     rl_run = dict(stage="rl", gpus=8, micro_batch=4, gpu_memory_utilization=0.4, mini_batch=64)
-    awake = memory.plan(SEVEN_B, **rl_run)["phases"]
-    asleep = memory.plan(SEVEN_B, **rl_run, sleep_level=1)["phases"]
+    awake = memory.plan(SEVEN_B, **rl_run, vllm_sleep=False)["phases"]
+    asleep = memory.plan(SEVEN_B, **rl_run, vllm_sleep=True)["phases"]
     share = int(0.4 * memory.Run.gpu_gib * memory.GIB)
     assert awake["rl training"]["parts"]["vllm"] == share and asleep["rl training"]["parts"]["vllm"] == 0
     assert asleep["rl generation"]["parts"]["vllm"] == share
@@ -247,7 +248,9 @@ def test_command_line_json_is_the_plan_and_reads_config_json(tmp_path):
 def test_presets_set_the_run_and_bad_input_is_one_clear_line(capsys):
     memory.main(["config/rl_paper.py", "--stage", "rl", "--model", "Qwen2.5-Math-7B", "--json"])
     run = json.loads(capsys.readouterr().out)["run"]
-    assert (run["micro_batch"], run["loss_chunk"], run["gpu_memory_utilization"]) == (4, 4096, 0.4)
+    preset = runpy.run_path("config/rl_paper.py")
+    assert [run[k] for k in ("micro_batch", "loss_chunk", "gpu_memory_utilization")] == \
+        [preset[k] for k in ("micro_batch", "loss_chunk", "gpu_memory_utilization")]
     assert run["token_budget"] == 4 * (1024 + 8192)
     with pytest.raises(SystemExit, match="config/rl_paper.py sets RL fields .*add --stage rl"):
         memory.main(["config/rl_paper.py", "--model", "Qwen2.5-Math-7B"])
