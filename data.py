@@ -83,7 +83,7 @@ def example_prompt(ex: Example, tokenizer=None, system_prompt: str = "paper") ->
     paper: Table 7 around the row's question (every stage's default; App. E uses it for SFT and RL).
     row: Table 7 with the row's own system message (the toy demo's one-liner: ~3x shorter sequences on a CPU).
     messages: the row's prompt messages exactly as stored, through the tokenizer's chat template, nothing added: what
-    the authors' code trains and evaluates on (train_dataset.py line 295, custom_loop.py lines 84-89). Whether the
+    the authors' code trains and evaluates on (train_dataset.py line 295, custom_loop.py lines 83-88). Whether the
     assistant turn opens with "<think>" is then up to the template."""
     if system_prompt == "paper":
         return build_prompt(ex.question, tokenizer)
