@@ -76,35 +76,32 @@ def step_loss(weights):
     return sum(weights[i] * N_TARGETS[i] * TOKEN_LOSS[i] for i in weights)
 
 
+def groups_of(weights):
+    """The groups of examples, told apart by their weight (1 / (groups x the group's tokens))."""
+    groups = {}
+    for i, w in weights.items():
+        groups.setdefault(w, set()).add(i)
+    return frozenset(map(frozenset, groups.values()))
+
+
 def test_loss_norms_on_a_hand_made_batch():
-    weights = lambda **kw: sft.token_weights(list(N_TARGETS), N_TARGETS, sft.Args(**kw), step=0)  # noqa: E731
+    def weights(step=0, **kw):
+        return sft.token_weights(list(N_TARGETS), N_TARGETS, sft.Args(**kw), step)
+
     assert step_loss(weights()) == pytest.approx((4 + 0 + 2 + 12) / 12)                  # every token alike
     micro = dict(loss_norm="micro_batch_token_mean")
     assert step_loss(weights(**micro, norm_group=1)) == pytest.approx((4 + 0 + 1 + 2) / 4)  # a mean per sequence
     assert step_loss(weights(**micro, norm_group=4)) == pytest.approx(18 / 12)           # one group: the batch mean
-    # pairs: whatever the pairing, the mean over pairs of each pair's token mean. The pair sums of tokens differ
+    # pairs: whatever the pairing, the mean over pairs of each pair's token mean. The pairs' token counts differ
     # within every pairing of (1, 3, 2, 6) tokens, so the weights tell the pairs apart
     pair = weights(**micro)
-    pairs = {}
-    for i, w in pair.items():
-        pairs.setdefault(w, []).append(i)
-    assert sorted(map(len, pairs.values())) == [2, 2]
-    want = sum(sum(N_TARGETS[i] * TOKEN_LOSS[i] for i in p) / sum(N_TARGETS[i] for i in p) for p in pairs.values()) / 2
-    assert step_loss(pair) == pytest.approx(want)
-    assert want != pytest.approx(1.5)                                                   # it differs from the batch mean
+    pairs = groups_of(pair)
+    assert sorted(map(len, pairs)) == [2, 2]
+    want = sum(sum(N_TARGETS[i] * TOKEN_LOSS[i] for i in p) / sum(N_TARGETS[i] for i in p) for p in pairs) / 2
+    assert step_loss(pair) == pytest.approx(want) and want != pytest.approx(1.5)        # not the batch mean
     # a pure function of (examples, step): every rank gets the same pairs; other steps pair otherwise
     assert pair == weights(**micro)
-    pairings = {frozenset(frozenset(p) for p in _pairs(sft.token_weights(list(N_TARGETS), N_TARGETS,
-                                                                          sft.Args(**micro), step)).values())
-                for step in range(20)}
-    assert len(pairings) > 1
-
-
-def _pairs(weights):
-    out = {}
-    for i, w in weights.items():
-        out.setdefault(w, []).append(i)
-    return out
+    assert len({groups_of(weights(step, **micro)) for step in range(20)}) > 1
 
 
 def test_bad_recipe_flags_are_one_line_errors():
