@@ -44,13 +44,19 @@ def _chatml(messages: list[dict]) -> str:
     return turns + "<|im_start|>assistant\n"
 
 
-def build_prompt(question: str, tokenizer=None, system: str = SYSTEM_PROMPT) -> str:
-    """Table 7 prompt, ending with "<|im_start|>assistant\\n<think>\\n"."""
-    messages = [{"role": "system", "content": system}, {"role": "user", "content": USER_PREFIX + question}]
+def chat_prompt(messages: list[dict], tokenizer=None) -> str:
+    """The tokenizer's chat template applied to `messages`, ending with an opened assistant turn (Qwen's ChatML
+    when the tokenizer has no template)."""
     if tokenizer is not None and tokenizer.chat_template:
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    else:
-        text = _chatml(messages)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return _chatml(messages)
+
+
+def build_prompt(question: str, tokenizer=None, system: str = SYSTEM_PROMPT) -> str:
+    """Table 7 prompt, ending with "<|im_start|>assistant\\n<think>\\n". A question that already starts with
+    Table 7's "Here is the question:" (a row that stores Table 7's user turn) is not prefixed twice."""
+    user = USER_PREFIX + question.removeprefix(USER_PREFIX)
+    text = chat_prompt([{"role": "system", "content": system}, {"role": "user", "content": user}], tokenizer)
     # Some templates (e.g. DeepSeek-R1 distills) already open the think block; never open it twice.
     return text if text.endswith(THINK) else text + THINK
 
@@ -66,18 +72,32 @@ class Example:
     data_source: str
     row: int  # 0-based row in the file, for error messages and de-duplication
     system: str | None = None  # content of the row's system message, if it has one
+    messages: list | None = None  # the row's `prompt` as stored: [{role, content}, ...]
+
+
+SYSTEM_PROMPT_MODES = ("paper", "row", "messages")
 
 
 def example_prompt(ex: Example, tokenizer=None, system_prompt: str = "paper") -> str:
-    """The prompt of one example: with Table 7's system prompt ("paper", every stage's default) or with the row's
-    own system message ("row": the toy demo's one-liner, which makes its sequences ~3x shorter on a CPU)."""
+    """The prompt of one example, by mode (SYSTEM_PROMPT_MODES):
+    paper: Table 7 around the row's question (every stage's default; App. E uses it for SFT and RL).
+    row: Table 7 with the row's own system message (the toy demo's one-liner: ~3x shorter sequences on a CPU).
+    messages: the row's prompt messages exactly as stored, through the tokenizer's chat template, nothing added: what
+    the authors' code trains and evaluates on (train_dataset.py line 295, custom_loop.py lines 83-88). Whether the
+    assistant turn opens with "<think>" is then up to the template."""
     if system_prompt == "paper":
         return build_prompt(ex.question, tokenizer)
-    if system_prompt != "row":
-        raise ValueError(f"system_prompt {system_prompt!r}: expected 'paper' or 'row'")
-    if ex.system is None:
-        raise ValueError(f"row {ex.row}: field 'prompt' has no system message, which system_prompt='row' needs")
-    return build_prompt(ex.question, tokenizer, ex.system)
+    if system_prompt == "row":
+        if ex.system is None:
+            raise ValueError(f"row {ex.row}: field 'prompt' has no system message, which system_prompt='row' needs")
+        return build_prompt(ex.question, tokenizer, ex.system)
+    if system_prompt == "messages":
+        for k, m in enumerate(ex.messages or [None]):
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
+                raise ValueError(f"row {ex.row}: field 'prompt[{k}]' is not a {{role, content}} message of strings, "
+                                 f"which system_prompt='messages' needs")
+        return chat_prompt([{"role": m["role"], "content": m["content"]} for m in ex.messages], tokenizer)
+    raise ValueError(f"system_prompt {system_prompt!r}: expected one of {', '.join(SYSTEM_PROMPT_MODES)}")
 
 
 def _read_rows(path: Path) -> list:
@@ -143,7 +163,7 @@ def _parse_row(row, i: int, path: Path, require_response: bool) -> Example:
         response = get(target[0], "content", "target[0].content", str).removeprefix(THINK)
         if not response.strip():  # also catches a response that is only "<think>\n"
             raise bad("target[0].content", "is empty")
-    return Example(question, ground_truth, response, data_source, i, system)
+    return Example(question, ground_truth, response, data_source, i, system, messages)
 
 
 def load_examples(path, require_response: bool = False) -> list[Example]:
@@ -475,27 +495,36 @@ def _toy_main(argv: list[str] | None = None) -> None:
 # ---------------------------------------------------------------------------------------------------------
 # Download of the paper's data and model (needs a machine that can reach the Hugging Face hub)
 # ---------------------------------------------------------------------------------------------------------
-HUB_DATASETS = {  # local folder name -> hub dataset (DESIGN.md, "Data schemas")
-    "openr1_46k": "Elliott/Openr1-Math-46k-8192",  # LUFFY's OpenR1-Math-46K training file (SFT and GRPO prompts)
-    "curiosft": "Hao0oWang/CurioSFT_Data",  # the authors' data: rephrased questions and the evaluation sets
+HUB_DATASETS = {  # local folder name -> hub dataset
+    # The authors' data (their scripts/0_prepare_data_and_models.sh line 4): train.parquet, OpenR1-Math-46K with the
+    # questions rewritten by DeepSeek-V3 (App. E, "Dataset Processing") and R1's responses, the training file of both
+    # stages in both recipes; validation.parquet; and the benchmark files test.{math,gpqa,arc_c,mmlu_pro}.parquet.
+    "curiosft": "Hao0oWang/CurioSFT_Data",
+    "openr1_46k": "Elliott/Openr1-Math-46k-8192",  # LUFFY's OpenR1-Math-46K: the original, unrewritten questions
 }
-HUB_MODEL = "Elliott/Qwen2.5-Math-7B-16k-think"  # Qwen2.5-Math-7B with a 16k context: the base the authors train
+BENCHMARK_FILES = "test.*.parquet"  # in the authors' data: what their 3_eval_math.sh and 4_eval_ood_*.sh evaluate
+HUB_MODELS = {  # --models name -> Qwen2.5-Math-7B with its 4k context extended to 16k, so 8192-token responses fit
+    "authors": "Hao0oWang/Qwen2.5-Math-7B-16k-think",  # what the authors' download script fetches (line 5)
+    "luffy": "Elliott/Qwen2.5-Math-7B-16k-think",  # LUFFY's model of the same kind
+}
 
 
 def _download_main(argv: list[str] | None = None) -> None:
-    """python data.py download --out data [--model_out models]: the datasets (and the 7B base model), each file
-    checked to load in the schema above."""
+    """python data.py download --out data [--model_out models [--models authors luffy]]: the datasets (and the 7B
+    base models), each parquet file checked to load in the schema above."""
     import argparse
 
     p = argparse.ArgumentParser(prog="data.py download", description=_download_main.__doc__)
     p.add_argument("--out", default="data", help="datasets go to OUT/<name>/")
-    p.add_argument("--model_out", default="", help="also download the base model (~15 GB) to this directory")
+    p.add_argument("--model_out", default="", help="also download base models (~15 GB each) to MODEL_OUT/<hub name>/")
+    p.add_argument("--models", nargs="+", choices=sorted(HUB_MODELS), default=["authors", "luffy"],
+                   help="which base models --model_out downloads")
     a = p.parse_args(argv)
     from huggingface_hub import snapshot_download
 
     jobs = [(repo, "dataset", Path(a.out) / name) for name, repo in HUB_DATASETS.items()]
     if a.model_out:
-        jobs.append((HUB_MODEL, "model", Path(a.model_out) / HUB_MODEL.split("/")[1]))
+        jobs += [(HUB_MODELS[m], "model", Path(a.model_out) / HUB_MODELS[m]) for m in a.models]
     for repo, kind, local in jobs:
         try:
             snapshot_download(repo, repo_type=kind, local_dir=local)
@@ -505,6 +534,11 @@ def _download_main(argv: list[str] | None = None) -> None:
         for f in sorted(local.rglob("*.parquet")) if kind == "dataset" else []:
             print(f"{f}: {len(load_examples(f))} rows")  # raises, naming the row, on a file not in the schema
         print(f"{local}: {repo}")
+    authors, benchmarks = Path(a.out) / "curiosft", sorted((Path(a.out) / "curiosft").glob(BENCHMARK_FILES))
+    if not (authors / "train.parquet").is_file() or not benchmarks:
+        raise SystemExit(f"data.py download: {HUB_DATASETS['curiosft']} gave no train.parquet or no {BENCHMARK_FILES} "
+                         f"in {authors}: the repository's layout changed; see the files listed above")
+    print(f"training file: {authors / 'train.parquet'}; benchmark files: {', '.join(map(str, benchmarks))}")
 
 
 if __name__ == "__main__":

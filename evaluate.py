@@ -69,7 +69,8 @@ class Args:
     max_prompt_len: int = 1024
     """longer prompts (in tokens, chat template included) are left out and counted per benchmark (paper App. E)"""
     system_prompt: str = "paper"
-    """paper: Table 7's system prompt | row: each row's own system message (the toy demo's one-liner)"""
+    """paper: Table 7's prompt around the row's question | row: Table 7 with the row's own system message (the toy
+    demo's one-liner) | messages: the row's prompt messages as stored, through the chat template (the authors)"""
     seed: int = 0
     """sampling seed"""
     limit: int = 0

@@ -42,7 +42,8 @@ class Args:
     rollouts: int = 8
     """responses sampled per prompt: the GRPO group (Table 6 "Rollout Numbers")"""
     mini_batch: int = 64
-    """prompts per optimiser step, over all ranks: prompts_per_step / mini_batch steps per batch (Table 6)"""
+    """prompts per optimiser step, over all ranks: prompts_per_step / mini_batch steps per batch (Table 6: 64; the
+    authors' 2_rl.sh line 38: 32, so 4 updates per step)"""
     micro_batch: int = 4
     """sequences per forward/backward pass per rank (gradient accumulation fills the mini-batch)"""
     lr: float = 1e-6
@@ -54,17 +55,28 @@ class Args:
     clip_low: float = 0.2
     """eps_low: the ratio is clipped below at 1 - eps_low (Table 6 "Clip Lower")"""
     clip_high: float = 0.28
-    """eps_high: the ratio is clipped above at 1 + eps_high (Table 6 "Clip Higher", DAPO's clip-higher)"""
+    """eps_high: the ratio is clipped above at 1 + eps_high (Table 6 "Clip Higher", DAPO's clip-higher; the authors'
+    scripts never set it: 0.2, verl's clip_ratio default read at dp_actor.py line 471)"""
+    policy_loss: str = "ppo_clip"
+    """ppo_clip: max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)), r = pi / pi_old (GRPO with clip-higher, Sec. 5.2) |
+    custom_loss_rl: min(-A log pi, -A clip(r, 1 - eps_low, 1 + eps_high)), the authors' custom_loss with
+    algo_type="rl" (core_algos.py lines 779-783): REINFORCE for A < 0, the ratio clipped on both sides for A > 0"""
+    loss_agg: str = "token_mean"
+    """how a mini-batch's per-token losses are combined. token_mean: their mean over the response tokens of all ranks
+    (verl's default loss_agg_mode, DAPO's token-level loss; the paper does not say) | seq_sum_over_max_len: each
+    sequence's token sum / max_response_len, averaged over the mini-batch's sequences (the authors: core_algos.py
+    line 783 on micro-batches of one sequence, divided by the 32 micro-batches per GPU at dp_actor.py line 522)"""
     temperature: float = 1.0
     """rollout temperature; the trainer scores tokens at the same temperature (Table 6)"""
     top_p: float = 0.95
-    """rollout nucleus sampling (Table 6)"""
+    """rollout nucleus sampling (Table 6: 0.95; the authors' scripts leave verl's 1.0, rollout.yaml line 14)"""
     max_prompt_len: int = 1024
     """longer prompts are dropped, and counted"""
     max_response_len: int = 8192
     """generation stops after this many tokens (Table 6)"""
     system_prompt: str = "paper"
-    """paper: Table 7's system prompt | row: each row's own system message (the toy demo's one-liner)"""
+    """paper: Table 7's prompt around the row's question | row: Table 7 with the row's own system message (the toy
+    demo's one-liner) | messages: the row's prompt messages as stored, through the chat template (the authors)"""
     loss_chunk: int = 2048
     """tokens per logits chunk: [tokens, vocab] logits exist one chunk at a time, recomputed in backward"""
     bf16: bool = True
@@ -113,24 +125,42 @@ def math_reward(samples, examples, timeout_s=10.0, workers=4):
 
 def group_advantages(rewards, eps=1e-6):
     """GRPO's outcome advantage, one group per prompt: A_i = (r_i - mean(r)) / (std(r) + eps), unbiased std as
-    verl (8 rollouts, one correct: +2.474867 for it, -0.353552 for the others). rewards [G, n] -> A [G, n] and
-    the mask [G] of groups whose rewards are all equal: they carry no learning signal, their advantage is exactly
-    0 (float32 rewards summed in float64 are exact, so r - mean = 0)."""
+    verl (8 rollouts, one correct: +2.474867 for it, -0.353552 for the others); a group of one rollout has no std,
+    and verl takes mean 0, std 1 there (core_algos.py lines 309-311): A = r / (1 + eps). rewards [G, n] -> A [G, n]
+    and the mask [G] of groups that carry no learning signal: every advantage exactly 0 (rewards all equal, n > 1:
+    float32 rewards summed in float64 are exact, so r - mean = 0; or a single reward of 0)."""
     r = rewards.double()
-    adv = (r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + eps)   # std: unbiased (n - 1)
-    return adv.float(), (r == r[:, :1]).all(-1)
+    if r.shape[-1] == 1:
+        adv = r / (1 + eps)
+    else:
+        adv = (r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + eps)   # std: unbiased (n - 1)
+    return adv.float(), (adv == 0).all(-1)
 
 
-def clipped_loss(lp, old_lp, adv, clip_low, clip_high):
-    """Per-token PPO/GRPO loss max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)), r = pi_theta / pi_old, and
-    diagnostics. With A > 0 only the upper clip can bind (r > 1 + eps_high: no gradient), with A < 0 only the
-    lower one; eps_high > eps_low (clip-higher) lets unlikely good tokens grow further, against entropy collapse."""
+POLICY_LOSSES = ("ppo_clip", "custom_loss_rl")
+LOSS_AGGS = ("token_mean", "seq_sum_over_max_len")
+
+
+def clipped_loss(lp, old_lp, adv, clip_low, clip_high, policy_loss="ppo_clip"):
+    """Per-token policy loss and diagnostics, r = pi_theta / pi_old, clip(r) = r clipped to [1 - eps_low, 1 + eps_high].
+    ppo_clip: max(-A r, -A clip(r)). With A > 0 only the upper clip can bind (r > 1 + eps_high: no gradient), with
+    A < 0 only the lower one; eps_high > eps_low (clip-higher) lets unlikely good tokens grow further, against entropy
+    collapse. custom_loss_rl (the authors' scripts): min(-A log pi, -A clip(r)). For A < 0 the first term is the
+    smaller (-A log pi <= 0 < -A clip(r)): REINFORCE, never clipped; for A > 0 the second (-A clip(r) < 0 <= -A log pi):
+    gradient -A r inside the range, none outside it on either side. The clip fractions count the tokens whose
+    gradient a clip cut off."""
     log_ratio = (lp - old_lp).clamp(-20.0, 20.0)                           # verl's guard against exp overflow
     ratio = torch.exp(log_ratio)
-    loss = torch.maximum(-adv * ratio, -adv * ratio.clamp(1 - clip_low, 1 + clip_high))
+    clipped = ratio.clamp(1 - clip_low, 1 + clip_high)
+    if policy_loss == "ppo_clip":
+        loss, low_binds = torch.maximum(-adv * ratio, -adv * clipped), adv < 0
+    elif policy_loss == "custom_loss_rl":
+        loss, low_binds = torch.minimum(-adv * lp, -adv * clipped), adv > 0     # core_algos.py lines 780-782
+    else:
+        raise ValueError(f"policy_loss {policy_loss!r}: expected one of {', '.join(POLICY_LOSSES)}")
     with torch.no_grad():
         diag = {"clip_high": ((adv > 0) & (ratio > 1 + clip_high)).float(),
-                "clip_low": ((adv < 0) & (ratio < 1 - clip_low)).float(),
+                "clip_low": (low_binds & (ratio < 1 - clip_low)).float(),
                 "kl": ratio - 1 - log_ratio}                                # k3 estimate of KL(pi_old || pi_theta)
     return loss, diag
 
@@ -146,24 +176,28 @@ def micro_batch_loss(model, batch, old_lp, adv, args):
     def chunk(h_c, y_c, old_c, adv_c):
         logits = model.lm_head(h_c).float() / args.temperature             # [n, V]
         lp, _ = cl.student_log_prob(logits, y_c)
-        loss, diag = clipped_loss(lp, old_c, adv_c, args.clip_low, args.clip_high)
+        loss, diag = clipped_loss(lp, old_c, adv_c, args.clip_low, args.clip_high, args.policy_loss)
         return loss.sum(), diag
 
     return chunked_sum(chunk, args.loss_chunk, h, y, old_lp, adv)
 
 
 def optimiser_step(model, optimizer, mbs, args):
-    """One optimiser step on one mini-batch: the clipped loss averaged over the response tokens of every rank
-    (token-mean; no KL term). mbs: this rank's micro-batches [(batch, adv [N], old_lp [N], entropy [N])].
+    """One optimiser step on one mini-batch: the policy loss of every rank's response tokens, combined as --loss_agg
+    says (no KL term). mbs: this rank's micro-batches [(batch, adv [N], old_lp [N], entropy [N])].
     Returns this rank's sums [loss, clip_low, clip_high, kl, tokens] and the global gradient norm."""
     world = dist.get_world_size()
-    n_tok = torch.tensor(float(sum(len(mb[1]) for mb in mbs)), device=mbs[0][1].device)  # nccl: CUDA tensors only
-    dist.all_reduce(n_tok)                                                 # response tokens of all ranks
+    if args.loss_agg == "token_mean":                                      # divide by the response tokens
+        count = sum(len(mb[1]) for mb in mbs)
+    else:                                                                  # by sequences x max_response_len
+        count = sum(len(mb[0]["input_ids"]) for mb in mbs) * args.max_response_len
+    denominator = torch.tensor(float(count), device=mbs[0][1].device)     # nccl: CUDA tensors only
+    dist.all_reduce(denominator)
     sums = torch.zeros(5, dtype=torch.float64)
     for batch, adv, old_lp, _ in mbs:   # FSDP reduce-scatters each micro-batch: no full unsharded gradient is kept
         total, diag = micro_batch_loss(model, batch, old_lp, adv, args)
-        # FSDP averages gradients over ranks, hence * world: the gradient of the global token mean
-        (total * world / n_tok).backward()
+        # FSDP averages gradients over ranks, hence * world: the gradient of the mini-batch's loss over all ranks
+        (total * world / denominator).backward()
         sums += torch.tensor([total.item(), diag["clip_low"].sum().item(), diag["clip_high"].sum().item(),
                               diag["kl"].sum().item(), len(adv)], dtype=torch.float64)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
@@ -290,6 +324,11 @@ def train(args, device, reward_fn=None):
         def reward_fn(samples, examples):
             return math_reward(samples, examples, args.grader_timeout, args.grader_workers)
     rank, world = dist.get_rank(), dist.get_world_size()
+    for flag, value, choices in (("policy_loss", args.policy_loss, POLICY_LOSSES),
+                                 ("loss_agg", args.loss_agg, LOSS_AGGS),
+                                 ("system_prompt", args.system_prompt, data.SYSTEM_PROMPT_MODES)):
+        if value not in choices:
+            raise SystemExit(f"--{flag} {value!r}: expected one of {', '.join(choices)}")
     if args.prompts_per_step % args.mini_batch or args.mini_batch % world:
         raise SystemExit(f"need prompts_per_step ({args.prompts_per_step}) divisible by mini_batch ({args.mini_batch}) "
                          f"and mini_batch divisible by the world size ({world})")

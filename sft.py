@@ -49,11 +49,28 @@ class Args:
     max_response_len: int = 8192
     """longer responses (with EOS) are dropped, and counted"""
     system_prompt: str = "paper"
-    """paper: Table 7's system prompt | row: each row's own system message (the toy demo's one-liner)"""
+    """paper: Table 7's prompt around the row's question | row: Table 7 with the row's own system message (the toy
+    demo's one-liner) | messages: the row's prompt messages as stored, through the chat template (the authors)"""
     lr: float = 1e-5
     """peak learning rate (App. E)"""
     warmup_steps: int = 60
-    """linear warm-up, then cosine decay to 0 (App. E)"""
+    """linear warm-up from min_lr_ratio * lr to lr over this many steps, then the cosine (App. E)"""
+    lr_horizon: float = 1.0
+    """the cosine spans lr_horizon x the run's optimiser steps. 1: it ends at the run's end (App. E, cosine) |
+    4: the authors' worker builds it over total_training_steps * 4 (fsdp_workers.py line 442), so it barely decays"""
+    min_lr_ratio: float = 0.0
+    """floor of the cosine, a fraction of lr. 0: decay to 0 (the paper names none; verl's default) | 1e-4: the
+    authors' 1_sft.sh line 39"""
+    adam_beta2: float = 0.999
+    """AdamW's beta2 (beta1 0.9). The paper names no optimiser settings; 0.999 is verl's default, which produced the
+    paper's numbers (fsdp_workers.py line 438)"""
+    loss_norm: str = "batch_token_mean"
+    """batch_token_mean: a step's loss is the mean over all its response tokens on all ranks (the paper does not say;
+    every token weighs the same whatever the GPU count) | micro_batch_token_mean: the mean over groups of norm_group
+    sequences of each group's token mean (the authors: a token mean per micro-batch of 2 sequences per GPU, averaged
+    over micro-batches and GPUs; dp_actor.py lines 438-441 and 522, core_algos.py line 777)"""
+    norm_group: int = 2
+    """sequences per group with --loss_norm micro_batch_token_mean (1_sft.sh line 43: ppo_micro_batch_size_per_gpu=2)"""
     weight_decay: float = 0.01
     """AdamW weight decay (verl's default)"""
     grad_clip: float = 1.0
@@ -97,11 +114,11 @@ def teacher_side(head, hidden_t, y, args, cfg):
     return torch.cat(lq), cat_diags(diags)
 
 
-def student_loss_sum(model, h, y, extra, args, cfg, want_entropy):
-    """Sum over the N tokens of the per-token loss, one chunk of logits at a time (chunked_sum)."""
+def student_loss_sum(model, h, y, extra, args, cfg, want_entropy, weights=None):
+    """Sum over the N tokens of the per-token loss (times weights [N], if given), one chunk of logits at a time."""
     needs = cl.LOSSES[args.loss][1]
 
-    def chunk(h_c, y_c, extra_c):
+    def chunk(h_c, y_c, extra_c, w_c):
         logits = model.lm_head(h_c)                                # [n, V], bf16 or float32
         if needs == "base":                                        # the frozen base model's logits
             with torch.no_grad():
@@ -109,13 +126,14 @@ def student_loss_sum(model, h, y, extra, args, cfg, want_entropy):
         loss, diag = cl.per_token_loss(args.loss, logits, y_c, cfg, extra_c)
         if want_entropy:
             diag["student_entropy"] = cl.entropy(logits.detach())
-        return loss.sum(), diag
+        return (loss if w_c is None else loss * w_c).sum(), diag
 
-    return chunked_sum(chunk, args.loss_chunk, h, y, extra.get("tensor"))
+    return chunked_sum(chunk, args.loss_chunk, h, y, extra.get("tensor"), weights)
 
 
-def micro_batch_loss(model, teacher, base, batch, old_logp, args, cfg, want_entropy):
-    """Sum of per-token losses of one micro-batch and its diagnostics (Alg. 1 lines 4-13)."""
+def micro_batch_loss(model, teacher, base, batch, old_logp, args, cfg, want_entropy, weights=None):
+    """Sum of per-token losses (times weights [N] in select_targets order, if given) of one micro-batch and its
+    diagnostics (Alg. 1 lines 4-13)."""
     h, y = select_targets(normed_hidden(model, batch), batch)      # [N, H], [N]
     needs, extra, diag = cl.LOSSES[args.loss][1], {}, {}
     if needs == "teacher_lq":
@@ -132,7 +150,7 @@ def micro_batch_loss(model, teacher, base, batch, old_logp, args, cfg, want_entr
         extra["base_model"] = base
     elif needs == "old_logp":
         extra["tensor"] = old_logp
-    total, student_diag = student_loss_sum(model, h, y, extra, args, cfg, want_entropy)
+    total, student_diag = student_loss_sum(model, h, y, extra, args, cfg, want_entropy, weights)
     return total, diag | student_diag
 
 
@@ -144,12 +162,54 @@ def update_teacher(teacher, model, mu):
         p_t.copy_((1 - mu) * p_t + mu * p_s)
 
 
+# ================================================================================================
+# The recipe: schedule, optimiser, loss normalisation. File and line references are to the authors' code,
+# github.com/HaoooWang/CurioSFT at 5a77394 (README, "Two recipes")
+# ================================================================================================
+LOSS_NORMS = ("batch_token_mean", "micro_batch_token_mean")
+
+
+def check_recipe_args(args):
+    """One-line errors for recipe flags out of range, before any model is loaded."""
+    for flag, choices in (("loss_norm", LOSS_NORMS), ("system_prompt", data.SYSTEM_PROMPT_MODES)):
+        if getattr(args, flag) not in choices:
+            raise SystemExit(f"--{flag} {getattr(args, flag)!r}: expected one of {', '.join(choices)}")
+    if args.norm_group < 1 or args.lr_horizon < 1 or not 0 <= args.min_lr_ratio <= 1:
+        raise SystemExit(f"need --norm_group >= 1 (got {args.norm_group}), --lr_horizon >= 1 (got {args.lr_horizon}) "
+                         f"and 0 <= --min_lr_ratio <= 1 (got {args.min_lr_ratio})")
+
+
 def lr_at(step, total_steps, args):
-    """Linear warm-up over warmup_steps, then cosine to 0 (App. E). step counts from 0."""
+    """The learning rate of optimiser step `step` (from 0) of total_steps: verl's get_cosine_schedule_with_warmup
+    (verl/utils/torch_functional.py lines 509-550 in the authors' fork), which both recipes ran (App. E: verl, cosine,
+    60 warm-up steps). Linear from min_lr_ratio * lr at step 0 to lr at warmup_steps, then a half cosine down to
+    min_lr_ratio * lr at lr_horizon * total_steps (the horizon is never passed for lr_horizon >= 1)."""
+    floor = args.min_lr_ratio
     if step < args.warmup_steps:
-        return args.lr * (step + 1) / args.warmup_steps
-    progress = (step - args.warmup_steps) / max(1, total_steps - args.warmup_steps)
-    return args.lr * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+        return args.lr * (floor + (1 - floor) * step / args.warmup_steps)
+    progress = (step - args.warmup_steps) / max(1, args.lr_horizon * total_steps - args.warmup_steps)
+    return args.lr * (floor + (1 - floor) * 0.5 * (1 + math.cos(math.pi * progress)))   # verl: x * coef + intercept
+
+
+def make_optimizer(model, args, device):
+    """AdamW with verl's defaults: betas (0.9, adam_beta2), weight decay 0.01 (fsdp_workers.py lines 435-440)."""
+    return torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
+                             betas=(0.9, args.adam_beta2), fused=device.type == "cuda" and not args.offload)
+
+
+def token_weights(step_examples, n_targets, args, step):
+    """{example: the weight of each of its response tokens} in one optimiser step over step_examples (all ranks), so
+    that the step's loss is sum_t w_t * loss_t. batch_token_mean: 1 / (the step's response tokens).
+    micro_batch_token_mean: the examples in random pairs (groups of norm_group), 1 / (groups x tokens of the
+    token's group): verl's length balancing leaves each GPU's sequences in sampler order, so its micro-batches of 2
+    pair sequences at random (seqlen_balancing.py lines 178-191). Same on every rank: a pure function of its inputs."""
+    if args.loss_norm == "batch_token_mean":
+        n_tok = sum(n_targets[i] for i in step_examples)
+        return {i: 1.0 / n_tok for i in step_examples}
+    order = sorted(step_examples)
+    shuffle = torch.randperm(len(order), generator=torch.Generator().manual_seed(args.seed + step)).tolist()
+    groups = [[order[k] for k in shuffle[g : g + args.norm_group]] for g in range(0, len(order), args.norm_group)]
+    return {i: 1.0 / (len(groups) * sum(n_targets[j] for j in group)) for group in groups for i in group}
 
 
 # ================================================================================================
@@ -166,6 +226,7 @@ def gather_diags(diag):
 def main():
     args, loss_cfg = common.parse_config(Args, cl.LossConfig)
     cl.config_for(args.loss, loss_cfg)                                  # fail early on an unknown --loss
+    check_recipe_args(args)
     rank, world, device = common.setup_distributed(args.dist_timeout_min)
     bf16 = args.bf16 and device.type == "cuda"
     out_dir = Path(args.out_dir)
@@ -197,8 +258,7 @@ def main():
                                offload=args.offload) if separate else None
     teacher = other if needs == "teacher_lq" else None
     base = other if needs == "base" else None
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                                  betas=(0.9, 0.95), fused=device.type == "cuda" and not args.offload)
+    optimizer = make_optimizer(model, args, device)
 
     step, epoch, batch_idx = 0, 0, 0
     resume_from = checkpoints.resume_point(out_dir)
@@ -233,7 +293,7 @@ def main():
             for group in torch.arange(len(mine)).tensor_split(args.updates_per_batch):
                 group = group.tolist()
                 everyone = [i for r in range(world) for k in group for i in plan[batch_idx][r][k]]
-                n_tok = sum(n_targets[i] for i in everyone)        # normaliser: this step's response tokens, all ranks
+                weight = token_weights(everyone, n_targets, args, step)   # the step's loss is sum_t w_t loss_t
                 want_log = step % args.log_every == 0
                 for g in optimizer.param_groups:
                     g["lr"] = lr_at(step, total_steps, args)
@@ -242,10 +302,13 @@ def main():
                     # FSDP reduce-scatters every micro-batch's gradient into the sharded float32 gradient. Syncing
                     # only the last one (set_requires_gradient_sync(False) before) would keep a full unsharded
                     # float32 gradient of every parameter on every rank until then: 30 GB for a 7B model
-                    total, diag = micro_batch_loss(model, teacher, base, mine[k], old_logp[k], args, loss_cfg, want_log)
-                    # Alg. 1 line 14 on the mean over this step's response tokens of all ranks; FSDP averages
-                    # gradients over ranks, hence * world (a gradient-sum option needs PREMUL_SUM, absent in gloo)
-                    (total * world / n_tok).backward()
+                    w = torch.tensor([weight[i] for i in plan[batch_idx][rank][k] for _ in range(n_targets[i])],
+                                     device=device)                         # [N], select_targets order
+                    total, diag = micro_batch_loss(model, teacher, base, mine[k], old_logp[k], args, loss_cfg,
+                                                   want_log, w)
+                    # Alg. 1 line 14 on the step's loss (--loss_norm); FSDP averages gradients over ranks, hence
+                    # * world (a gradient-sum option needs PREMUL_SUM, absent in gloo)
+                    (total * world).backward()
                     if base is not None:
                         base.reshard()                                      # its head was gathered for the backward
                     loss_sum += total.detach().float().cpu()
@@ -261,7 +324,7 @@ def main():
                 if want_log:
                     every = gather_diags(cat_diags(diags))
                     dt = time.perf_counter() - t0
-                    record = {"step": step, "epoch": epoch, "loss": loss_sum.item() / n_tok, "grad_norm": grad_norm.item(),
+                    record = {"step": step, "epoch": epoch, "loss": loss_sum.item(), "grad_norm": grad_norm.item(),
                               "lr": lr_at(step - 1, total_steps, args), "tokens_per_s": sum(lengths[i] for i in everyone) / dt,
                               "step_time_s": dt, "padding_efficiency": data.padding_efficiency(lengths, [mb for r in plan[batch_idx] for mb in r]),
                               **cl.summarize(every, loss_cfg.alpha)}

@@ -1,5 +1,6 @@
 # The paper's RL stage (App. E, Table 6): GRPO from an SFT checkpoint on OpenR1-Math-46K, 8 GPUs.
 # torchrun --nproc_per_node 8 rl.py config/rl_paper.py --model out/sft/step_000540 --train_file TRAIN.parquet
+# config/rl_authors.py is what the authors' scripts ran instead; README, "Two recipes", tables the differences.
 steps = 500
 prompts_per_step = 128       # Table 6 "Batch Size"
 rollouts = 8                 # Table 6 "Rollout Numbers"
@@ -7,10 +8,13 @@ mini_batch = 64              # Table 6 "Mini Batch Size": 2 optimiser steps per 
 lr = 1e-6
 clip_low = 0.2
 clip_high = 0.28
+policy_loss = "ppo_clip"     # GRPO with DAPO's clip-higher
+loss_agg = "token_mean"      # the paper does not say: verl's default, DAPO's token-level mean
 temperature = 1.0
 top_p = 0.95
 max_prompt_len = 1024
 max_response_len = 8192
+system_prompt = "paper"      # Table 7
 bf16 = True
 grad_ckpt = True
 micro_batch = 4              # sequences per forward per GPU (up to 4 x 9216 tokens); lower it on OOM

@@ -83,8 +83,11 @@ def write(path, rows):
 def test_load_parses_fields(tmp_path, ext):
     rows = [row(), row(question="Q2", ground_truth="\\frac{1}{2}", response="no think prefix", source="amc")]
     examples = data.load_examples(write(tmp_path / f"train.{ext}", rows), require_response=True)
-    assert examples[0] == data.Example(QUESTION, "46", RESPONSE, "openr1", 0, "sys")  # leading "<think>\n" stripped
-    assert examples[1] == data.Example("Q2", "\\frac{1}{2}", "no think prefix", "amc", 1, "sys")
+    stored = [{"role": "system", "content": "sys"}, {"role": "user", "content": QUESTION}]
+    # leading "<think>\n" stripped; the prompt messages kept as stored
+    assert examples[0] == data.Example(QUESTION, "46", RESPONSE, "openr1", 0, "sys", stored)
+    assert examples[1] == data.Example("Q2", "\\frac{1}{2}", "no think prefix", "amc", 1, "sys",
+                                       [stored[0], {"role": "user", "content": "Q2"}])
 
 
 def test_example_prompt_paper_or_row_system(tmp_path):
@@ -98,8 +101,31 @@ def test_example_prompt_paper_or_row_system(tmp_path):
         "<|im_start|>assistant\n<think>\n")
     with pytest.raises(ValueError, match="row 1: field 'prompt' has no system message"):
         data.example_prompt(without, system_prompt="row")
-    with pytest.raises(ValueError, match="expected 'paper' or 'row'"):
+    with pytest.raises(ValueError, match="system_prompt 'table7': expected one of paper, row, messages"):
         data.example_prompt(with_system, system_prompt="table7")
+
+
+def test_example_prompt_messages_is_the_stored_prompt_through_the_template(tmp_path, tok):
+    """The authors' prompt (train_dataset.py): the row's messages as stored, chat template applied, nothing added."""
+    rows = [row(), row()]
+    rows[0]["prompt"] = [{"role": "system", "content": data.SYSTEM_PROMPT},
+                         {"role": "user", "content": data.USER_PREFIX + QUESTION}]
+    rows[1]["prompt"] = [{"role": "user", "content": QUESTION}, {"role": "assistant", "content": "Hint."},
+                         {"role": "user", "content": "Go on."}]
+    table7, several = data.load_examples(write(tmp_path / "m.parquet", rows))
+    want = tok.apply_chat_template(rows[1]["prompt"], add_generation_prompt=True, tokenize=False)
+    assert data.example_prompt(several, tok, "messages") == want
+    assert want.endswith("<|im_start|>assistant\n") and "<think>" not in want      # no "<think>\n" appended
+    assert data.example_prompt(several, None, "messages") == want                   # ChatML without a template
+    # a row that stores Table 7 gives Table 7 up to the "<think>\n" that "paper" opens the assistant turn with;
+    # "paper" does not prefix "Here is the question:" twice
+    assert data.example_prompt(table7, tok, "messages") + data.THINK == data.example_prompt(table7, tok, "paper")
+    assert data.example_prompt(table7, tok, "paper") == data.build_prompt(QUESTION, tok)
+    broken = data.Example(QUESTION, "1", None, "x", 7, None, [{"role": "user", "content": ["not", "text"]}])
+    with pytest.raises(ValueError, match=r"row 7: field 'prompt\[0\]' is not a \{role, content\} message"):
+        data.example_prompt(broken, tok, "messages")
+    with pytest.raises(ValueError, match=r"row 7: field 'prompt\[0\]'"):
+        data.example_prompt(data.Example(QUESTION, "1", None, "x", 7), tok, "messages")
 
 
 def test_load_numeric_ground_truth_and_eval_file(tmp_path):
@@ -295,23 +321,57 @@ def test_download_offline_is_a_clear_error(tmp_path, monkeypatch):
         raise OSError("Network is unreachable")
 
     monkeypatch.setattr(huggingface_hub, "snapshot_download", offline)
-    with pytest.raises(SystemExit, match=r"could not download dataset Elliott/Openr1-Math-46k-8192 .*"
+    with pytest.raises(SystemExit, match=r"could not download dataset Hao0oWang/CurioSFT_Data .*"
                                          r"Network is unreachable.*needs a machine online"):
         data._download_main(["--out", str(tmp_path)])
 
 
-def test_download_checks_the_schema_of_what_it_fetched(tmp_path, monkeypatch, capsys):
+def fake_hub(calls, files):
+    """A snapshot_download that records its calls and writes `files` ({relative path: rows}) under a dataset's
+    local_dir (a model gets a config.json)."""
+    def download(repo_id, repo_type, local_dir):
+        calls.append((repo_id, repo_type, Path(local_dir)))
+        Path(local_dir).mkdir(parents=True)
+        if repo_type == "model":
+            (Path(local_dir) / "config.json").write_text("{}")
+        for name, rows in files.items():
+            (Path(local_dir) / name).parent.mkdir(parents=True, exist_ok=True)
+            write(Path(local_dir) / name, rows)
+    return download
+
+
+def test_download_fetches_the_authors_data_and_both_models(tmp_path, monkeypatch, capsys):
     import huggingface_hub
 
-    def hub_giving(rows):  # a fake snapshot_download that puts one parquet file somewhere under local_dir
-        def download(repo_id, repo_type, local_dir):
-            (Path(local_dir) / "data").mkdir(parents=True)
-            write(Path(local_dir) / "data" / "train.parquet", rows)
-        return download
+    calls = []
+    files = {"train.parquet": [row(), row()], "validation.parquet": [row(response=None)],
+             "test.math.parquet": [row(response=None)] * 3, "test.gpqa.parquet": [row(response=None, ground_truth="A")]}
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_hub(calls, files))
+    data._download_main(["--out", str(tmp_path / "data"), "--model_out", str(tmp_path / "models")])
+    assert [(repo, kind) for repo, kind, _ in calls] == [
+        ("Hao0oWang/CurioSFT_Data", "dataset"), ("Elliott/Openr1-Math-46k-8192", "dataset"),
+        ("Hao0oWang/Qwen2.5-Math-7B-16k-think", "model"), ("Elliott/Qwen2.5-Math-7B-16k-think", "model")]
+    # the two models share a name: each gets its own folder
+    assert calls[2][2] == tmp_path / "models" / "Hao0oWang" / "Qwen2.5-Math-7B-16k-think"
+    assert calls[3][2] == tmp_path / "models" / "Elliott" / "Qwen2.5-Math-7B-16k-think"
+    out = capsys.readouterr().out
+    authors = tmp_path / "data" / "curiosft"
+    assert f"{authors / 'test.math.parquet'}: 3 rows" in out and f"{authors / 'train.parquet'}: 2 rows" in out
+    # the benchmark files are the test.* ones: not train.parquet, not validation.parquet
+    assert out.splitlines()[-1] == (f"training file: {authors / 'train.parquet'}; benchmark files: "
+                                    f"{authors / 'test.gpqa.parquet'}, {authors / 'test.math.parquet'}")
 
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub_giving([row(), row()]))
-    data._download_main(["--out", str(tmp_path / "good")])
-    assert f"{tmp_path / 'good' / 'openr1_46k' / 'data' / 'train.parquet'}: 2 rows" in capsys.readouterr().out
-    monkeypatch.setattr(huggingface_hub, "snapshot_download", hub_giving([{"x": 1}]))
-    with pytest.raises(ValueError, match=r"train\.parquet row 0"):
+    calls.clear()
+    data._download_main(["--out", str(tmp_path / "d2"), "--model_out", str(tmp_path / "m2"), "--models", "authors"])
+    assert [repo for repo, kind, _ in calls if kind == "model"] == ["Hao0oWang/Qwen2.5-Math-7B-16k-think"]
+
+
+def test_download_checks_the_files_it_fetched(tmp_path, monkeypatch):
+    import huggingface_hub
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_hub([], {"train.parquet": [{"x": 1}]}))
+    with pytest.raises(ValueError, match=r"train\.parquet row 0"):                # not in the schema
         data._download_main(["--out", str(tmp_path / "bad")])
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_hub([], {"data/train.parquet": [row()]}))
+    with pytest.raises(SystemExit, match=r"Hao0oWang/CurioSFT_Data gave no train\.parquet or no test\.\*\.parquet"):
+        data._download_main(["--out", str(tmp_path / "moved")])                   # another layout

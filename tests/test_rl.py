@@ -71,6 +71,40 @@ def test_group_advantages_on_known_groups():
     assert adv[4].tolist() == pytest.approx([-0.935413, 0.935413] * 4, abs=1e-6)
 
 
+def test_singleton_groups_get_verls_mean_0_std_1():
+    """--rollouts 1: no std to take; verl's compute_grpo_outcome_advantage uses mean 0, std 1: A = r / (1 + 1e-6)."""
+    adv, no_signal = rl.group_advantages(torch.tensor([[1.0], [0.0], [0.5]]))
+    assert not adv.isnan().any()
+    assert adv[:, 0].tolist() == pytest.approx([1 / (1 + 1e-6), 0.0, 0.5 / (1 + 1e-6)], abs=1e-7)   # float32
+    assert adv[0, 0] != 1.0                                               # the eps is there, as in verl
+    assert no_signal.tolist() == [False, True, False]
+
+
+def test_custom_loss_rl_is_reinforce_below_zero_and_a_two_sided_clip_above():
+    """The authors' custom_loss, algo_type="rl": min(-A log pi, -A clip(r, 0.8, 1.2)) (clip 0.2 on both sides)."""
+    ratio = torch.tensor([1.5, 0.5, 1.1, 1.5, 0.5, 1.1, 1.5], dtype=torch.float64)
+    adv = torch.tensor([1.0, 1.0, 1.0, -2.0, -2.0, -2.0, 0.0], dtype=torch.float64)
+    old = torch.tensor([-1.0, -2.0, -0.5, -3.0, -1.0, -0.2, -1.0], dtype=torch.float64)
+    lp = (old + ratio.log()).requires_grad_()
+    loss, diag = rl.clipped_loss(lp, old, adv, 0.2, 0.2, "custom_loss_rl")
+    # A > 0: -A clip(r): -1.2 and -0.8 (clipped above and below), -1.1 inside. A < 0: -A log pi = 2 log pi
+    want = [-1.2, -0.8, -1.1] + [2 * v for v in (old[3:6] + ratio[3:6].log()).tolist()] + [0.0]
+    assert loss.tolist() == pytest.approx(want, abs=1e-12)
+    loss.sum().backward()
+    # A > 0: gradient -A r inside the range, none outside on either side; A < 0: -A, whatever the ratio
+    assert lp.grad.tolist() == pytest.approx([0.0, 0.0, -1.1, 2.0, 2.0, 2.0, 0.0], abs=1e-12)
+    assert diag["clip_high"].tolist() == [1, 0, 0, 0, 0, 0, 0]
+    assert diag["clip_low"].tolist() == [0, 1, 0, 0, 0, 0, 0]
+    with pytest.raises(ValueError, match="policy_loss 'grpo': expected one of ppo_clip, custom_loss_rl"):
+        rl.clipped_loss(lp, old, adv, 0.2, 0.2, "grpo")
+
+
+@pytest.mark.parametrize("flag,value", [("policy_loss", "grpo"), ("loss_agg", "seq_mean"), ("system_prompt", "x")])
+def test_unknown_recipe_values_stop_before_anything_loads(world_of_one, flag, value):
+    with pytest.raises(SystemExit, match=f"--{flag} '{value}': expected one of "):
+        rl.train(rl.Args(**{flag: value}, model="/nonexistent"), world_of_one)
+
+
 def test_clipped_loss_values_gradients_and_clip_fractions():
     # eps_low 0.2, eps_high 0.28: the ratio is clipped to [0.8, 1.28]
     ratio = torch.tensor([1.5, 0.5, 1.1, 1.5, 0.5, 1.1, 1.5], dtype=torch.float64)
@@ -164,14 +198,18 @@ class GradCapture:
             p.grad = None
 
 
-def test_optimiser_step_takes_the_token_mean_over_its_micro_batches(checkpoint, world_of_one):
-    """Micro-batches of 7 and 1 response tokens: each token weighs 1/8 (a mean over sequences or micro-batches
-    would not), padding weighs nothing."""
+@pytest.mark.parametrize("policy_loss,loss_agg,divisor", [("ppo_clip", "token_mean", 8),
+                                                           ("custom_loss_rl", "seq_sum_over_max_len", 3 * 16)])
+def test_optimiser_step_combines_its_micro_batches_as_loss_agg_says(checkpoint, world_of_one, policy_loss, loss_agg,
+                                                                    divisor):
+    """Micro-batches of 7 and 1 response tokens in 3 sequences. token_mean: each token weighs 1/8 (a mean over
+    sequences or micro-batches would not). seq_sum_over_max_len: each weighs 1/(3 sequences x max_response_len 16),
+    whatever the sequences' lengths. Padding weighs nothing."""
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(checkpoint)
     model = fsdp_model(checkpoint)
-    args = rl.Args(loss_chunk=3, grad_clip=1e9)
+    args = rl.Args(loss_chunk=3, grad_clip=1e9, policy_loss=policy_loss, loss_agg=loss_agg, max_response_len=16)
     mbs, reference = [], 0.0
     for responses, a in (([[11, 12, 13, 14, 15, tok.eos_token_id], [21]], 1.0), ([[31]], -2.0)):
         batch, _ = padded_batch(tok, responses)
@@ -182,8 +220,8 @@ def test_optimiser_step_takes_the_token_mean_over_its_micro_batches(checkpoint, 
         sel = batch["loss_mask"][:, 1:].bool()
         lp = model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].log_softmax(-1)
         reference = reference + rl.clipped_loss(lp.gather(-1, batch["input_ids"][:, 1:, None])[..., 0][sel], old, adv,
-                                                0.2, 0.28)[0].sum()
-    (reference / 8).backward()
+                                                0.2, 0.28, policy_loss)[0].sum()
+    (reference / divisor).backward()
     want = [p.grad.full_tensor().clone() for p in model.parameters()]
     model.zero_grad()
     capture = GradCapture(model.parameters())

@@ -110,14 +110,6 @@ def test_teacher_ema_is_alg1_line17_bit_for_bit(world_of_one, tiny_model_dir):
     assert not torch.equal(got["lm_head.weight"], old["lm_head.weight"])
 
 
-def test_lr_schedule_warms_up_then_follows_a_cosine():
-    args = sft.Args(lr=1.0, warmup_steps=4)
-    lrs = [sft.lr_at(s, 20, args) for s in range(20)]
-    assert lrs[:4] == [0.25, 0.5, 0.75, 1.0]
-    assert lrs[4] == 1.0 and abs(lrs[12] - 0.5) < 1e-12 and lrs[19] < 0.01
-    assert all(a >= b for a, b in zip(lrs[3:], lrs[4:]))
-
-
 # ---------------------------------------------------------------- whole runs (subprocesses)
 def free_port():
     with socket.socket() as s:
