@@ -51,6 +51,7 @@ PYTHON_SYNTAX = [
     ("\\boxed{\\arcsin(13/10)}", "np.arcsin(10/13)", 0),
     ("\\boxed{-\\frac{1}{3}}", "-1./3", 1), ("\\boxed{-1/3}", "-1./3", 1), ("\\boxed{-1}", "-1./3", 0),
     ("\\boxed{-\\frac{3}{2}}", "-3./2", 1), ("\\boxed{-1.5}", "-3./2", 1), ("\\boxed{-3}", "-3./2", 0),
+    ("\\boxed{\\ln 2}", "np.log(2)", 1), ("\\boxed{\\log 2}", "np.log(2)", 0),  # numpy's log is natural
 ]
 UNICODE = [
     ("\\boxed{90°}", "90^\\circ", 1), ("\\boxed{90°}", "90", 1), ("\\boxed{90 °}", "90", 1), ("\\boxed{90^\\circ}", "90", 1),
