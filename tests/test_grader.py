@@ -272,6 +272,7 @@ def test_grader_bounds_time_on_adversarial_input():
 
 
 def test_grade_from_a_thread():
+    gr._stop_workers()  # the thread starts its own
     out = {}
 
     def work():
@@ -283,7 +284,9 @@ def test_grade_from_a_thread():
     thread.start()
     thread.join(60)
     assert out == {"batched": ([1.0, 0.0], 0), "one": 1.0}
-    # Workers die with the thread that started them (PR_SET_PDEATHSIG); the next call replaces them.
+    if sys.platform.startswith("linux"):  # workers die with the thread that started them (PR_SET_PDEATHSIG) ...
+        assert _wait_gone([w.process.pid for w in gr._POOL], 5.0)
+    # ... and the next call replaces them
     assert gr.grade([T + "\\boxed{2}"] * 3, ["2"] * 3, ["math"] * 3, workers=2) == ([1.0] * 3, 0)
 
 
