@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
 from collections import deque
 from dataclasses import dataclass
 from multiprocessing.connection import Connection, wait
@@ -256,18 +257,29 @@ def _hendrycks_normalize(answer: str) -> str:
     return _fix_a_slash_b("\\frac{1}{2}" if s == "0.5" else s)
 
 
+_GREEK = ("alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu nu xi omicron pi rho sigma tau upsilon "
+          "phi chi psi omega").split()
+_PLAIN_MACROS = {  # what pylatexenc writes for the commands answers use; the rest it drops
+    **{name: name for name in "cos sin tan arccos arcsin arctan cosh sinh tanh arccosh arcsinh arctanh ln log exp max "
+                              "min sup inf lim".split()},  # not \\cot, \\sec, \\det: pylatexenc drops those
+    **{g: unicodedata.lookup("GREEK SMALL LETTER " + g.upper().replace("LAMB", "LAM")) for g in _GREEK},
+    **{g.capitalize(): unicodedata.lookup("GREEK CAPITAL LETTER " + g.upper().replace("LAMB", "LAM")) for g in _GREEK},
+    "phi": "ϕ", "epsilon": "ϵ", "pi": "pi", "infty": "inf", "cup": "U", "cdot": "*", "times": "*", "pm": "±",
+    "in": "∈", "le": "≤", "leq": "≤", "ge": "≥", "geq": "≥", "ne": "≠", "neq": "≠", "circ": "∘", "prime": "'", "%": "%"}
+
+
 def _latex_to_plain(expr: str) -> str:
-    """LaTeX to the plain text sympy reads: a small stand-in for the pylatexenc latex2text call of
-    oat_math_grader.py lines 687-702 (\\frac{a}{b} -> a/b as pylatexenc writes it, \\sqrt{x} -> sqrt(x), \\pi -> pi,
-    \\cdot -> *, \\text{x} -> x; other commands lose their backslash)."""
+    """LaTeX to the plain text sympy reads, as the pylatexenc latex2text call of oat_math_grader.py lines 687-702
+    does it for the commands answers use: \\frac{a}{b} -> a/b (no parentheses, as pylatexenc writes it),
+    \\sqrt{x} -> sqrt(x), \\text{x} -> x, \\pi -> pi, \\cdot -> *, Greek letters -> Unicode, unknown commands
+    dropped."""
     expr = re.sub(r"\\[dt]frac", r"\\frac", expr).replace("\\left", "").replace("\\right", "")
     for _ in range(8):  # innermost first
-        expr = re.sub(r"\\frac\s*\{([^{}]*)\}\s*\{([^{}]*)\}", r" \1/\2", expr)
-        expr = re.sub(r"\\sqrt\s*\{([^{}]*)\}", r"sqrt(\1)", expr)
+        expr = re.sub(r"\\frac\s*(?:\{([^{}]*)\}|([^\s{}\\]))\s*(?:\{([^{}]*)\}|([^\s{}\\]))",  # \\frac{a}{b}, \\frac65
+                      lambda m: f" {m[1] or m[2]}/{m[3] or m[4]}", expr)
+        expr = re.sub(r"\\sqrt\s*(?:\[[^\]]*\])?\s*\{([^{}]*)\}", r"sqrt(\1)", expr)
         expr = re.sub(r"\\(?:text|textbf|mathrm|mathbf|mbox)\s*\{([^{}]*)\}", r"\1", expr)
-    for latex, plain in (("\\infty", "inf"), ("\\cup", "U"), ("\\cdot", "*"), ("\\times", "*")):
-        expr = expr.replace(latex, plain)
-    return re.sub(r"\\([A-Za-z]+)", r"\1", expr).strip()
+    return re.sub(r"\\([A-Za-z]+|%)", lambda m: _PLAIN_MACROS.get(m[1], ""), expr).strip()
 
 
 def _strip_thousands(expr: str) -> str:
