@@ -1,8 +1,9 @@
 # Evaluation of CurioSFT checkpoints (paper Sec. 5.1, Table 2, Figs. 1, 2, 4); design notes in DESIGN.md.
-"""Generation (vLLM on GPU, HF `generate` on CPU), grading (math-verify; letters for multiple choice), avg@n,
+"""Generation (vLLM on GPU, HF `generate` on CPU), grading (grading.py: the paper's rule or the authors'), avg@n,
 unbiased pass@k, token entropy, n-gram diversity, expert-token entropy, tables and plots.
 
-    python evaluate.py --model CKPT --data BENCH_DIR --out out/eval/ckpt [--engine auto|hf|vllm] [--n 8]
+    python evaluate.py --model CKPT --data BENCH_DIR --out out/eval/ckpt [--engine auto|hf|vllm] [--n 8] \
+        [--grading paper|authors]
     python evaluate.py plot --results out/eval/*/results.json --logs runs/*/log.jsonl --out out/compare
 
 rl.py reuses `load_engine`, `generate` and `grade` (its reward).
@@ -10,16 +11,8 @@ rl.py reuses `load_engine`, `generate` and `grade` (its reward).
 import importlib.util
 import itertools
 import json
-import logging
-import re
-import socket
-import subprocess
 import sys
-import threading
-import time
-from collections import deque
 from dataclasses import asdict, dataclass, field
-from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -30,15 +23,12 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 import transformers
-from math_verify import parse, verify
 from tqdm import tqdm
 
 from common import parse_config
 from curio_loss import entropy
 from data import Example, example_prompt, load_examples, tokenize_sft
-
-# math-verify logs every timeout together with the whole (possibly huge) input.
-logging.getLogger("math_verify").setLevel(logging.ERROR)
+from grading import GRADING_MODES, answer_kind, grade
 
 ID_BENCHMARKS = ["aime", "aime25", "amc", "math", "minerva", "olympiad_bench"]  # paper Table 2, left
 OOD_BENCHMARKS = ["gpqa", "mmlu_pro", "arc_c"]  # paper Table 2, right: multiple choice
@@ -89,6 +79,9 @@ class Args:
     """seconds per graded response; a grader worker that overruns is killed and the response scores 0"""
     grader_workers: int = 4
     """grader processes"""
+    grading: str = "paper"
+    """paper: the text after the last </think>, math-verify (the paper's rule and RL reward) | authors: the authors'
+    evaluation grader (whole response; math-verify or their boxed-answer grader), as behind the paper's tables"""
     sft_data: str = ""
     """optional SFT file: also measure expert-token entropy on it (paper Fig. 2a/b)"""
     sft_examples: int = 256
@@ -110,50 +103,8 @@ class PlotArgs:
 
 
 # =========================================================================================================
-# ALGO LOGIC: grading (the RL reward too), metrics, expert-token entropy
+# ALGO LOGIC: metrics, expert-token entropy (grading, the RL reward too, is grading.py)
 # =========================================================================================================
-MC_LABEL = re.compile(r"[A-J1-9]")  # option letters; 22 ARC-Challenge questions number their options 1-4
-# Last of: \boxed{C}, \boxed{\text{C}}, \boxed{(C)}, \boxed{C)}, "ANSWER: C" (the GPQA prompt's format).
-MC_ANSWER = re.compile(r"\\boxed\{\s*(?:\\text(?:bf)?\{\s*)?\(?([A-J1-9])\)?\s*\}|(?i:answer)\s*:\s*\(?([A-J1-9])\b")
-
-
-def answer_kind(data_source: str, ground_truth: str) -> str:
-    """"mc" for a multiple-choice benchmark whose ground truth is an option label, else "math"."""
-    mc = data_source.lower().startswith(("arc", "gpqa", "mmlu"))
-    return "mc" if mc and MC_LABEL.fullmatch(ground_truth.strip()) else "math"
-
-
-def final_answer_text(response: str) -> str | None:
-    """The text after the last </think>; None when the model never closed its reasoning (scored wrong)."""
-    _, sep, tail = response.rpartition("</think>")
-    return tail if sep else None
-
-
-def _score(response: str, ground_truth: str, kind: str, timeout_s: int | None) -> float:
-    """1.0 if the final answer matches, else 0.0. Raises on grader errors. timeout_s: math-verify's own
-    signal.alarm limits (only possible in a main thread); None = unbounded, the caller bounds the time."""
-    answer = final_answer_text(response)
-    if answer is None:
-        return 0.0
-    if kind == "mc":
-        found = MC_ANSWER.findall(answer)
-        return float(bool(found) and "".join(found[-1]) == ground_truth.strip())
-    gold = parse("$" + ground_truth + "$", parsing_timeout=timeout_s)  # unwrapped, \sqrt{2} parses to nothing
-    if not gold:
-        raise ValueError(f"math-verify cannot parse the ground truth {ground_truth!r}")
-    return float(verify(gold, parse(answer, parsing_timeout=timeout_s), timeout_seconds=timeout_s))  # gold first
-
-
-def grade_one(response: str, ground_truth: str, kind: str = "math", timeout_s: int = 5) -> float:
-    """Grade in this process: 0.0 on any grader error. math-verify's timeouts are signal based, so they only
-    apply in the main thread; elsewhere nothing bounds the time: use grade(), which grades in worker processes."""
-    in_main = threading.current_thread() is threading.main_thread()
-    try:
-        return _score(response, ground_truth, kind, timeout_s if in_main else None)
-    except Exception:
-        return 0.0
-
-
 def pass_at_k(n: int, c: int, k: int) -> float:
     """Unbiased pass@k = 1 - C(n-c, k) / C(n, k) (Chen et al. 2021), as a product: no huge binomials."""
     if n - c < k:
@@ -408,94 +359,6 @@ def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_token
 
 
 # =========================================================================================================
-# Grader worker processes. math-verify can hang (huge expressions); its own timeouts use signal.alarm, which
-# only works in a main thread, and not at all inside long C calls. So each response is graded in a worker
-# process under a wall-clock deadline; an overrunning worker is killed and replaced. Workers persist between
-# calls (rl.py grades every step) and grade() may be called from any thread.
-# =========================================================================================================
-@dataclass
-class _Worker:
-    process: subprocess.Popen
-    conn: Connection
-    ready: bool = False  # sent "ready" once its imports and a warm-up grade are done
-
-
-_POOL: list[_Worker] = []
-_POOL_LOCK = threading.Lock()
-
-
-def _grader_worker(fd: int) -> None:
-    conn = Connection(fd)
-    _score("</think>\\boxed{1}", "1", "math", None)  # pay math-verify's lazy imports before the first deadline
-    conn.send("ready")
-    while True:
-        try:
-            job = conn.recv()
-        except EOFError:  # the parent exited
-            return
-        try:
-            conn.send((_score(*job, timeout_s=None), False))
-        except Exception:
-            conn.send((0.0, True))
-
-
-def _start_worker() -> _Worker:
-    # A fresh interpreter that imports only this file: unlike fork it is safe with CUDA and threads, and unlike
-    # multiprocessing's spawn it never re-runs the caller's __main__ (a nanoGPT-style script runs on import).
-    parent, child = socket.socketpair()
-    code = (f"import sys; sys.path.insert(0, {str(Path(__file__).resolve().parent)!r}); import evaluate; "
-            f"evaluate._grader_worker({child.fileno()})")
-    process = subprocess.Popen([sys.executable, "-c", code], pass_fds=[child.fileno()])
-    child.close()
-    return _Worker(process, Connection(parent.detach()))
-
-
-def _kill(worker: _Worker) -> None:
-    worker.process.kill()
-    worker.process.wait()
-    worker.conn.close()
-
-
-def grade(responses: list[str], ground_truths: list[str], kinds: list[str], timeout_s: float = 10.0,
-          workers: int = 4) -> tuple[list[float], int]:
-    """(scores, n_failures). A response whose grading raises or overruns timeout_s scores 0 and is a failure."""
-    scores, failures = [0.0] * len(responses), 0
-    todo = deque(range(len(responses)))
-    busy: dict[int, tuple[int, float]] = {}  # pool slot -> (response index, deadline)
-    with _POOL_LOCK, tqdm(total=len(responses), desc="grading", disable=len(responses) < 1000) as bar:
-        _POOL[:] = [w for w in _POOL if w.process.poll() is None]
-        _POOL.extend(_start_worker() for _ in range(min(max(workers, 1), len(responses)) - len(_POOL)))
-        while todo or busy:
-            for slot, w in enumerate(_POOL):
-                if todo and w.ready and slot not in busy:
-                    i = todo.popleft()
-                    w.conn.send((responses[i], ground_truths[i], kinds[i]))
-                    busy[slot] = (i, time.monotonic() + timeout_s)
-            next_deadline = min((d for _, d in busy.values()), default=None)
-            wait([w.conn for w in _POOL], None if next_deadline is None else max(0.0, next_deadline - time.monotonic()))
-            for slot, w in enumerate(_POOL):
-                try:
-                    message = w.conn.recv() if w.conn.poll() else None
-                except EOFError:  # the worker died (e.g. out of memory)
-                    if not w.ready:
-                        raise RuntimeError("a grader worker process failed to start") from None
-                    message = "died"
-                if message == "ready":
-                    w.ready = True
-                elif isinstance(message, tuple):  # (score, failed)
-                    i, _ = busy.pop(slot)
-                    scores[i], failures = message[0], failures + message[1]
-                    bar.update()
-                elif message == "died" or (slot in busy and time.monotonic() > busy[slot][1]):
-                    if busy.pop(slot, None) is not None:  # its response keeps score 0
-                        failures += 1
-                        bar.update()
-                    _kill(w)
-                    _POOL[slot] = _start_worker()
-    return scores, failures
-
-
-# =========================================================================================================
 # Benchmarks, the evaluation run, tables and plots
 # =========================================================================================================
 def load_benchmarks(path: str, limit: int = 0) -> dict[str, list[Example]]:
@@ -537,7 +400,7 @@ def evaluate(engine: Engine, tokenizer, benchmarks: dict[str, list[Example]], ar
                 "length": len(s.token_ids), "finish_reason": s.finish_reason}
                for b in benchmarks for ex, qs in zip(benchmarks[b], samples[b]) for j, s in enumerate(qs)]
     scores, failures = grade([r["response"] for r in records], [r["ground_truth"] for r in records],
-                             [r["kind"] for r in records], args.grader_timeout, args.grader_workers)
+                             [r["kind"] for r in records], args.grader_timeout, args.grader_workers, args.grading)
     for r, s in zip(records, scores):
         r["score"] = s
 
@@ -567,7 +430,8 @@ def results_table(result: dict) -> str:
             "–" if m["diversity"] is None else f"{m['diversity']:.3f}", _pct(m["truncated"])]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     s = result["summary"]
-    lines += ["", f"ID avg {_pct(s['id_avg'])} · OOD avg {_pct(s['ood_avg'])} · grader failures "
+    grading = result.get("settings", {}).get("grading", "paper")
+    lines += ["", f"ID avg {_pct(s['id_avg'])} · OOD avg {_pct(s['ood_avg'])} · grading {grading} · grader failures "
                   f"{result['grader_failures']}"]
     if result.get("expert_entropy"):
         e = result["expert_entropy"]
@@ -693,6 +557,8 @@ def run_eval(args: Args) -> dict:
         # vLLM would end such responses at max_model_len ("length"), short of max_new_tokens
         raise ValueError(f"--max-prompt-len {args.max_prompt_len} + --max-new-tokens {args.max_new_tokens} is over "
                          f"--max-model-len {args.max_model_len}: raise --max-model-len or lower the other two")
+    if args.grading not in GRADING_MODES:
+        raise ValueError(f"--grading {args.grading!r}: one of {', '.join(GRADING_MODES)}")
     benchmarks = load_benchmarks(args.data, args.limit)  # fail on bad data before loading a model
     expert = None
     if args.sft_data:  # teacher forcing needs HF logits; done first, so vLLM gets the GPU memory afterwards

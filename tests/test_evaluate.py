@@ -1,12 +1,10 @@
-"""evaluate.py: pass@k, diversity, the grader (also under adversarial input and from a thread), HF generation,
-expert-token entropy, and an end-to-end CPU evaluation of a tiny random Qwen2 with tables and plots."""
+"""evaluate.py: pass@k, diversity, HF generation, expert-token entropy, the wiring of the grader (grading.py, tested in
+test_grader.py), and an end-to-end CPU evaluation of a tiny random Qwen2 with tables and plots."""
 import dataclasses
 import itertools
 import json
 import math
 import sys
-import threading
-import time
 from pathlib import Path
 
 import pandas as pd
@@ -68,91 +66,7 @@ def test_ngram_diversity():
     assert ev.ngram_diversity([a]) is None
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Grader
-# ---------------------------------------------------------------------------------------------------------
-T = "<think>\nlet me think\n</think>\n"
-GRADER_CASES = [  # (response, ground truth, kind, expected score)
-    (T + "The answer is $\\boxed{0.5}$.", "\\frac{1}{2}", "math", 1),
-    (T + "\\boxed{\\frac{1}{2}}", "0.5", "math", 1),
-    (T + "\\boxed{1/2}", "\\frac12", "math", 1),
-    (T + "\\boxed{\\dfrac{1}{2}}", "\\frac{1}{2}", "math", 1),
-    (T + "\\boxed{0.6}", "\\frac{1}{2}", "math", 0),
-    (T + "\\boxed{(3, \\frac{\\pi}{2})}", "\\left( 3, \\frac{\\pi}{2} \\right)", "math", 1),
-    (T + "\\boxed{(3, \\pi)}", "\\left( 3, \\frac{\\pi}{2} \\right)", "math", 0),
-    (T + "\\boxed{[2,5)}", "[2, 5)", "math", 1),
-    (T + "\\boxed{(2,5)}", "[2, 5)", "math", 0),  # open vs half-open interval
-    (T + "\\boxed{(1, 2)}", "(1,2)", "math", 1),
-    (T + "\\boxed{(2, 1)}", "(1,2)", "math", 0),
-    (T + "\\boxed{1+x^2}", "x^2+1", "math", 1),
-    (T + "\\boxed{\\sqrt 2}", "\\sqrt{2}", "math", 1),
-    (T + "\\boxed{\\text{10}}", "10", "math", 1),
-    (T + "\\boxed{4}", "3", "math", 0),
-    (T + "no idea", "3", "math", 0),
-    ("\\boxed{3}", "3", "math", 0),  # no </think>: wrong even when right
-    ("<think>\\boxed{3}</think> so the answer is \\boxed{4}", "3", "math", 0),  # only after </think> counts
-    ("<think>a</think>\\boxed{4} wait</think>\\boxed{3}", "3", "math", 1),  # the LAST </think>
-    (T + "\\boxed{C}", "C", "mc", 1),
-    (T + "\\boxed{\\text{C}}", "C", "mc", 1),
-    (T + "\\boxed{C)}", "C", "mc", 1),
-    (T + "\\boxed{(C)}", "C", "mc", 1),
-    (T + "ANSWER: B", "B", "mc", 1),
-    (T + "answer: D", "D", "mc", 1),
-    (T + "\\boxed{A} hmm, no. ANSWER: C", "C", "mc", 1),  # last occurrence
-    (T + "\\boxed{A} hmm, no. ANSWER: C", "A", "mc", 0),
-    (T + "\\boxed{2}", "2", "mc", 1),  # ARC-C questions with numbered options
-    ("\\boxed{C}", "C", "mc", 0),
-    (T + "ANSWER: Apples", "A", "mc", 0),
-]
-
-
-def test_answer_kind():
-    assert ev.answer_kind("gpqa", "A") == "mc" and ev.answer_kind("arc_c", " 3 ") == "mc"
-    assert ev.answer_kind("mmlu_pro", "J") == "mc"
-    assert ev.answer_kind("math", "C") == "math" and ev.answer_kind("gpqa", "12") == "math"
-
-
-@pytest.mark.parametrize("response,gt,kind,expected", GRADER_CASES)
-def test_grade_one(response, gt, kind, expected):
-    assert ev.grade_one(response, gt, kind) == expected
-
-
-def test_grade_batched_matches_grade_one():
-    responses, gts, kinds, expected = map(list, zip(*GRADER_CASES))
-    scores, failures = ev.grade(responses, gts, kinds, timeout_s=20, workers=2)
-    assert scores == expected and failures == 0
-
-
-def test_grader_bounds_time_on_adversarial_input():
-    ev.grade([T + "\\boxed{1}"] * 2, ["1"] * 2, ["math"] * 2, workers=2)  # start the workers outside the timing
-    start = time.monotonic()  # 9^(9^(9^9)) never finishes without math-verify's signals, absent in workers
-    scores, failures = ev.grade([T + "\\boxed{9^{9^{9^{9}}}}", T + "\\boxed{7}", T + "\\boxed{8}"], ["3", "7", "8"],
-                                ["math"] * 3, timeout_s=1.5, workers=2)
-    assert time.monotonic() - start < 1.5 + 2.5  # killed at its deadline; the other worker graded the rest
-    assert (scores, failures) == ([0.0, 1.0, 1.0], 1)
-    # A 6000-deep nested expression (17 s to parse) is killed too; an unparsable ground truth is a failure.
-    nested = T + "\\boxed{" + "(" * 3000 + "1" + ")" * 3000 + "}"
-    scores, failures = ev.grade([nested, T + "\\boxed{1}"], ["1", "\\text{}"], ["math"] * 2, timeout_s=1.5, workers=2)
-    assert (scores, failures) == ([0.0, 0.0], 2)
-    assert ev.grade([T + "\\boxed{5}"] * 3, ["5"] * 3, ["math"] * 3, workers=2) == ([1.0] * 3, 0)  # replaced workers
-
-    start = time.monotonic()  # in-process, main thread: math-verify's own signal timeouts apply
-    assert ev.grade_one(T + "\\boxed{9^{9^{9^{9}}}}", "3", timeout_s=1) == 0.0
-    assert time.monotonic() - start < 5
-
-
-def test_grade_from_a_thread():
-    out = {}
-
-    def work():
-        out["batched"] = ev.grade([T + "\\boxed{\\frac{1}{2}}", T + "\\boxed{2}"], ["0.5", "3"], ["math"] * 2,
-                                  workers=2)
-        out["one"] = ev.grade_one(T + "\\boxed{(1,2)}", "(1, 2)")
-
-    thread = threading.Thread(target=work)
-    thread.start()
-    thread.join(60)
-    assert out == {"batched": ([1.0, 0.0], 0), "one": 1.0}
+T = "<think>\nlet me think\n</think>\n"  # grading.py's own tests: tests/test_grader.py
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -255,6 +169,10 @@ def test_evaluate_wiring_with_canned_responses(tmp_path, monkeypatch):
     assert result["summary"]["id_avg"] == pytest.approx((5 / 8 + 4 / 8) / 2) and result["summary"]["ood_avg"] == 0.5
     assert [r["score"] for r in records if r["data_source"] == "arc_c"] == [1.0, 1.0, 0.0, 0.0]
     assert m["math"]["diversity"] == pytest.approx(5 / 6)  # shifted ids: neighbours share 1 of 3 distinct 4-grams
+    # --grading authors reaches the grader: a bare "ANSWER: B" is no answer to the authors' math-verify + boxed grader.
+    _, records = ev.evaluate(None, None, benchmarks, ev.Args(n=4, grader_workers=2, model="m", grading="authors"))
+    assert [r["score"] for r in records if r["data_source"] == "arc_c"] == [0.0] * 4
+    assert sum(r["score"] for r in records if r["data_source"] == "math") == 5
 
 
 def test_end_to_end_cpu(checkpoint, tmp_path):
@@ -337,6 +255,7 @@ def test_bad_input_gives_clear_errors(checkpoint, tmp_path):
         (["--model", str(not_model), "--data", str(bench)], "not a checkpoint directory"),
         (["--model", checkpoint, "--data", str(bench), "--engine", "tpu"], "unknown engine"),
         (["--model", checkpoint, "--data", str(bench), "--engine", "hf", "--dtype", "fp8"], "unknown dtype"),
+        (["--model", checkpoint, "--data", str(bench), "--grading", "oat"], "--grading 'oat'"),
         (["plot", "--results", str(tmp_path / "r.json")], "not a results.json"),
         (["plot", "--results", str(bench / "valid.all.jsonl")], "not JSON"),
         (["plot", "--results", str(tmp_path / "missing.json")], "no such file"),

@@ -3,7 +3,6 @@ changes what it says, and every preset parses and sets what the README's table s
 import json
 import math
 import os
-import runpy
 import subprocess
 import sys
 from dataclasses import fields
@@ -184,17 +183,11 @@ PRESETS = {
 DIFFERENCES = {"sft": {"lr_horizon", "min_lr_ratio", "loss_norm", "system_prompt", "offload"},
                "rl": {"mini_batch", "clip_high", "policy_loss", "loss_agg", "top_p", "system_prompt", "offload",
                       "gpu_memory_utilization"},
-               "eval": {"top_p", "grading", "system_prompt", "max_prompt_len"}}
-PENDING = {"offload": "the --offload branch", "grading": "the grader branch", "max_prompt_len": "the generation branch"}
+               "eval": {"top_p", "grading", "system_prompt"}}
 
 
 def parse_preset(preset):
     classes, _ = PRESETS[preset]
-    unknown = {k for k in runpy.run_path(str(REPO / preset)) if not k.startswith("_")} - {
-        f.name for c in classes for f in fields(c)}
-    assert unknown <= set(PENDING), f"{preset} sets unknown fields {unknown}"
-    if unknown:
-        pytest.skip(f"{preset} sets {sorted(unknown)}, which {', '.join(PENDING[k] for k in sorted(unknown))} adds")
     parsed = common.parse_config(*classes, argv=[str(REPO / preset)])
     return {f.name: getattr(p, f.name) for p in parsed for f in fields(p)}
 
