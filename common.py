@@ -68,7 +68,7 @@ def parse_config(*classes, argv=None, prog=None):
     are python files of plain assignments, later ones win; flags win over presets. Bool fields are
     --flag / --no-flag, list fields take several values, Literal fields list their choices; names may use - or _.
     Unknown names, values of the wrong type and missing required flags (a class's REQUIRED) are one-line errors;
-    each class's __post_init__ checks ranges."""
+    each class's __post_init__ checks ranges (check_settings)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     overrides, origin = {}, {}
     while argv and argv[0].endswith(".py"):
@@ -117,25 +117,30 @@ def parse_config(*classes, argv=None, prog=None):
     return [cls(**{f.name: ns[f.name] for f in fields(cls)}) for cls in classes]
 
 
-def check_ranges(config, positive=(), non_negative=(), fraction=(), at_least_one=()) -> None:
-    """A one-line SystemExit naming the flag when a setting is out of range (NaN fails every check)."""
+def check_settings(config, positive=(), non_negative=(), fraction=(), at_least_one=()) -> None:
+    """For a settings dataclass's __post_init__: a one-line SystemExit naming the flag when a Literal field is not
+    one of its choices or a setting is out of range (NaN fails every range)."""
     def fail(name, rule):
-        raise SystemExit(f"--{name} {getattr(config, name)!r}: must be {rule}")
+        raise SystemExit(f"--{name} {getattr(config, name)!r}: {rule}")
+    for f in fields(config):
+        choices = typing.get_args(f.type) if typing.get_origin(f.type) is typing.Literal else ()
+        if choices and getattr(config, f.name) not in choices:
+            fail(f.name, f"expected one of {', '.join(map(str, choices))}")
     for name in positive:
         v = getattr(config, name)
         if v is not None and not (math.isfinite(v) and v > 0):
-            fail(name, "a finite number > 0")
+            fail(name, "must be a finite number > 0")
     for name in non_negative:
         v = getattr(config, name)
         if v is not None and not (math.isfinite(v) and v >= 0):
-            fail(name, "a finite number >= 0")
+            fail(name, "must be a finite number >= 0")
     for name in fraction:
         v = getattr(config, name)
-        if v is not None and not 0 < v <= 1:
-            fail(name, "in (0, 1]")
+        if v is not None and not 0 <= v <= 1:
+            fail(name, "must be in [0, 1]")
     for name in at_least_one:
-        if getattr(config, name) < 1:
-            fail(name, ">= 1")
+        if not getattr(config, name) >= 1:
+            fail(name, "must be >= 1")
 
 
 # ------------------------------------------------------------------------------------------------

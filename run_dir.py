@@ -13,13 +13,14 @@ from pathlib import Path
 import torch.distributed as dist
 
 LOGGERS = ("wandb", "tensorboard")
+_HELD = []  # the locks this process holds: released when it exits
 
 
 def claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool):
     """Every rank calls it; rank 0 does the work before anything is written: lock out_dir for this process's
-    lifetime (keep the returned handle), refuse to resume a run whose defining settings differ from the recorded
-    ones (every setting not in `may_change`), remove step_*.tmp left by an interrupted save, and record the
-    settings in run_config.json. A refusal stops every rank with the same one-line message."""
+    lifetime (the lock's file is returned for tests to close), refuse to resume a run whose defining settings
+    differ from the recorded ones (every setting not in `may_change`), remove step_*.tmp left by an interrupted
+    save, and record the settings in run_config.json. A refusal stops every rank with the same one-line message."""
     lock, error = None, None
     if dist.get_rank() == 0:
         try:
@@ -39,7 +40,8 @@ def _claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool):
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
-        raise SystemExit(f"{out_dir}: another run is writing to this directory (it holds {out_dir / '.lock'})") from None
+        lock.close()
+        raise SystemExit(f"{out_dir}: another run is writing to this directory (it holds {lock.name})") from None
     recorded_file = out_dir / "run_config.json"
     if resuming and recorded_file.is_file():
         recorded = json.loads(recorded_file.read_text())
@@ -48,12 +50,14 @@ def _claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool):
         changed = sorted(k for k in settings.keys() | recorded.keys()
                          if k not in may_change and settings.get(k) != recorded.get(k))
         if changed:
+            lock.close()
             diffs = ", ".join(f"--{k} {recorded.get(k)!r} -> {settings.get(k)!r}" for k in changed)
             raise SystemExit(f"{out_dir} holds a run with other settings ({diffs}); resume it with its own settings "
                              f"or choose another --out_dir")
     for stale in out_dir.glob("step_*.tmp"):
         shutil.rmtree(stale)
     recorded_file.write_text(json.dumps(settings, indent=1))
+    _HELD.append(lock)
     return lock
 
 

@@ -6,11 +6,11 @@
     torchrun --nproc_per_node 8 sft.py config/sft_paper.py --model Qwen2.5-Math-7B-16k-think --train_file train.parquet
 """
 import copy
-import json
 import math
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -19,11 +19,17 @@ import checkpoints
 import common
 import curio_loss as cl
 import data
+import run_dir
 from chunked_logits import cat_diags, chunked_sum, normed_hidden, select_targets, token_log_probs
+
+
+LOSS_NORMS = ("batch_token_mean", "micro_batch_token_mean")
 
 
 @dataclass
 class Args:
+    """sft.py settings"""
+    REQUIRED = ("model", "train_file")
     model: str = ""
     """HF model directory (config.json, weights, tokenizer) to start from"""
     scratch: bool = False
@@ -32,8 +38,8 @@ class Args:
     """SFT data: .parquet / .jsonl / .json in the authors' schema (prompt, reward_model, target)"""
     out_dir: str = "out/sft"
     """checkpoints (HF format) and log.jsonl go here; an existing checkpoint here is resumed"""
-    loss: str = "curio"
-    """one of curio_loss.LOSSES: sft, curio, curio_fixed_tau, curio_self_teacher, entropy, entropy_top20, kl, dft, gem, psft"""
+    loss: Literal[tuple(cl.LOSSES)] = "curio"
+    """CurioSFT, its ablations (curio_fixed_tau, curio_self_teacher) or a Table 2 baseline (curio_loss.LOSSES)"""
     epochs: int = 3
     """passes over the data (App. E)"""
     max_steps: int = -1
@@ -48,7 +54,7 @@ class Args:
     """longer prompts are dropped, and counted"""
     max_response_len: int = 8192
     """longer responses (with EOS) are dropped, and counted"""
-    system_prompt: str = "paper"
+    system_prompt: Literal[data.SYSTEM_PROMPT_MODES] = "paper"
     """paper: Table 7's prompt around the row's question | row: Table 7 with the row's own system message (the toy
     demo's one-liner) | messages: the row's prompt messages as stored, through the chat template (the authors)"""
     lr: float = 1e-5
@@ -64,7 +70,7 @@ class Args:
     adam_beta2: float = 0.999
     """AdamW's beta2 (beta1 0.9). The paper names no optimiser settings; 0.999 is verl's default, which produced the
     paper's numbers (fsdp_workers.py line 438)"""
-    loss_norm: str = "batch_token_mean"
+    loss_norm: Literal[LOSS_NORMS] = "batch_token_mean"
     """batch_token_mean: a step's loss is the mean over all its response tokens on all ranks (the paper does not say;
     every token weighs the same whatever the GPU count) | micro_batch_token_mean: the mean over groups of norm_group
     sequences of each group's token mean (the authors: a token mean per micro-batch of 2 sequences per GPU, averaged
@@ -88,7 +94,7 @@ class Args:
     seed: int = 0
     """data order and from-scratch initialisation"""
     save_every: int = 0
-    """checkpoint every this many data batches (0: only at the end)"""
+    """checkpoint every this many optimiser steps, at the end of a data batch (0: only at the end)"""
     keep_last: int = 0
     """keep only the newest N complete checkpoints (0: all); the one a run resumed from is never deleted"""
     offload: bool = False
@@ -98,6 +104,26 @@ class Args:
     """minutes a collective may wait for the slowest rank before the run is aborted"""
     log_every: int = 1
     """log (and compute the expert-token entropy) every this many optimiser steps"""
+    loggers: list[str] = ()
+    """extra logging backends besides log.jsonl: wandb, tensorboard (their packages are not in requirements.txt)"""
+
+    def __post_init__(self):
+        common.check_settings(
+            self, positive=["lr", "grad_clip", "dist_timeout_min"], fraction=["teacher_mu", "min_lr_ratio"],
+            non_negative=["warmup_steps", "weight_decay", "save_every", "keep_last"],
+            at_least_one=["epochs", "global_batch", "updates_per_batch", "token_budget", "max_prompt_len",
+                          "max_response_len", "norm_group", "teacher_every", "loss_chunk", "log_every"])
+        if self.max_steps != -1 and self.max_steps < 1:
+            raise SystemExit(f"--max_steps {self.max_steps}: must be >= 1, or -1 for every epoch")
+        if not 0 < self.adam_beta2 < 1:
+            raise SystemExit(f"--adam_beta2 {self.adam_beta2}: must be in (0, 1)")
+        if self.lr_horizon < 1:
+            raise SystemExit(f"--lr_horizon {self.lr_horizon}: must be >= 1 (the schedule never passes its horizon)")
+
+
+# settings a resumed run may change: they do not change what the run computes (run_dir.claim checks the others)
+MAY_CHANGE_ON_RESUME = {"out_dir", "max_steps", "save_every", "keep_last", "log_every", "loggers", "loss_chunk",
+                        "grad_ckpt", "offload", "dist_timeout_min"}
 
 
 # ================================================================================================
@@ -166,19 +192,6 @@ def update_teacher(teacher, model, mu):
 # The recipe: schedule, optimiser, loss normalisation. File and line references are to the authors' code,
 # github.com/HaoooWang/CurioSFT at 5a77394 (README, "Two recipes")
 # ================================================================================================
-LOSS_NORMS = ("batch_token_mean", "micro_batch_token_mean")
-
-
-def check_recipe_args(args):
-    """One-line errors for recipe flags out of range, before any model is loaded."""
-    for flag, choices in (("loss_norm", LOSS_NORMS), ("system_prompt", data.SYSTEM_PROMPT_MODES)):
-        if getattr(args, flag) not in choices:
-            raise SystemExit(f"--{flag} {getattr(args, flag)!r}: expected one of {', '.join(choices)}")
-    if args.norm_group < 1 or args.lr_horizon < 1 or not 0 <= args.min_lr_ratio <= 1:
-        raise SystemExit(f"need --norm_group >= 1 (got {args.norm_group}), --lr_horizon >= 1 (got {args.lr_horizon}) "
-                         f"and 0 <= --min_lr_ratio <= 1 (got {args.min_lr_ratio})")
-
-
 def lr_at(step, total_steps, args):
     """The learning rate of optimiser step `step` (from 0) of total_steps: verl's get_cosine_schedule_with_warmup
     (verl/utils/torch_functional.py lines 509-550 in the authors' fork), which both recipes ran (App. E: verl, cosine,
@@ -223,16 +236,27 @@ def gather_diags(diag):
     return cat_diags(everyone)
 
 
+def optimiser_steps(lengths, world, args, epoch, batch_idx):
+    """Alg. 1 line 2 as one flat sequence, from data batch `batch_idx` of `epoch` on: for every optimiser step,
+    (epoch, batch_idx, update, batch, step_mbs). batch[r] lists rank r's micro-batches (example ids) of the data
+    batch, planned as a pure function of (seed, epoch) on every rank; step_mbs are the indices of the micro-batches
+    this update trains, the same on every rank (every rank has as many micro-batches)."""
+    for e in range(epoch, args.epochs):
+        batches = data.plan_micro_batches(lengths, args.global_batch, args.token_budget, world, args.seed, e)
+        for b in range(batch_idx if e == epoch else 0, len(batches)):
+            for update, part in enumerate(torch.arange(len(batches[b][0])).tensor_split(args.updates_per_batch)):
+                yield e, b, update, batches[b], part.tolist()
+
+
 def main():
     args, loss_cfg = common.parse_config(Args, cl.LossConfig)
-    cl.config_for(args.loss, loss_cfg)                                  # fail early on an unknown --loss
-    check_recipe_args(args)
+    cl.config_for(args.loss, loss_cfg)
     rank, world, device = common.setup_distributed(args.dist_timeout_min)
     bf16 = args.bf16 and device.type == "cuda"
     out_dir = Path(args.out_dir)
     torch.manual_seed(args.seed)
 
-    # ---- data: tokenised once, the epoch plan is a pure function of (seed, epoch) on every rank
+    # ---- data: tokenised once; the response and its EOS are trained, the prompt is not
     common.check_model_dir(args.model, weights=not args.scratch)
     tokenizer = common.load_tokenizer(args.model)
     examples = data.load_examples(args.train_file, require_response=True)
@@ -244,11 +268,12 @@ def main():
     lengths = [len(ids) for ids, _ in dataset]
     n_targets = [int(mask[1:].sum()) for _, mask in dataset]
     batches_per_epoch = len(dataset) // args.global_batch
-    total_steps = args.epochs * batches_per_epoch * args.updates_per_batch
     if batches_per_epoch == 0:
-        raise SystemExit(f"{len(dataset)} examples are fewer than one global batch ({args.global_batch})")
+        raise SystemExit(f"{args.train_file}: {len(dataset)} examples are fewer than one global batch "
+                         f"(--global_batch {args.global_batch})")
+    total_steps = args.epochs * batches_per_epoch * args.updates_per_batch
 
-    # ---- models: student, and the EMA teacher / frozen base where the loss needs one (Alg. 1 line 1)
+    # ---- models: the student, and the EMA teacher (Alg. 1 line 1: phi <- theta) or frozen base a loss needs
     needs = cl.LOSSES[args.loss][1]
     full = common.load_full_model(args.model, args.scratch, args.seed)
     separate = (needs == "teacher_lq" and args.loss != "curio_self_teacher") or needs == "base"
@@ -260,87 +285,88 @@ def main():
     base = other if needs == "base" else None
     optimizer = make_optimizer(model, args, device)
 
-    step, epoch, batch_idx = 0, 0, 0
+    # ---- the output directory: one run, resumed from its newest intact checkpoint
+    run_dir.claim(out_dir, run_dir.settings_of(args, loss_cfg), MAY_CHANGE_ON_RESUME,
+                  resuming=checkpoints.latest(out_dir) is not None)
+    step, epoch, batch_idx = 0, 0, 0                 # (epoch, batch_idx): the next data batch to train on
     resume_from = checkpoints.resume_point(out_dir)
     if resume_from is not None:
         position = checkpoints.restore(resume_from, model, optimizer, teacher)
         step, epoch, batch_idx = position["step"], position["epoch"], position["batch_idx"]
         common.print0(f"resumed from {resume_from} at step {step} (epoch {epoch}, batch {batch_idx})")
-    if rank == 0:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "run_config.json").write_text(json.dumps({**asdict(args), "loss_config": asdict(loss_cfg)}, indent=1))
-    log_file = open(out_dir / "log.jsonl", "a") if rank == 0 else None
-
+    last_steps = total_steps if args.max_steps == -1 else min(args.max_steps, total_steps)
+    log = run_dir.RunLog(out_dir, step, last_steps, "sft", args.loggers, run_dir.settings_of(args, loss_cfg)) \
+        if rank == 0 else None
     last_saved = step
 
     def save():
         nonlocal last_saved
-        state = {"step": step, "epoch": epoch, "batch_idx": batch_idx}
         path = checkpoints.save(out_dir, step, model, tokenizer, checkpoints.trainer_state(model, optimizer, teacher),
-                                state, dtype=torch.bfloat16 if bf16 else torch.float32, keep_last=args.keep_last,
+                                {"step": step, "epoch": epoch, "batch_idx": batch_idx},
+                                dtype=torch.bfloat16 if bf16 else torch.float32, keep_last=args.keep_last,
                                 keep=resume_from)
         last_saved = step
         common.print0(f"saved {path}")
 
-    # ---- the loop: data batch -> updates_per_batch optimiser steps -> micro-batches (Alg. 1 line 2)
-    while epoch < args.epochs and step != args.max_steps:
-        plan = data.plan_micro_batches(lengths, args.global_batch, args.token_budget, world, args.seed, epoch)
-        while batch_idx < len(plan) and step != args.max_steps:
+    # ---- the loop: one optimiser step per iteration (Alg. 1 lines 2-17)
+    for epoch, batch_idx, update, batch, step_mbs in optimiser_steps(lengths, world, args, epoch, batch_idx):
+        if update == 0:                                  # a new data batch: this rank's micro-batches, on the device
             mine = [{k: v.to(device) for k, v in data.collate([dataset[i] for i in mb], tokenizer.pad_token_id).items()}
-                    for mb in plan[batch_idx][rank]]
-            old_logp = [token_log_probs(model, b, args.loss_chunk)[0] for b in mine] if needs == "old_logp" else [None] * len(mine)
-            # every rank has the same number of micro-batches, so the same split into optimiser steps
-            for group in torch.arange(len(mine)).tensor_split(args.updates_per_batch):
-                group = group.tolist()
-                everyone = [i for r in range(world) for k in group for i in plan[batch_idx][r][k]]
-                weight = token_weights(everyone, n_targets, args, step)   # the step's loss is sum_t w_t loss_t
-                want_log = step % args.log_every == 0
-                for g in optimizer.param_groups:
-                    g["lr"] = lr_at(step, total_steps, args)
-                t0, loss_sum, diags = time.perf_counter(), torch.zeros(()), []
-                for k in group:
-                    # FSDP reduce-scatters every micro-batch's gradient into the sharded float32 gradient. Syncing
-                    # only the last one (set_requires_gradient_sync(False) before) would keep a full unsharded
-                    # float32 gradient of every parameter on every rank until then: 30 GB for a 7B model
-                    w = torch.tensor([weight[i] for i in plan[batch_idx][rank][k] for _ in range(n_targets[i])],
-                                     device=device)                         # [N], select_targets order
-                    total, diag = micro_batch_loss(model, teacher, base, mine[k], old_logp[k], args, loss_cfg,
-                                                   want_log, w)
-                    # Alg. 1 line 14 on the step's loss (--loss_norm); FSDP averages gradients over ranks, hence
-                    # * world (a gradient-sum option needs PREMUL_SUM, absent in gloo)
-                    (total * world).backward()
-                    if base is not None:
-                        base.reshard()                                      # its head was gathered for the backward
-                    loss_sum += total.detach().float().cpu()
-                    diags.append(diag)
-                grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-                grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm
-                optimizer.step()
-                optimizer.zero_grad(set_to_none=True)
-                step += 1
-                if teacher is not None and step % args.teacher_every == 0:  # Alg. 1 lines 16-17
-                    update_teacher(teacher, model, args.teacher_mu)
-                dist.all_reduce(loss_sum)
-                if want_log:
-                    every = gather_diags(cat_diags(diags))
-                    dt = time.perf_counter() - t0
-                    record = {"step": step, "epoch": epoch, "loss": loss_sum.item(), "grad_norm": grad_norm.item(),
-                              "lr": lr_at(step - 1, total_steps, args), "tokens_per_s": sum(lengths[i] for i in everyone) / dt,
-                              "step_time_s": dt, "padding_efficiency": data.padding_efficiency(lengths, [mb for r in plan[batch_idx] for mb in r]),
-                              **cl.summarize(every, loss_cfg.alpha)}
-                    if rank == 0:
-                        print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()), flush=True)
-                        log_file.write(json.dumps(record) + "\n")
-                        log_file.flush()
-                if step == args.max_steps:
-                    break
-            batch_idx += 1        # a run stopped by max_steps inside a data batch resumes at the next one
-            if args.save_every and batch_idx % args.save_every == 0:
-                save()
-        if batch_idx == len(plan):
-            epoch, batch_idx = epoch + 1, 0
+                    for mb in batch[rank]]
+            # PSFT's ratio: log-probs of the model as it was at the start of the data batch
+            old_logp = [token_log_probs(model, b, args.loss_chunk)[0] if needs == "old_logp" else None for b in mine]
+        everyone = [i for r in range(world) for k in step_mbs for i in batch[r][k]]    # this step's examples
+        weight = token_weights(everyone, n_targets, args, step)         # the step's loss is sum_t w_t loss_t
+        want_log = step % args.log_every == 0
+        for g in optimizer.param_groups:
+            g["lr"] = lr_at(step, total_steps, args)
+        t0, loss_sum, diags = time.perf_counter(), torch.zeros((), dtype=torch.float64), []
+        for k in step_mbs:
+            w = torch.tensor([weight[i] for i in batch[rank][k] for _ in range(n_targets[i])], device=device)  # [N]
+            # Alg. 1 lines 4-13: student and teacher logits, H_t, Delta_t, tau_hat_t, the per-token loss
+            try:
+                total, diag = micro_batch_loss(model, teacher, base, mine[k], old_logp[k], args, loss_cfg, want_log, w)
+            except FloatingPointError as e:                 # curio_loss refuses NaN logits, naming them
+                raise SystemExit(f"step {step + 1}: {e}; nothing after step {last_saved} is saved") from None
+            # FSDP averages gradients over ranks, hence * world for the gradient of the step's loss (a gradient-sum
+            # option needs PREMUL_SUM, absent in gloo). Each micro-batch's backward reduce-scatters its gradient into
+            # the float32 shards: syncing only the step's last one (set_requires_gradient_sync(False) before) would
+            # hold a full unsharded float32 gradient of every parameter on every rank, 30 GB for a 7B model.
+            (total * world).backward()
+            if base is not None:
+                base.reshard()                                      # its head was gathered for the backward
+            loss_sum += total.detach().double().cpu()
+            diags.append(diag)
+        grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
+        grad_norm = (grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm).item()
+        dist.all_reduce(loss_sum)
+        if not (math.isfinite(loss_sum.item()) and math.isfinite(grad_norm)):
+            raise SystemExit(f"step {step + 1}: the loss ({loss_sum.item()}) or the gradient norm ({grad_norm}) is "
+                             f"not finite; the update was not applied and nothing after step {last_saved} is saved")
+        optimizer.step()                                 # Alg. 1 line 14
+        optimizer.zero_grad(set_to_none=True)
+        step += 1
+        if teacher is not None and step % args.teacher_every == 0:      # Alg. 1 lines 16-17
+            update_teacher(teacher, model, args.teacher_mu)
+        if want_log:
+            every = gather_diags(cat_diags(diags))
+            dt = time.perf_counter() - t0
+            record = {"step": step, "epoch": epoch, "loss": loss_sum.item(), "grad_norm": grad_norm,
+                      "lr": lr_at(step - 1, total_steps, args), "tokens_per_s": sum(lengths[i] for i in everyone) / dt,
+                      "step_time_s": dt, "padding_efficiency": data.padding_efficiency(lengths, sum(batch, [])),
+                      **cl.summarize(every, loss_cfg.alpha)}
+            if log is not None:
+                log.write(record)
+        if update == args.updates_per_batch - 1 or step == last_steps:   # done with this data batch: the position
+            epoch, batch_idx = (epoch, batch_idx + 1) if batch_idx + 1 < batches_per_epoch else (epoch + 1, 0)
+            if args.save_every and step // args.save_every > last_saved // args.save_every:
+                save()                                   # (a run stopped by --max_steps resumes at the next batch)
+        if step == last_steps:
+            break
     if last_saved != step:
         save()
+    if log is not None:
+        log.close()
     common.shutdown()
 
 

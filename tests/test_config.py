@@ -27,7 +27,7 @@ class Demo:
     """tags"""
 
     def __post_init__(self):
-        common.check_ranges(self, positive=["lr", "cap"], at_least_one=["epochs"])
+        common.check_settings(self, positive=["lr", "cap"], at_least_one=["epochs"])
 
 
 def parse(argv):

@@ -106,12 +106,12 @@ def test_loss_norms_on_a_hand_made_batch():
 def test_bad_recipe_flags_are_one_line_errors():
     with pytest.raises(SystemExit, match="--loss_norm 'sequence': expected one of batch_token_mean, "
                                          "micro_batch_token_mean"):
-        sft.check_recipe_args(sft.Args(loss_norm="sequence"))
+        sft.Args(loss_norm="sequence")
     with pytest.raises(SystemExit, match="--system_prompt 'table7': expected one of paper, row, messages"):
-        sft.check_recipe_args(sft.Args(system_prompt="table7"))
-    with pytest.raises(SystemExit, match=r"--lr_horizon >= 1 \(got 0.5\)"):
-        sft.check_recipe_args(sft.Args(lr_horizon=0.5))
-    sft.check_recipe_args(sft.Args())
+        sft.Args(system_prompt="table7")
+    with pytest.raises(SystemExit, match=r"--lr_horizon 0.5: must be >= 1"):
+        sft.Args(lr_horizon=0.5)
+    sft.Args()
 
 
 def test_sft_logs_the_step_loss_its_loss_norm_says(world_of_one, tiny_model_dir, tmp_path):
@@ -188,7 +188,8 @@ DIFFERENCES = {"sft": {"lr_horizon", "min_lr_ratio", "loss_norm", "system_prompt
 
 def parse_preset(preset):
     classes, _ = PRESETS[preset]
-    parsed = common.parse_config(*classes, argv=[str(REPO / preset)])
+    required = [a for c in classes for name in getattr(c, "REQUIRED", ()) for a in (f"--{name}", "x")]
+    parsed = common.parse_config(*classes, argv=[str(REPO / preset), *required])
     return {f.name: getattr(p, f.name) for p in parsed for f in fields(p)}
 
 
@@ -198,7 +199,7 @@ def test_preset_parses_and_sets_what_the_table_says(preset):
     assert {k: got[k] for k in want} == want
     assert got["system_prompt"] in data.SYSTEM_PROMPT_MODES
     if "loss_norm" in got:
-        sft.check_recipe_args(sft.Args(**{f.name: got[f.name] for f in fields(sft.Args)}))
+        sft.Args(**{f.name: got[f.name] for f in fields(sft.Args)})
     if "policy_loss" in got:
         assert got["policy_loss"] in rl.POLICY_LOSSES and got["loss_agg"] in rl.LOSS_AGGS
 

@@ -1,6 +1,7 @@
 """Nothing broken is saved or resumed: non-finite weights stop a save, damaged checkpoint files are found by
 their digests and the previous checkpoint is used, unreadable files are named."""
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -90,3 +91,36 @@ def test_a_checkpoint_that_cannot_fit_on_the_disk_stops_before_writing(model_and
     with pytest.raises(SystemExit, match=r"checkpoint step 3 needs 0.\d+ GB, the disk has 0.00 GB free"):
         save(model, tokenizer, tmp_path, 3)
     assert list(tmp_path.iterdir()) == []
+
+
+# ---------------------------------------------------------------- whole sft.py runs (subprocesses)
+def run_sft(tiny_model_dir, toy_sft_file, out_dir, *extra, check=True):
+    import subprocess
+    import sys
+
+    repo = Path(__file__).resolve().parents[1]
+    cmd = [sys.executable, "sft.py", "config/sft_tiny.py", "--model", str(tiny_model_dir), "--scratch",
+           "--train_file", str(toy_sft_file), "--out_dir", str(out_dir), "--loss", "curio", *extra]
+    proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=600)
+    assert not check or proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc
+
+
+def test_a_diverging_step_is_not_applied_and_nothing_broken_is_saved(tiny_model_dir, toy_sft_file, tmp_path):
+    proc = run_sft(tiny_model_dir, toy_sft_file, tmp_path, "--lr", "1e30", "--max_steps", "4", check=False)
+    assert proc.returncode == 1
+    assert re.match(r"step [234]: .*not finite.*; nothing after step 0 is saved\n$", proc.stderr)
+    assert proc.stderr.count("\n") == 1                      # one line, no traceback
+    assert checkpoints.complete(tmp_path) == []
+
+
+def test_resume_refuses_other_settings_and_logs_each_step_once(tiny_model_dir, toy_sft_file, tmp_path):
+    run_sft(tiny_model_dir, toy_sft_file, tmp_path, "--max_steps", "5", "--save_every", "2", "--epochs", "2")
+    assert [p.name for p in checkpoints.complete(tmp_path)] == ["step_000002", "step_000004", "step_000005"]
+    shutil.rmtree(tmp_path / "step_000005")                  # a crash after step 5, before its checkpoint
+    proc = run_sft(tiny_model_dir, toy_sft_file, tmp_path, "--max_steps", "6", "--epochs", "2", "--lr", "3e-3",
+                   check=False)
+    assert proc.returncode == 1 and "holds a run with other settings (--lr 0.001 -> 0.003)" in proc.stderr
+    run_sft(tiny_model_dir, toy_sft_file, tmp_path, "--max_steps", "6", "--save_every", "2", "--epochs", "2")
+    steps = [json.loads(line)["step"] for line in (tmp_path / "log.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5, 6]
