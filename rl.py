@@ -9,11 +9,12 @@ One step: wake the engine and load the trainer's weights into it -> rollouts (pr
 sleeps -> rewards -> group advantages -> old log-probs recomputed by the trainer -> one optimiser step per
 mini-batch of prompts.
 """
-import json
+import math
 import os
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Literal
 
 import torch
 import torch.distributed as dist
@@ -24,11 +25,18 @@ import common
 import curio_loss as cl
 import data
 import evaluate
+import run_dir
 from chunked_logits import chunked_sum, normed_hidden, select_targets, token_log_probs
+
+
+POLICY_LOSSES = ("ppo_clip", "custom_loss_rl")
+LOSS_AGGS = ("token_mean", "seq_sum_over_max_len")
 
 
 @dataclass
 class Args:
+    """rl.py settings"""
+    REQUIRED = ("model", "train_file")
     model: str = ""
     """HF checkpoint directory to start from (an SFT checkpoint: config.json, weights, tokenizer)"""
     train_file: str = ""
@@ -57,11 +65,11 @@ class Args:
     clip_high: float = 0.28
     """eps_high: the ratio is clipped above at 1 + eps_high (Table 6 "Clip Higher", DAPO's clip-higher; the authors'
     scripts never set it: 0.2, verl's clip_ratio default read at dp_actor.py line 471)"""
-    policy_loss: str = "ppo_clip"
+    policy_loss: Literal[POLICY_LOSSES] = "ppo_clip"
     """ppo_clip: max(-A r, -A clip(r, 1 - eps_low, 1 + eps_high)), r = pi / pi_old (GRPO with clip-higher, Sec. 5.2) |
     custom_loss_rl: min(-A log pi, -A clip(r, 1 - eps_low, 1 + eps_high)), the authors' custom_loss with
     algo_type="rl" (core_algos.py lines 779-783): REINFORCE for A < 0, the ratio clipped on both sides for A > 0"""
-    loss_agg: str = "token_mean"
+    loss_agg: Literal[LOSS_AGGS] = "token_mean"
     """how a mini-batch's per-token losses are combined. token_mean: their mean over the response tokens of all ranks
     (verl's default loss_agg_mode, DAPO's token-level loss; the paper does not say) | seq_sum_over_max_len: each
     sequence's token sum / max_response_len, averaged over the mini-batch's sequences (the authors: core_algos.py
@@ -74,7 +82,7 @@ class Args:
     """longer prompts are dropped, and counted"""
     max_response_len: int = 8192
     """generation stops after this many tokens (Table 6)"""
-    system_prompt: str = "paper"
+    system_prompt: Literal[data.SYSTEM_PROMPT_MODES] = "paper"
     """paper: Table 7's prompt around the row's question | row: Table 7 with the row's own system message (the toy
     demo's one-liner) | messages: the row's prompt messages as stored, through the chat template (the authors)"""
     loss_chunk: int = 2048
@@ -83,7 +91,7 @@ class Args:
     """bf16 compute with float32 master weights and reductions (CUDA only; CPU runs float32)"""
     grad_ckpt: bool = True
     """activation checkpointing of the decoder layers"""
-    engine: str = "auto"
+    engine: Literal["auto", "hf", "vllm"] = "auto"
     """generation engine: auto (vLLM with CUDA and vllm installed, else HF generate) | hf | vllm"""
     gpu_memory_utilization: float = 0.6
     """vLLM: fraction of TOTAL GPU memory for its weights and KV cache while it generates. With vllm_sleep the
@@ -110,6 +118,22 @@ class Args:
     dist_timeout_min: float = 60.0
     """minutes a collective may wait for the slowest rank (ranks that finish their rollouts early wait in the
     next collective: NCCL's default 10 minutes can abort a paper-scale step)"""
+    loggers: list[str] = ()
+    """extra logging backends besides log.jsonl: wandb, tensorboard (their packages are not in requirements.txt)"""
+
+    def __post_init__(self):
+        common.check_settings(
+            self, positive=["lr", "grad_clip", "temperature", "grader_timeout", "dist_timeout_min"],
+            fraction=["clip_low", "top_p", "gpu_memory_utilization"], non_negative=["weight_decay", "clip_high",
+                                                                                    "save_every", "keep_last"],
+            at_least_one=["steps", "prompts_per_step", "rollouts", "mini_batch", "micro_batch", "max_prompt_len",
+                          "max_response_len", "loss_chunk", "sync_bucket_mb", "gen_batch_size", "grader_workers"])
+
+
+# settings a resumed run may change: they do not change what the run computes (run_dir.claim checks the others)
+MAY_CHANGE_ON_RESUME = {"out_dir", "steps", "save_every", "keep_last", "loggers", "loss_chunk", "grad_ckpt", "offload",
+                        "dist_timeout_min", "engine", "gpu_memory_utilization", "vllm_sleep", "sync_bucket_mb",
+                        "gen_batch_size", "grader_timeout", "grader_workers"}
 
 
 # ================================================================================================
@@ -135,10 +159,6 @@ def group_advantages(rewards, eps=1e-6):
     else:
         adv = (r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + eps)   # std: unbiased (n - 1)
     return adv.float(), (adv == 0).all(-1)
-
-
-POLICY_LOSSES = ("ppo_clip", "custom_loss_rl")
-LOSS_AGGS = ("token_mean", "seq_sum_over_max_len")
 
 
 def clipped_loss(lp, old_lp, adv, clip_low, clip_high, policy_loss="ppo_clip"):
@@ -201,10 +221,12 @@ def optimiser_step(model, optimizer, mbs, args):
         sums += torch.tensor([total.item(), diag["clip_low"].sum().item(), diag["clip_high"].sum().item(),
                               diag["kl"].sum().item(), len(adv)], dtype=torch.float64)
     grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), args.grad_clip)
-    grad_norm = grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm
+    grad_norm = (grad_norm.full_tensor() if isinstance(grad_norm, DTensor) else grad_norm).item()
+    if not math.isfinite(grad_norm):                   # global: every rank stops alike
+        raise FloatingPointError(f"the gradient norm is not finite ({grad_norm}); the update was not applied")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return sums, grad_norm.item()
+    return sums, grad_norm
 
 
 @torch.no_grad()
@@ -324,16 +346,12 @@ def train(args, device, reward_fn=None):
         def reward_fn(samples, examples):
             return math_reward(samples, examples, args.grader_timeout, args.grader_workers)
     rank, world = dist.get_rank(), dist.get_world_size()
-    for flag, value, choices in (("policy_loss", args.policy_loss, POLICY_LOSSES),
-                                 ("loss_agg", args.loss_agg, LOSS_AGGS),
-                                 ("system_prompt", args.system_prompt, data.SYSTEM_PROMPT_MODES)):
-        if value not in choices:
-            raise SystemExit(f"--{flag} {value!r}: expected one of {', '.join(choices)}")
     if args.prompts_per_step % args.mini_batch or args.mini_batch % world:
-        raise SystemExit(f"need prompts_per_step ({args.prompts_per_step}) divisible by mini_batch ({args.mini_batch}) "
-                         f"and mini_batch divisible by the world size ({world})")
+        raise SystemExit(f"--prompts_per_step {args.prompts_per_step} must be a multiple of --mini_batch "
+                         f"{args.mini_batch}, and that of the number of ranks ({world})")
     bf16 = args.bf16 and device.type == "cuda"
     out_dir = Path(args.out_dir)
+    run_dir.claim(out_dir, asdict(args), MAY_CHANGE_ON_RESUME, resuming=checkpoints.latest(out_dir) is not None)
 
     # ---- engine first: vLLM's gpu_memory_utilization is a share of TOTAL memory and must be free at creation
     kind = evaluate.engine_kind(args.engine)
@@ -358,19 +376,16 @@ def train(args, device, reward_fn=None):
 
     model = common.shard_model(common.load_full_model(args.model, scratch=False, seed=args.seed), device, bf16,
                                args.grad_ckpt, offload=args.offload)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,
-                                  betas=(0.9, 0.999), fused=device.type == "cuda" and not args.offload)  # verl's defaults
+    optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=args.weight_decay,   # verl's defaults
+                                  betas=(0.9, 0.999), fused=device.type == "cuda" and not args.offload)
 
     step, stale = 0, sleeps                          # stale: the engine lacks the trainer's weights
     resume_from = checkpoints.resume_point(out_dir)
     if resume_from is not None:
         step, stale = checkpoints.restore(resume_from, model, optimizer, None)["step"], True
         common.print0(f"resumed from {resume_from} at step {step}")
-    if rank == 0:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        (out_dir / "run_config.json").write_text(json.dumps(asdict(args), indent=1))
-    log_file = open(out_dir / "log.jsonl", "a") if rank == 0 else None
-    records = []
+    log = run_dir.RunLog(out_dir, step, args.steps, "grpo", args.loggers, asdict(args)) if rank == 0 else None
+    records, last_saved = [], step
 
     while step < args.steps:
         t0 = time.perf_counter()
@@ -414,7 +429,10 @@ def train(args, device, reward_fn=None):
         # and KL are measured at each update's forward: the first mini-batch of a step is on-policy (ratio 1)
         stats, grad_norms = torch.zeros(5, dtype=torch.float64), []
         for mbs in minis:
-            sums, grad_norm = optimiser_step(model, optimizer, mbs, args)
+            try:
+                sums, grad_norm = optimiser_step(model, optimizer, mbs, args)
+            except FloatingPointError as e:
+                raise SystemExit(f"step {step + 1}: {e}; nothing after step {last_saved} is saved") from None
             stats += sums
             grad_norms.append(grad_norm)
         step, stale = step + 1, True
@@ -441,17 +459,17 @@ def train(args, device, reward_fn=None):
                   "grader_failures": int(g["failures"]), "lr": args.lr, "sync_s": t_sync - t0, "gen_s": t_gen - t_sync,
                   "reward_s": t_reward - t_gen, "train_s": t_train - t_reward}
         records.append(record)
-        if rank == 0:
-            print(" ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items()))
-            log_file.write(json.dumps(record) + "\n")
-            log_file.flush()
+        if log is not None:
+            log.write(record)
         if (args.save_every and step % args.save_every == 0) or step == args.steps:
             path = checkpoints.save(out_dir, step, model, tokenizer, checkpoints.trainer_state(model, optimizer, None),
                                     {"step": step}, dtype=torch.bfloat16 if bf16 else torch.float32,
                                     keep_last=args.keep_last, keep=resume_from)
+            last_saved = step
             common.print0(f"saved {path}")
-    if log_file is not None:
-        log_file.close()
+    if log is not None:
+        log.close()
+    run_dir.release()
     return records
 
 

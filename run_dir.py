@@ -34,6 +34,12 @@ def claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool):
     return lock
 
 
+def release() -> None:
+    """End of a run: release the directories this process claimed (a new run in the same process may claim them)."""
+    while _HELD:
+        _HELD.pop().close()
+
+
 def _claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool):
     out_dir.mkdir(parents=True, exist_ok=True)
     lock = open(out_dir / ".lock", "w")

@@ -255,6 +255,8 @@ def main():
     bf16 = args.bf16 and device.type == "cuda"
     out_dir = Path(args.out_dir)
     torch.manual_seed(args.seed)
+    run_dir.claim(out_dir, run_dir.settings_of(args, loss_cfg), MAY_CHANGE_ON_RESUME,   # one run per directory
+                  resuming=checkpoints.latest(out_dir) is not None)
 
     # ---- data: tokenised once; the response and its EOS are trained, the prompt is not
     common.check_model_dir(args.model, weights=not args.scratch)
@@ -285,9 +287,7 @@ def main():
     base = other if needs == "base" else None
     optimizer = make_optimizer(model, args, device)
 
-    # ---- the output directory: one run, resumed from its newest intact checkpoint
-    run_dir.claim(out_dir, run_dir.settings_of(args, loss_cfg), MAY_CHANGE_ON_RESUME,
-                  resuming=checkpoints.latest(out_dir) is not None)
+    # ---- resume from the newest intact checkpoint
     step, epoch, batch_idx = 0, 0, 0                 # (epoch, batch_idx): the next data batch to train on
     resume_from = checkpoints.resume_point(out_dir)
     if resume_from is not None:
@@ -367,6 +367,7 @@ def main():
         save()
     if log is not None:
         log.close()
+    run_dir.release()
     common.shutdown()
 
 
