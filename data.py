@@ -190,7 +190,7 @@ def _eos_id(tokenizer) -> int:
 
 def _join(prompt_ids: list[int], response_ids: list[int], eos_id: int) -> tuple[list[int], list[int]]:
     # Unlike verl's SFT dataset (off by one: it trains the last prompt token and not EOS), the mask is 1 on
-    # exactly the response tokens and EOS, so the model learns to stop (DESIGN.md, SFT settings).
+    # exactly the response tokens and EOS, so the model learns to stop.
     input_ids = prompt_ids + response_ids + [eos_id]
     loss_mask = [0] * len(prompt_ids) + [1] * (len(response_ids) + 1)
     return input_ids, loss_mask
@@ -363,7 +363,7 @@ def build_toy_tokenizer(texts: list[str], vocab_size: int = 2048):
 
 # ---------------------------------------------------------------------------------------------------------
 # Toy task for the CPU demo: add k numbers. Which operand comes next is a branching token (any order is valid);
-# the digits of every partial sum are factual tokens (one right answer). See DESIGN.md, "The CPU demo".
+# the digits of every partial sum are factual tokens (one right answer). See the README, "The CPU demo".
 # ---------------------------------------------------------------------------------------------------------
 _TOY_CONSONANTS, _TOY_VOWELS = "bdfgklmnprstvz", "aeiou"
 # 14 x 5 = 70 syllables; two-syllable pseudo-words give 4900 words that the task never uses. The tokenizer learns

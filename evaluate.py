@@ -1,4 +1,4 @@
-# Evaluation of CurioSFT checkpoints (paper Sec. 5.1, Table 2, Figs. 1, 2, 4); design notes in DESIGN.md.
+# Evaluation of CurioSFT checkpoints (paper Sec. 5.1, Table 2, Figs. 1, 2, 4); docs/design.md maps the code.
 """Generation (vLLM on GPU, HF `generate` on CPU), grading (grading.py: the paper's rule or the authors'), avg@n,
 unbiased pass@k, token entropy, n-gram diversity, expert-token entropy, tables and plots.
 
