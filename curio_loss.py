@@ -76,15 +76,19 @@ def entropy_increment(h: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
     return cfg.delta_max * torch.sigmoid(cfg.gamma * (h - cfg.h_pivot))
 
 
+def _tempered_entropy(logits: torch.Tensor, tau: torch.Tensor):
+    """H of pi = softmax(logits / tau) for logits [N, k], tau [N], and pi itself (for the variance)."""
+    logp = torch.log_softmax(logits / tau.unsqueeze(-1), dim=-1)
+    p = logp.exp()
+    return -(p * logp.masked_fill(p == 0, 0.0)).sum(-1), p
+
+
 def _entropy_and_variance(logits: torch.Tensor, tau: torch.Tensor):
     """H and Var_pi[z] of softmax(logits / tau) for logits [N, k], tau [N]; dH/dtau = Var/tau^3 (App. B)."""
-    t = tau.unsqueeze(-1)
-    logp = torch.log_softmax(logits / t, dim=-1)
-    p = logp.exp()
+    h, p = _tempered_entropy(logits, tau)
     z = logits.masked_fill(torch.isneginf(logits), 0.0)  # p = 0 there; avoids 0 * inf
     mean = (p * z).sum(-1, keepdim=True)
     var = (p * (z - mean) ** 2).sum(-1)
-    h = -(p * logp.masked_fill(p == 0, 0.0)).sum(-1)
     return h, var
 
 
@@ -100,12 +104,11 @@ def solve_temperature(logits: torch.Tensor, target: torch.Tensor, cfg: LossConfi
     n = logits.shape[0]
     lo = logits.new_full((n,), cfg.tau_min)
     hi = logits.new_full((n,), cfg.tau_max)
-    h_lo, _ = _entropy_and_variance(logits, lo)
-    h_hi, _ = _entropy_and_variance(logits, hi)
+    h_lo, h_hi = _tempered_entropy(logits, lo)[0], _tempered_entropy(logits, hi)[0]
     if cfg.solver == "bisect":
         for _ in range(cfg.bisect_iters):
             mid = 0.5 * (lo + hi)
-            too_cold = _entropy_and_variance(logits, mid)[0] < target
+            too_cold = _tempered_entropy(logits, mid)[0] < target
             lo, hi = torch.where(too_cold, mid, lo), torch.where(too_cold, hi, mid)
         tau = 0.5 * (lo + hi)
     elif cfg.solver == "newton":
@@ -162,62 +165,111 @@ def curio_loss_reference(student_logits, teacher_logits, targets, cfg: LossConfi
 # CurioSFT, vectorized: what training runs
 # ------------------------------------------------------------------------------------------------
 def student_log_prob(logits, targets):
-    """lp = log pi_theta(y_t | s_t) [N] float32, and the log-partition [N] (reused by callers)."""
+    """lp = log pi_theta(y_t | s_t) [N] float32, and the log-partition [N]."""
     z = _fp32(logits)
     lse = torch.logsumexp(z, dim=-1)
     return z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse, lse
 
 
-def _full_entropy_at_most(z, top, lse_top, lse_full, h_top, threshold):
-    """Is the full-vocabulary entropy at tau=1 <= threshold?  Exact, but mostly without a pass over V.
+def _log_sum_exp(z, shift, inv_tau=None, rows=None):
+    """log sum_v exp((z[r, v] - shift[r]) * inv_tau[r]) [R], for the rows r of z [N, V] (all of them, or the
+    index tensor `rows`); shift [R] is the row maximum (from the top-k), inv_tau [R] defaults to 1.
 
-    With m the probability mass outside the top-k, H_full = H_bin(m) + (1-m) H_topk + m H_tail and
-    0 <= H_tail <= log(V-k): two bounds from quantities already computed. Only rows whose bounds straddle
-    the threshold (rare: it takes a visible tail mass) get their exact entropy.
+    What torch.logsumexp(z / tau) costs is memory: [N, V] float32 temporaries (fresh pages on a CPU) and five
+    passes over them. Here one reused buffer takes a block of rows at a time, in place: z is read once, bf16
+    logits are never upcast whole, and on a CPU the block stays in cache for the exp and the sum (a GPU gets
+    large blocks: few kernel launches, a bounded temporary). The result is at least float32.
+    """
+    n, v = (z.shape[0] if rows is None else rows.numel()), z.shape[1]
+    dtype = torch.promote_types(z.dtype, torch.float32)
+    block = max(1, (8 << 20 if z.device.type == "cpu" else 256 << 20) // (v * dtype.itemsize))
+    buf = torch.empty(min(block, n), v, dtype=dtype, device=z.device)
+    gathered = None if rows is None else torch.empty(min(block, n), v, dtype=z.dtype, device=z.device)
+    sums = torch.empty(n, dtype=dtype, device=z.device)
+    for s in range(0, n, block):
+        e = min(s + block, n)
+        z_block = z[s:e] if rows is None else torch.index_select(z, 0, rows[s:e], out=gathered[: e - s])
+        b = torch.sub(z_block, shift[s:e, None], out=buf[: e - s])
+        if inv_tau is not None:
+            b.mul_(inv_tau[s:e, None])
+        torch.sum(b.exp_(), -1, out=sums[s:e])
+    return sums.log_()
+
+
+def _full_entropy_at_most(z, top, h_top, threshold):
+    """Is the full-vocabulary entropy at tau=1 <= threshold (the authors' rule)?  Exact, and for most tokens
+    without a pass over V. z [N, V], top [N, k] its top-k logits, h_top [N] their entropy (renormalised).
+
+    With p the softmax over all V logits, m the mass outside the top-k and p_min the smallest top-k probability:
+    (a) H_full >= H_top - log(1-m) >= H_top. Write H_full = (1-m) A + m B, A and B the averages of -log p
+        over the top-k (weights p / (1-m)) and over the other V-k tokens (weights p / m). A = H_top - log(1-m)
+        and A <= -log p_min, as every top-k p is >= p_min. Every other token's logit is <= every top-k logit,
+        so its p <= p_min and B >= -log p_min >= A; hence H_full >= A. (It needs the top k: for the k smallest
+        logits, say, it fails.) A token whose top-k entropy is above the threshold is decided without V; only the
+        others get a logsumexp over V, for m.
+    (b) For those, H_full = H_bin(m) + (1-m) H_top + m H_tail, where the tail's own entropy H_tail is at most
+        log(V-k) (V-k tokens) and, by (a)'s p <= p_min, at least log(m / p_min): bounds on both sides. Only
+        the tokens these bounds leave undecided (rare: a visible tail mass) get their exact entropy.
     """
     n, v = z.shape
-    if top.shape[-1] == v:
+    k = top.shape[-1]
+    if k == v:
         return h_top <= threshold
-    m = (-torch.expm1(lse_top - lse_full)).clamp(0.0, 1.0)
-    lower = torch.special.entr(m) + torch.special.entr(1 - m) + (1 - m) * h_top
-    upper = lower + m * math.log(v - top.shape[-1])
-    slack = 1e-4  # float32 rounding of m (~1e-7 * |lse|) moves the bounds by far less than this
-    at_most = upper <= threshold - slack
-    unsure = (lower <= threshold + slack) & ~at_most
+    # float32 rounding: H_top is exact to ~1e-7 relative; m, from two sums of order 1 (shifted by the max), to
+    # ~1e-6, which moves the bounds of (b) by < 2e-5. Tokens within the slack of the threshold go exact.
+    slack = 1e-4
+    at_most = torch.zeros(n, dtype=torch.bool, device=z.device)
+    rows = (h_top <= threshold + slack).nonzero().squeeze(-1)                 # (a): the rest have H_full > threshold
+    if rows.numel() == 0:
+        return at_most
+    top_max = top[rows].amax(-1)
+    top_shifted = top[rows] - top_max.unsqueeze(-1)                           # [R, k], max 0
+    log_sum_full = _log_sum_exp(z, top_max, rows=rows)                        # the pass over V, these rows only
+    m = (-torch.expm1(torch.logsumexp(top_shifted, -1) - log_sum_full)).clamp(0.0, 1.0)
+    log_p_min = top_shifted.amin(-1) - log_sum_full
+    log_tail_size = math.log(v - k)
+    # m = 0 (every other logit -inf, so p_min may be 0 too): no tail term; rounding can make m a hair above 0,
+    # hence the cap at log(V-k), which H_tail never exceeds anyway
+    h_tail_low = torch.where(m > 0, (m.log() - log_p_min).clamp(0.0, log_tail_size), 0.0)
+    h_rest = torch.special.entr(m) + torch.special.entr(1 - m) + (1 - m) * h_top[rows]
+    lower, upper = h_rest + m * h_tail_low, h_rest + m * log_tail_size
+    at_most_rows = upper <= threshold - slack
+    unsure = (lower <= threshold + slack) & ~at_most_rows
     if unsure.any():
-        at_most[unsure] = entropy(z[unsure]) <= threshold
+        at_most_rows[unsure] = entropy(z[rows[unsure]]) <= threshold
+    at_most[rows] = at_most_rows
     return at_most
 
 
-def teacher_log_prob(teacher_logits, targets, cfg: LossConfig = LossConfig(), teacher_lse=None):
+def teacher_log_prob(teacher_logits, targets, cfg: LossConfig = LossConfig()):
     """Alg. 1 lines 6-11 for all N tokens: lq = log softmax(z_tch / tau_hat_t)[y_t] over the full vocabulary.
 
-    teacher_logits [N, V], targets [N]; teacher_lse [N] optionally reuses logsumexp(z_tch) at tau=1.
-    Returns lq [N] and diagnostics. Cost: one top-k, one logsumexp at tau=1 (only for the
-    low-entropy rule), one logsumexp at tau_hat, and O(k) work per search step.
+    teacher_logits [N, V] (any float dtype; never upcast whole), targets [N] -> lq [N] float32, diagnostics.
+    Cost: one top-k and one logsumexp at tau_hat over V (_log_sum_exp); the low-entropy rule adds a logsumexp
+    at tau=1 only for tokens whose top-k entropy is at most its threshold; each search step is O(k).
     """
     with torch.no_grad():
-        z = _fp32(teacher_logits.detach())                                   # [N, V]
+        z = teacher_logits.detach()                                           # [N, V]
         n, v = z.shape
-        top = z.topk(min(cfg.top_k, v), dim=-1, sorted=False).values          # [N, k], taken once (App. D)
+        top = _fp32(z.topk(min(cfg.top_k, v), dim=-1, sorted=False).values)   # [N, k], taken once (App. D)
         h_top = entropy(top)                                                  # H_t over the renormalised top-k
         diag = {"teacher_entropy": h_top}
         if cfg.fixed_tau is not None:                                         # ablation 'w/o adaptive temp.'
-            tau = z.new_full((n,), cfg.fixed_tau)
+            tau = top.new_full((n,), cfg.fixed_tau)
         else:
             target = h_top + entropy_increment(h_top, cfg)                    # Eq. 7: H_t + Delta_t
             tau, low, high = solve_temperature(top, target, cfg)              # [N]
             diag |= {"clamped_low": low.float(), "clamped_high": high.float()}
             if cfg.low_entropy_threshold is not None:
-                lse_full = torch.logsumexp(z, -1) if teacher_lse is None else _fp32(teacher_lse.detach())
-                forced = _full_entropy_at_most(z, top, torch.logsumexp(top, -1), lse_full, h_top,
-                                               cfg.low_entropy_threshold)
+                forced = _full_entropy_at_most(z, top, h_top, cfg.low_entropy_threshold)
                 tau = torch.where(forced, cfg.tau_min, tau)
                 # one state per token: a forced token is not also counted as clamped
                 diag |= {"forced_tau_min": forced.float(), "clamped_low": (low & ~forced).float(),
                          "clamped_high": (high & ~forced).float()}
-        inv_tau = (1.0 / tau).unsqueeze(-1)                                    # [N, 1]
-        lq = z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) / tau - torch.logsumexp(z * inv_tau, -1)
+        z_max = top.amax(-1)                                                  # the row maximum is in the top-k
+        inv_tau = 1.0 / tau
+        z_y = _fp32(z.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
+        lq = (z_y - z_max) * inv_tau - _log_sum_exp(z, z_max, inv_tau)       # log softmax(z / tau)[y], Eq. 4
         diag |= {"tau": tau, "lq": lq}
     return lq, diag
 
@@ -239,13 +291,10 @@ def curio_sft_loss(student_logits, targets, teacher_logits=None, cfg: LossConfig
     """CurioSFT in one call: [N, V], [N], teacher [N, V] -> loss [N], diagnostics.
 
     teacher_logits=None is the ablation 'w/o separate teacher': the teacher is the student's own detached
-    logits (no second forward pass, and the student's logsumexp is reused).
+    logits (no second forward pass).
     """
-    lp, lse = student_log_prob(student_logits, targets)
-    if teacher_logits is None:
-        lq, diag = teacher_log_prob(student_logits, targets, cfg, teacher_lse=lse)
-    else:
-        lq, diag = teacher_log_prob(teacher_logits, targets, cfg)
+    lp, _ = student_log_prob(student_logits, targets)
+    lq, diag = teacher_log_prob(student_logits if teacher_logits is None else teacher_logits, targets, cfg)
     loss, student_diag = _curio(lp, lq, cfg)
     return loss, diag | student_diag
 
