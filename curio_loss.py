@@ -1,4 +1,4 @@
-# CurioSFT loss: paper/curiosft.tex Sec. 4 (Eq. 5-7), Alg. 1, App. A-D; method facts in DESIGN.md.
+# CurioSFT loss ("Learning While Staying Curious", arXiv:2602.02244): Sec. 4 (Eq. 5-7), Alg. 1, App. A-D.
 """Per-token SFT losses: CurioSFT, its two ablations, and the Table 2 baselines. Math only.
 
 Every loss takes the logits of the N trained positions (padding already removed) and their expert tokens,
@@ -96,7 +96,8 @@ def _entropy_and_variance(logits: torch.Tensor, tau: torch.Tensor):
 # Temperature search (Sec. 4.2, App. D): find tau in [tau_min, tau_max] with H(tau) = target
 # ------------------------------------------------------------------------------------------------
 def solve_temperature(logits: torch.Tensor, target: torch.Tensor, cfg: LossConfig):
-    """Vectorized over tokens. logits [N, k] (float32, the top-k), target [N] -> tau [N], clamped_low [N], clamped_high [N].
+    """Vectorized over tokens. logits [N, k] (float32, the top-k), target [N] -> tau [N], clamped_low [N],
+    clamped_high [N].
 
     H(tau) is non-decreasing (App. B), so the root is bracketed by [tau_min, tau_max]; a target outside
     [H(tau_min), H(tau_max)] clamps to that end. A fixed number of steps, no data-dependent branches.
@@ -338,7 +339,7 @@ def dft_loss(logits, targets, cfg: LossConfig = LossConfig()):
 
 def gem_loss(logits, targets, cfg: LossConfig = LossConfig()):
     """GEM: -sum_v q_v w_v (log p_y - log p_v), q = softmax(z / beta) and w_v = sigmoid(0.01 (z_v - z_y)),
-    both detached (DESIGN.md)."""
+    both detached."""
     z = _fp32(logits)
     logp = torch.log_softmax(z, -1)                                       # [N, V]
     lp = logp.gather(-1, targets.unsqueeze(-1))                           # [N, 1]
