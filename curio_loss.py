@@ -225,7 +225,8 @@ def _full_entropy_at_most(z, top, h_top, threshold):
         return at_most
     top_max = top[rows].amax(-1)
     top_shifted = top[rows] - top_max.unsqueeze(-1)                           # [R, k], max 0
-    log_sum_full = _log_sum_exp(z, top_max, rows=rows)                        # the pass over V, these rows only
+    # the pass over V, these rows only (all of them: no gather)
+    log_sum_full = _log_sum_exp(z, top_max, rows=None if rows.numel() == n else rows)
     m = (-torch.expm1(torch.logsumexp(top_shifted, -1) - log_sum_full)).clamp(0.0, 1.0)
     log_p_min = top_shifted.amin(-1) - log_sum_full
     log_tail_size = math.log(v - k)
