@@ -245,10 +245,75 @@ def test_gradient_is_weighted_cross_entropy_and_teacher_gets_none(alpha):
 def test_bf16_inputs_are_computed_in_float32():
     z = cl.llm_like_logits(16, 4096, seed=4)
     targets = torch.randint(0, 4096, (16,))
-    loss16, _ = cl.curio_sft_loss(z.bfloat16(), targets, z.bfloat16())
-    loss32, _ = cl.curio_sft_loss(z.bfloat16().float(), targets, z.bfloat16().float())
+    loss16, diag16 = cl.curio_sft_loss(z.bfloat16(), targets, z.bfloat16())
+    loss32, diag32 = cl.curio_sft_loss(z.bfloat16().float(), targets, z.bfloat16().float())
     assert loss16.dtype == torch.float32
     torch.testing.assert_close(loss16, loss32)
+    # the teacher's top-k is taken on the bf16 logits themselves (no float32 copy of [N, V]): the same tau
+    assert torch.equal(diag16["tau"], diag32["tau"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+def test_log_sum_exp_blockwise_is_logsumexp(dtype):
+    """Several blocks of rows (13 float32 rows of 152k logits per block), a partial last block, a subset of the
+    rows in any order, per-row temperatures and -inf entries."""
+    z = cl.llm_like_logits(40, V_BIG, seed=8).to(dtype)
+    z[3, 100:] = float("-inf")
+    inv_tau = 1 / (1.1 + 0.4 * torch.rand(40, dtype=torch.float64))
+    rows = torch.randperm(40)[:29]
+    shift = z.double().amax(-1)
+    want = torch.logsumexp((z.double() - shift[:, None]) * inv_tau[:, None], -1)
+    low = torch.promote_types(dtype, torch.float32)
+    got_all = cl._log_sum_exp(z, shift.to(low), inv_tau.to(low))
+    got_rows = cl._log_sum_exp(z, shift[rows].to(low), inv_tau[rows].to(low), rows=rows)
+    got_tau1 = cl._log_sum_exp(z, shift.to(low))
+    tol = 1e-12 if dtype == torch.float64 else 1e-5
+    assert got_all.dtype == low
+    torch.testing.assert_close(got_all.double(), want, rtol=0, atol=tol)
+    torch.testing.assert_close(got_rows.double(), want[rows], rtol=0, atol=tol)
+    torch.testing.assert_close(got_tau1.double(), torch.logsumexp(z.double() - shift[:, None], -1), rtol=0, atol=tol)
+
+
+def authors_compute_tau(logits, tau_min=1.1, tau_max=1.5, topk=512, iters=20):
+    """The authors' compute_tau_from_logits (custom_verl/recipe/curio_sft/dp_actor.py), line for line."""
+    n, v = logits.shape
+    k = min(topk, v)
+
+    def entropy_topk(z_, tau_):
+        vals, _ = torch.topk(z_, k=k, dim=-1)
+        logp_k = torch.log_softmax(vals / tau_, dim=-1)
+        p_k = logp_k.exp()
+        return -(p_k * logp_k).sum(dim=-1)
+
+    h_now = entropy_topk(logits, torch.ones(n, 1))
+    h_star = h_now + torch.sigmoid((h_now - 1.2) * 2.0) * 0.5
+    tau_lo, tau_hi = torch.full((n, 1), tau_min), torch.full((n, 1), tau_max)
+    h_lo, h_hi = entropy_topk(logits, tau_lo), entropy_topk(logits, tau_hi)
+    tau = torch.where(h_star <= h_lo, tau_lo.squeeze(-1),
+                      torch.where(h_star >= h_hi, tau_hi.squeeze(-1), (tau_lo.squeeze(-1) + tau_hi.squeeze(-1)) / 2))
+    tau = tau.unsqueeze(-1)
+    for _ in range(iters):
+        go_hi = (entropy_topk(logits, tau) < h_star).unsqueeze(-1)
+        tau_lo = torch.where(go_hi, tau, tau_lo)
+        tau_hi = torch.where(go_hi, tau_hi, tau)
+        tau = (tau_lo + tau_hi) / 2
+    return tau.squeeze(-1)
+
+
+def test_bisection_is_the_authors_search_bit_for_bit():
+    """Default config, Qwen-sized vocabulary: the same tau_hat as the authors' code to the last bit, with their
+    low-entropy rule (full-vocabulary entropy at tau=1 <= 0.03 forces tau_min) and without it."""
+    z = cl.llm_like_logits(48, V_BIG, seed=12)
+    z[:16] = z[:16].scatter_add(1, z[:16].argmax(-1, keepdim=True), torch.full((16, 1), 12.0))  # near one-hot
+    y = torch.zeros(48, dtype=torch.long)
+    want = authors_compute_tau(z)
+    _, diag = cl.teacher_log_prob(z, y, LossConfig(low_entropy_threshold=None))
+    inside = (want > 1.1) & (want < 1.5)
+    assert inside.sum() > 10 and (want == 1.5).any()
+    assert torch.equal(diag["tau"], want)
+    forced = cl.entropy(z.double()) <= 0.03
+    _, diag = cl.teacher_log_prob(z, y)
+    assert forced.sum() > 5 and torch.equal(diag["tau"], torch.where(forced, 1.1, want))
 
 
 # ---------------------------------------------------------------- edge cases
@@ -286,11 +351,89 @@ def test_full_entropy_rule_decides_exactly_near_the_threshold():
     z = torch.randn(256, v, generator=g) * 0.5
     z[:, 0] += torch.linspace(9.0, 20.0, 256)          # sweeps H_full through 0.03
     top = z.topk(k, -1).values
-    got = cl._full_entropy_at_most(z, top, torch.logsumexp(top, -1), torch.logsumexp(z, -1),
-                                   cl.entropy(top), 0.03)
+    got = cl._full_entropy_at_most(z, top, cl.entropy(top), 0.03)
     want = cl.entropy(z.double()) <= 0.03
     assert want.any() and (~want).any()
     assert torch.equal(got, want)
+
+
+def test_full_entropy_is_at_least_the_top_k_entropy():
+    """What lets the low-entropy rule skip the pass over V: H_full >= H_top - log(1-m) >= H_top, m the mass
+    outside the top-k, on rows built to break it (ties at the k-th logit, -inf entries, one dominant token
+    over a flat tail tied with the top-k's minimum). It needs the TOP-k: for the k smallest logits it fails."""
+    g = torch.Generator().manual_seed(0)
+    gap, gap_bottom = [], []
+    for trial in range(400):
+        v = int(torch.randint(2, 400, (1,), generator=g))
+        k = int(torch.randint(1, v + 1, (1,), generator=g))
+        z = torch.randn(v, generator=g, dtype=torch.float64) * 10 * torch.rand(1, generator=g, dtype=torch.float64)
+        if trial % 4 == 1:
+            z[: v // 2] = float("-inf")
+        elif trial % 4 == 2:
+            z = z.round()                                            # ties at the k-th logit
+        elif trial % 4 == 3:
+            z.fill_(0.0)
+            z[0] = 30 * torch.rand(1, generator=g).item()            # dominant token, flat tail at p_min
+        for sub, out in ((z.topk(k).values, gap), (-(-z).topk(k).values, gap_bottom)):
+            m = -torch.expm1(torch.logsumexp(sub, 0) - torch.logsumexp(z, 0))
+            out.append((cl.entropy(z) - cl.entropy(sub) + torch.log1p(-m)).item())
+    assert min(gap) > -1e-12
+    assert min(gap_bottom) < -0.1
+
+
+def rule_rows(n=64, v=20000, k=512):
+    """Rows that sweep the full-vocabulary entropy through 0.03 in ways a test of it on the top-k could get
+    wrong, [4 * n, v]: (1) one dominant token over logits all tied at the top-k's minimum, so the tail is as
+    heavy as (a) allows and H_top <= 0.03 < H_full on some rows; (2) two tokens and nothing else (the rest at
+    -60): H_top ~ H_full on both sides; (3) a tail of 5000 tokens one nat below the top-k's minimum, where the
+    bounds of (b) straddle 0.03 on both sides; (4) fewer than k finite logits (the rest -inf, m = 0)."""
+    d = torch.linspace(6.0, 20.0, n)[:, None]
+    tied = torch.zeros(n, v)
+    tied[:, :1] = d
+    rival = torch.full((n, v), -60.0)
+    rival[:, 0] = 0.0
+    rival[:, 1] = -torch.linspace(3.0, 9.0, n)
+    straddle = torch.full((n, v), -40.0)
+    straddle[:, :k] = 0.0
+    straddle[:, k : k + 5000] = -1.0
+    straddle[:, 0] = torch.linspace(13.6, 14.4, n)
+    masked = torch.full((n, v), float("-inf"))
+    masked[:, : k // 2] = 0.0
+    masked[:, 0] = torch.linspace(8.0, 14.0, n)
+    return torch.cat([tied, rival, straddle, masked])
+
+
+def test_low_entropy_rule_is_exact_and_skips_v_where_the_top_k_decides(monkeypatch):
+    """The forced-tau_min decision equals the exact float64 H_full <= 0.03 on rule_rows; the pass over V at
+    tau=1 runs for exactly the rows whose top-k entropy does not rule the rule out, and the exact entropy for
+    rows the bounds leave undecided, on both sides of the threshold."""
+    z = rule_rows()
+    n, v = z.shape
+    h_top = cl.entropy(z.topk(512, -1, sorted=False).values)
+    want = cl.entropy(z.double()) <= 0.03
+    passed, exact = [], []
+    log_sum_exp, entropy = cl._log_sum_exp, cl.entropy
+
+    def record_pass(z_, shift, inv_tau=None, rows=None):
+        if rows is not None:
+            passed.append(rows)
+        return log_sum_exp(z_, shift, inv_tau, rows)
+
+    def record_exact(z_, tau=1.0):
+        if z_.shape[-1] == v:
+            exact.append(z_.double())
+        return entropy(z_, tau)
+
+    monkeypatch.setattr(cl, "_log_sum_exp", record_pass)
+    monkeypatch.setattr(cl, "entropy", record_exact)
+    _, diag = cl.teacher_log_prob(z, torch.zeros(n, dtype=torch.long))
+    assert torch.equal(diag["forced_tau_min"].bool(), want)
+    assert (diag["tau"][want] == 1.1).all()
+    assert want.any() and (~want).any() and ((h_top <= 0.03) & ~want).any()   # H_top low, H_full high
+    candidates = (h_top <= 0.03 + 1e-4).nonzero().squeeze(-1)
+    assert len(passed) == 1 and torch.equal(passed[0], candidates) and len(candidates) < 0.8 * n
+    h_exact = entropy(torch.cat(exact)) if exact else torch.zeros(0)
+    assert (h_exact <= 0.03).sum() >= 2 and (h_exact > 0.03).sum() >= 2
 
 
 def test_solver_clamps_targets_outside_the_bracket():
