@@ -11,6 +11,7 @@ CurioSFT, the vectorized CurioSFT used in training, the baselines, logging, and 
 """
 import math
 from dataclasses import dataclass, replace
+from typing import Literal
 from functools import partial
 
 import torch
@@ -18,6 +19,7 @@ import torch
 
 @dataclass
 class LossConfig:
+    """loss settings (curio_loss.LossConfig)"""
     alpha: float = 1.0
     """weight of the self-exploratory distillation term L_SED (Eq. 6)"""
     delta_max: float = 0.5
@@ -32,7 +34,7 @@ class LossConfig:
     """upper end of the teacher temperature search (App. D)"""
     top_k: int = 512
     """logits used for the entropy in the temperature search (App. D)"""
-    solver: str = "bisect"
+    solver: Literal["bisect", "newton"] = "bisect"
     """'bisect' (the paper's and authors' solver) or 'newton' (safeguarded Newton on dH/dtau, App. B)"""
     bisect_iters: int = 20
     """bisection steps, as in the authors' code; the bracket shrinks to 0.4 / 2^20 = 4e-7"""
@@ -49,10 +51,21 @@ class LossConfig:
     """weight of KL(pi_theta || pi_base) for 'kl' (not given in the paper)"""
     gem_beta: float = 0.7
     """GEM temperature of its detached target distribution"""
-    clip_low: float = 0.2
-    """PSFT ratio clip below 1"""
-    clip_high: float = 0.28
-    """PSFT ratio clip above 1"""
+    psft_clip_low: float = 0.2
+    """PSFT: the ratio is clipped below at 1 - psft_clip_low"""
+    psft_clip_high: float = 0.28
+    """PSFT: the ratio is clipped above at 1 + psft_clip_high"""
+
+    def __post_init__(self):  # ValueError: the scripts print it as one line naming the flag
+        checks = {"alpha": self.alpha >= 0, "delta_max": self.delta_max >= 0, "gamma": self.gamma > 0,
+                  "tau_min": 0 < self.tau_min <= self.tau_max, "top_k": self.top_k >= 1,
+                  "bisect_iters": self.bisect_iters >= 1, "newton_iters": self.newton_iters >= 1,
+                  "solver": self.solver in ("bisect", "newton"),
+                  "fixed_tau": self.fixed_tau is None or self.fixed_tau > 0,
+                  "psft_clip_low": 0 <= self.psft_clip_low < 1, "psft_clip_high": self.psft_clip_high >= 0}
+        for name, ok in checks.items():
+            if not ok:      # NaN fails every comparison, so it lands here too
+                raise ValueError(f"--{name} {getattr(self, name)!r}: out of range")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -358,8 +371,8 @@ def psft_loss(logits, targets, old_logp=None, cfg: LossConfig = LossConfig()):
     lp, _ = student_log_prob(logits, targets)
     old = lp.detach() if old_logp is None else _fp32(old_logp)
     ratio = torch.exp(lp - old)
-    loss = torch.maximum(-ratio, -ratio.clamp(1 - cfg.clip_low, 1 + cfg.clip_high))   # A = 1
-    return loss, {"lp": lp.detach(), "clipped": (ratio > 1 + cfg.clip_high).float()}
+    loss = torch.maximum(-ratio, -ratio.clamp(1 - cfg.psft_clip_low, 1 + cfg.psft_clip_high))   # A = 1
+    return loss, {"lp": lp.detach(), "clipped": (ratio > 1 + cfg.psft_clip_high).float()}
 
 
 # name -> (per-token loss, the extra input the trainer provides: None, "teacher_lq" (teacher_log_prob of the

@@ -122,3 +122,20 @@ def test_user_errors_print_one_line_and_debug_shows_the_traceback(tmp_path, tiny
     debug = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=120,
                            env={**os.environ, "CURIOSFT_DEBUG": "1"})
     assert debug.returncode != 0 and "Traceback" in debug.stderr
+
+
+@pytest.mark.parametrize("flag, value", [("tau_min", "2.0"), ("top_k", "0"), ("gamma", "nan")])
+def test_loss_settings_out_of_range_name_the_flag(flag, value):
+    import curio_loss as cl
+
+    with pytest.raises(ValueError, match=f"--{flag} .*: out of range"):
+        common.parse_config(cl.LossConfig, argv=[f"--{flag}", value])
+    common.parse_config(cl.LossConfig, argv=[])            # the defaults pass
+
+
+def test_loss_solver_lists_its_choices(capsys):
+    import curio_loss as cl
+
+    with pytest.raises(SystemExit):
+        common.parse_config(cl.LossConfig, argv=["--solver", "secant"])
+    assert "--solver: invalid choice: 'secant'" in capsys.readouterr().err
