@@ -466,7 +466,8 @@ def _toy_main(argv: list[str] | None = None) -> None:
     """python data.py toy --out DIR: train_diverse.jsonl, train_canonical.jsonl, test.jsonl and tokenizer/."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="data.py toy", description=_toy_main.__doc__)
+    p = argparse.ArgumentParser(prog="data.py toy", description=_toy_main.__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--n_pretrain", type=int, default=2000, help="diverse-style rows (base model pre-training)")
     p.add_argument("--n_sft", type=int, default=500, help="canonical-style rows (the SFT expert data)")
@@ -514,7 +515,8 @@ def _download_main(argv: list[str] | None = None) -> None:
     base models), each parquet file checked to load in the schema above."""
     import argparse
 
-    p = argparse.ArgumentParser(prog="data.py download", description=_download_main.__doc__)
+    p = argparse.ArgumentParser(prog="data.py download", description=_download_main.__doc__,
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", default="data", help="datasets go to OUT/<name>/")
     p.add_argument("--model_out", default="", help="also download base models (~15 GB each) to MODEL_OUT/<hub name>/")
     p.add_argument("--models", nargs="+", choices=sorted(HUB_MODELS), default=["authors", "luffy"],
@@ -545,7 +547,11 @@ if __name__ == "__main__":
     import sys
 
     commands = {"toy": _toy_main, "download": _download_main}
-    if sys.argv[1:2] not in ([c] for c in commands):
-        raise SystemExit("usage: python data.py {toy,download} ... (see python data.py toy --help, "
-                         "python data.py download --help)")
-    commands[sys.argv[1]](sys.argv[2:])
+    usage = "usage: python data.py {toy,download} [flags]\n" + "".join(
+        f"  {name}: {main.__doc__.splitlines()[0]}\n" for name, main in commands.items())
+    if sys.argv[1:2] in (["-h"], ["--help"]):
+        print(usage + "python data.py COMMAND --help lists a command's flags and their defaults")
+    elif sys.argv[1:2] not in ([c] for c in commands):
+        raise SystemExit(usage.rstrip())
+    else:
+        commands[sys.argv[1]](sys.argv[2:])

@@ -1,0 +1,32 @@
+"""Every script's --help: exits 0, keeps its usage examples, lists choices, marks required flags, groups settings."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+
+CASES = {
+    "sft.py": ["usage: sft.py [config/PRESET.py ...]", "torchrun --nproc_per_node 8 sft.py config/sft_paper.py",
+               "(required) HF model directory", "sft.py settings:", "loss settings (curio_loss.LossConfig):",
+               "{sft,curio,curio_fixed_tau,curio_self_teacher,", "--loss_norm {batch_token_mean,micro_batch_token_mean}",
+               "(default: 1e-05)"],
+    "rl.py": ["usage: rl.py [config/PRESET.py ...]", "(required) HF checkpoint directory", "rl.py settings:",
+              "--policy_loss {ppo_clip,custom_loss_rl}", "--engine {auto,hf,vllm}"],
+    "evaluate.py": ["usage: evaluate.py [config/PRESET.py ...]", "--grading {paper,authors}"],
+    "evaluate.py plot": ["usage: evaluate.py plot", "--results"],
+    "data.py": ["usage: python data.py {toy,download}", "download:"],
+    "data.py download": ["usage: data.py download", "(default: data)"],
+    "bench/memory.py": ["--model", "--stage"],
+}
+
+
+@pytest.mark.parametrize("script", sorted(CASES))
+def test_help_exits_0_and_says_what_the_flags_are(script):
+    proc = subprocess.run([sys.executable, *script.split(), "--help"], cwd=REPO, capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    flat = " ".join(proc.stdout.split())                     # argparse wraps lines at the terminal's width
+    for expected in CASES[script]:
+        assert " ".join(expected.split()) in flat, expected
