@@ -264,3 +264,29 @@ def test_bad_input_gives_clear_errors(checkpoint, tmp_path):
         with pytest.raises(SystemExit) as exc:
             ev.main(argv + ["--out", str(tmp_path / "o")])
         assert message in str(exc.value), (argv, exc.value)
+
+
+def test_rl_logs_get_the_mixed_reward_plot_and_sft_logs_the_entropy_plot(tmp_path):
+    import matplotlib.pyplot as plt
+
+    result = {"name": "x", "benchmarks": {"math": {"avg": 0.9, "pass_at_k": {"1": 0.9, "2": 0.95}}},
+              "summary": {"id_avg": None, "ood_avg": None, "avg": 0.9, "entropy": 0.1, "diversity": 0.2}}
+    (tmp_path / "grpo").mkdir()
+    (tmp_path / "grpo" / "log.jsonl").write_text("".join(
+        json.dumps({"step": i, "zero_var_frac": 0.25 * i, "reward_mean": 0.5, "entropy": 0.1}) + "\n" for i in (1, 2)))
+    (tmp_path / "sft").mkdir()
+    (tmp_path / "sft" / "log.jsonl").write_text(json.dumps({"step": 1, "student_entropy_top20": 0.3}) + "\n")
+    seen = []
+    original = ev._curves
+    ev._curves = lambda runs, panels, title, path: seen.append((runs, panels, path.name)) or original(runs, panels,
+                                                                                                       title, path)
+    try:
+        written = ev.plot_results([result], str(tmp_path / "out"), [str(tmp_path / "sft" / "log.jsonl"),
+                                                                    str(tmp_path / "grpo" / "log.jsonl")])
+    finally:
+        ev._curves = original
+    assert {Path(p).name for p in written} >= {"over_training.png", "rl_over_training.png"}
+    (sft_runs, sft_panels, _), (rl_runs, rl_panels, _) = seen
+    assert [name for name, _ in sft_runs] == ["sft"] and sft_panels[0][0] == "student_entropy_top20"
+    assert [row["mixed_reward_groups"] for row in rl_runs[0][1]] == [75.0, 50.0]      # 100 (1 - zero_var_frac)
+    plt.close("all")
