@@ -534,8 +534,9 @@ def plot_results(results: list[dict], out_dir: str, logs: list[str] = (), log_ke
             for _, rows in rl_runs:
                 for row in rows:
                     row["mixed_reward_groups"] = 100 * (1 - row["zero_var_frac"])
-            written.append(_curves(rl_runs, [("mixed_reward_groups", "groups with mixed rewards", "%"),
-                                             ("reward_mean", "mean reward", ""), ("entropy", "rollout entropy", "nats")],
+            panels = [("mixed_reward_groups", "groups with mixed rewards", "%"), ("reward_mean", "mean reward", ""),
+                      ("entropy", "rollout entropy", "nats")]
+            written.append(_curves(rl_runs, panels,
                                    "GRPO: only groups with mixed rewards carry a learning signal",
                                    out / "rl_over_training.png"))
     return written
