@@ -1,4 +1,6 @@
-"""Plumbing shared by sft.py and rl.py: command line from dataclasses, process group, FSDP2 model building. Nothing here is part of the algorithm; a reader learning the method can skip this file."""
+"""Plumbing shared by the stage scripts: command line from dataclasses and presets, validation, process group,
+FSDP2 model building, one error style. Nothing here is part of the algorithm; a reader learning the method can skip
+this file."""
 import argparse
 import ast
 import datetime
@@ -109,7 +111,8 @@ def parse_config(*classes, argv=None, prog=None):
         if k not in names:
             raise SystemExit(f"preset {origin[k]}: unknown setting {k!r}")
         if not _type_ok(v, names[k]):
-            raise SystemExit(f"preset {origin[k]}: {k} = {v!r} is not of type {getattr(names[k], '__name__', names[k])}")
+            kind = getattr(names[k], "__name__", names[k])
+            raise SystemExit(f"preset {origin[k]}: {k} = {v!r} is not of type {kind}")
     ns = vars(parser.parse_args(argv))
     missing = [f"--{k}" for k in required if ns[k] in ("", None, [])]
     if missing:

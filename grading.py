@@ -88,7 +88,8 @@ _SUPERSCRIPTS = str.maketrans("⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺", "0123456789-+
 _TEXT_COMMANDS = r"\\(?:text|textrm|mathrm|mathit|operatorname|rm)"
 _ANSWER_REWRITES = [  # (pattern, replacement), applied in order
     (re.compile(r"(?:°|\^\{?\\circ\}?)\s*[CF](?![A-Za-z])"), r"^{\\circ}"),  # 25°C: a temperature, not 25 C
-    (re.compile("[⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺]+"), lambda m: "^{" + m.group().translate(_SUPERSCRIPTS) + "}"),  # m² -> m^{2}
+    # m² -> m^{2}
+    (re.compile("[⁰¹²³⁴⁵⁶⁷⁸⁹⁻⁺]+"), lambda m: "^{" + m.group().translate(_SUPERSCRIPTS) + "}"),
     # Scientific notation: 4.5e33 would parse as Euler's e times 33; 4.5 x 10^33 as a variable x.
     (re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d+)(?!\w)(?!\.\d)"), r"\1\\times 10^{\2}"),
     (re.compile(r"(\d)\s*x\s*(?=10\s*\^)"), r"\1\\times "),
@@ -265,7 +266,8 @@ _PLAIN_MACROS = {  # what pylatexenc writes for the commands answers use; the re
     **{g: unicodedata.lookup("GREEK SMALL LETTER " + g.upper().replace("LAMB", "LAM")) for g in _GREEK},
     **{g.capitalize(): unicodedata.lookup("GREEK CAPITAL LETTER " + g.upper().replace("LAMB", "LAM")) for g in _GREEK},
     "phi": "ϕ", "epsilon": "ϵ", "pi": "pi", "infty": "inf", "cup": "U", "cdot": "*", "times": "*", "pm": "±",
-    "in": "∈", "le": "≤", "leq": "≤", "ge": "≥", "geq": "≥", "ne": "≠", "neq": "≠", "circ": "∘", "prime": "'", "%": "%"}
+    "in": "∈", "le": "≤", "leq": "≤", "ge": "≥", "geq": "≥", "ne": "≠", "neq": "≠", "circ": "∘", "prime": "'",
+    "%": "%"}
 
 
 def _latex_to_plain(expr: str) -> str:

@@ -25,7 +25,8 @@ T = "<think>\nlet me think\n</think>\n"
 # Paper mode, math: (answer after </think>, ground truth, expected score), one list per class
 # ---------------------------------------------------------------------------------------------------------
 GENERAL = [
-    ("The answer is $\\boxed{0.5}$.", "\\frac{1}{2}", 1), ("\\boxed{\\frac{1}{2}}", "0.5", 1), ("\\boxed{1/2}", "\\frac12", 1),
+    ("The answer is $\\boxed{0.5}$.", "\\frac{1}{2}", 1), ("\\boxed{\\frac{1}{2}}", "0.5", 1),
+    ("\\boxed{1/2}", "\\frac12", 1),
     ("\\boxed{\\dfrac{1}{2}}", "\\frac{1}{2}", 1), ("\\boxed{0.6}", "\\frac{1}{2}", 0),
     ("\\boxed{(3, \\frac{\\pi}{2})}", "\\left( 3, \\frac{\\pi}{2} \\right)", 1),
     ("\\boxed{(3, \\pi)}", "\\left( 3, \\frac{\\pi}{2} \\right)", 0), ("\\boxed{[2,5)}", "[2, 5)", 1),
@@ -36,9 +37,11 @@ GENERAL = [
 SCIENTIFIC_NOTATION = [  # a fifth of Minerva's ground truths are written 4.5e33
     ("\\boxed{4.5 \\times 10^{33}}", "4.5e33", 1), ("\\boxed{4.5\\times10^{33}}", "4.5e33", 1),
     ("\\boxed{4.5 \\cdot 10^{33}}", "4.5e33", 1), ("\\boxed{4.5e33}", "4.5e33", 1), ("\\boxed{4.5E+33}", "4.5e33", 1),
-    ("\\boxed{4.5 x 10^33}", "4.5e33", 1), ("\\boxed{4.5 × 10³³}", "4.5e33", 1), ("\\boxed{45 \\times 10^{32}}", "4.5e33", 1),
+    ("\\boxed{4.5 x 10^33}", "4.5e33", 1), ("\\boxed{4.5 × 10³³}", "4.5e33", 1),
+    ("\\boxed{45 \\times 10^{32}}", "4.5e33", 1),
     ("$L = 4.5 \\times 10^{33}$ erg/s", "4.5e33", 1), ("\\boxed{4.5 \\times 10^{33} \\text{ erg s}^{-1}}", "4.5e33", 1),
-    ("\\boxed{4.5 \\times 10^{34}}", "4.5e33", 0), ("\\boxed{4.5e34}", "4.5e33", 0), ("\\boxed{4.6 \\times 10^{33}}", "4.5e33", 0),
+    ("\\boxed{4.5 \\times 10^{34}}", "4.5e33", 0), ("\\boxed{4.5e34}", "4.5e33", 0),
+    ("\\boxed{4.6 \\times 10^{33}}", "4.5e33", 0),
     ("\\boxed{33}", "4.5e33", 0), ("\\boxed{4.5}", "4.5e33", 0), ("\\boxed{4.5 e^{33}}", "4.5e33", 0),
     ("\\boxed{10^{-5}}", "1e-5", 1), ("\\boxed{1.0 \\times 10^{-5}}", "1e-5", 1), ("\\boxed{0.00001}", "1e-5", 1),
     ("\\boxed{1 \\times 10^{5}}", "1e-5", 0), ("\\boxed{1 \\times 10^{-6}}", "1e-5", 0),
@@ -54,9 +57,11 @@ PYTHON_SYNTAX = [
     ("\\boxed{\\ln 2}", "np.log(2)", 1), ("\\boxed{\\log 2}", "np.log(2)", 0),  # numpy's log is natural
 ]
 UNICODE = [
-    ("\\boxed{90°}", "90^\\circ", 1), ("\\boxed{90°}", "90", 1), ("\\boxed{90 °}", "90", 1), ("\\boxed{90^\\circ}", "90", 1),
+    ("\\boxed{90°}", "90^\\circ", 1), ("\\boxed{90°}", "90", 1), ("\\boxed{90 °}", "90", 1),
+    ("\\boxed{90^\\circ}", "90", 1),
     ("\\boxed{91°}", "90^\\circ", 0), ("\\boxed{25°C}", "25", 1), ("\\boxed{25℃}", "25", 1), ("\\boxed{26°C}", "25", 0),
-    ("\\boxed{９０}", "90", 1), ("\\boxed{９１}", "90", 0), ("答案是 \\boxed{１２.５}", "12.5", 1), ("\\boxed{（１，２）}", "(1,2)", 1),
+    ("\\boxed{９０}", "90", 1), ("\\boxed{９１}", "90", 0), ("答案是 \\boxed{１２.５}", "12.5", 1),
+    ("\\boxed{（１，２）}", "(1,2)", 1),
     ("\\boxed{−3}", "-3", 1), ("\\boxed{−3}", "3", 0), ("\\boxed{2π}", "2\\pi", 1), ("\\boxed{3π}", "2\\pi", 0),
     ("\\boxed{x²+1}", "x^2+1", 1), ("\\boxed{x³+1}", "x^2+1", 0), ("\\boxed{√2}", "\\sqrt{2}", 1),
     ("\\boxed{7 · 6}", "42", 1),
@@ -72,7 +77,8 @@ DOLLARS_IN_GROUND_TRUTH = [  # OlympiadBench and Minerva write some ground truth
     ("\\boxed{f(x) = ax + b}", "$f(x)=a x+b$, where $b$ is an arbitrary integer, and $a$ is a positive integer", 1),
     ("\\boxed{f(x) = ax}", "$f(x)=a x+b$, where $b$ is an arbitrary integer, and $a$ is a positive integer", 0),
     ("\\boxed{(-\\infty, 0) \\cup \\{1\\}}", "$(-\\infty, 0) \\cup\\{1\\}$.", 1),
-    ("\\boxed{32348}", "\\$32,\\!348", 1), ("\\boxed{\\$32,348}", "\\$32,\\!348", 1), ("\\boxed{32349}", "\\$32,\\!348", 0),
+    ("\\boxed{32348}", "\\$32,\\!348", 1), ("\\boxed{\\$32,348}", "\\$32,\\!348", 1),
+    ("\\boxed{32349}", "\\$32,\\!348", 0),
 ]
 SYMBOLS = [  # subscripts with commands or text, energies E_n, a Lorentz factor
     ("\\boxed{\\frac{\\lambda_{\\rm red}}{\\sqrt 2}}", "\\lambda_{\\text {red}} / \\sqrt{2}", 1),
@@ -82,11 +88,14 @@ SYMBOLS = [  # subscripts with commands or text, energies E_n, a Lorentz factor
     ("\\boxed{\\frac{\\lambda_{\\text{blue}}}{\\sqrt{2}}}", "\\lambda_{\\text {red}} / \\sqrt{2}", 0),
     ("\\boxed{n^2-n-1}", "$m_{\\max }=n^{2}-n-1$", 1), ("\\boxed{m_{\\max} = n^2-n-1}", "$m_{\\max }=n^{2}-n-1$", 1),
     ("\\boxed{n^2-n}", "$m_{\\max }=n^{2}-n-1$", 0),
-    ("\\boxed{\\frac{10^5 L_\\odot}{0.007 c^2 M_\\odot^6} M^6}", "\\frac{10^{5} L_{\\odot}}{0.007 c^{2} M_{\\odot}^{6}} M^{6}", 1),
-    ("\\boxed{\\frac{10^5 L_\\odot}{0.007 c^2 M_\\odot^6} M^5}", "\\frac{10^{5} L_{\\odot}}{0.007 c^{2} M_{\\odot}^{6}} M^{6}", 0),
+    ("\\boxed{\\frac{10^5 L_\\odot}{0.007 c^2 M_\\odot^6} M^6}",
+     "\\frac{10^{5} L_{\\odot}}{0.007 c^{2} M_{\\odot}^{6}} M^{6}", 1),
+    ("\\boxed{\\frac{10^5 L_\\odot}{0.007 c^2 M_\\odot^6} M^5}",
+     "\\frac{10^{5} L_{\\odot}}{0.007 c^{2} M_{\\odot}^{6}} M^{6}", 0),
     ("\\boxed{\\frac{E_1 + 2E_2}{3}}", "\\frac{1}{3} E_{1}+\\frac{2}{3} E_{2}", 1),
     ("\\boxed{\\frac{2E_1 + E_2}{3}}", "\\frac{1}{3} E_{1}+\\frac{2}{3} E_{2}", 0),
-    ("\\boxed{E_1, E_2}", "E_{1},E_{2}", 1), ("\\boxed{E_2, E_1}", "E_{1},E_{2}", 1), ("\\boxed{E_1}", "E_{1},E_{2}", 0),
+    ("\\boxed{E_1, E_2}", "E_{1},E_{2}", 1), ("\\boxed{E_2, E_1}", "E_{1},E_{2}", 1),
+    ("\\boxed{E_1}", "E_{1},E_{2}", 0),
     ("\\boxed{\\hbar\\omega\\left(v+\\frac{1}{2}\\right)-\\frac{e^2E_0^2}{2m\\omega^2}}",
      "\\hbar \\omega(v+1 / 2)-\\frac{E_{0}^{2} e^{2}}{2 m \\omega^{2}}", 1),
     ("\\boxed{2}", "\\hbar \\omega(v+1 / 2)-\\frac{E_{0}^{2} e^{2}}{2 m \\omega^{2}}", 0),
@@ -101,7 +110,8 @@ VARIABLES_NOT_UNITS = [  # a bare letter after the expression is a variable of t
     ("\\boxed{9.25 m}", "\\frac{37}{4} m", 1), ("\\boxed{\\frac{37}{4}}", "\\frac{37}{4} m", 0),
     ("\\boxed{\\frac{37}{4} m^2}", "\\frac{37}{4} m", 0),
     ("\\boxed{\\frac{t}{m}}", "\\frac{1}{m} t", 1), ("\\boxed{\\frac{1}{m}}", "\\frac{1}{m} t", 0),
-    ("\\boxed{\\frac{c}{\\sqrt 2}}", "\\frac{1}{\\sqrt{2}}c", 1), ("\\boxed{\\frac{\\sqrt{2}}{2} c}", "\\frac{1}{\\sqrt{2}}c", 1),
+    ("\\boxed{\\frac{c}{\\sqrt 2}}", "\\frac{1}{\\sqrt{2}}c", 1),
+    ("\\boxed{\\frac{\\sqrt{2}}{2} c}", "\\frac{1}{\\sqrt{2}}c", 1),
     ("\\boxed{\\frac{1}{\\sqrt 2}}", "\\frac{1}{\\sqrt{2}}c", 0), ("\\boxed{6m}", "$6m$", 1), ("\\boxed{6}", "$6m$", 0),
     ("\\boxed{864}", "864 \\mbox{ inches}^2", 1), ("\\boxed{864 \\text{ in}^2}", "864 \\mbox{ inches}^2", 1),  # units
     ("\\boxed{5.4}", "5.4 \\text{ cents}", 1), ("\\boxed{7.6 Z}", "7.6 Z", 1), ("\\boxed{7.6}", "7.6 Z", 0),
@@ -109,7 +119,8 @@ VARIABLES_NOT_UNITS = [  # a bare letter after the expression is a variable of t
 PERCENT = [
     ("\\boxed{62.5\\%}", "62.5%", 1), ("\\boxed{62.5}", "62.5%", 1), ("\\boxed{0.625}", "62.5%", 1),
     ("\\boxed{62.5 \\text{ percent}}", "62.5%", 1), ("\\boxed{0.625\\%}", "62.5%", 0), ("\\boxed{6.25}", "62.5%", 0),
-    ("\\boxed{8\\%}", "$8 \\%$", 1), ("\\boxed{8}", "$8 \\%$", 1), ("\\boxed{0.08}", "$8 \\%$", 1), ("\\boxed{80}", "$8 \\%$", 0),
+    ("\\boxed{8\\%}", "$8 \\%$", 1), ("\\boxed{8}", "$8 \\%$", 1), ("\\boxed{0.08}", "$8 \\%$", 1),
+    ("\\boxed{80}", "$8 \\%$", 0),
 ]
 INTERVAL_WITHOUT_IN = [  # OlympiadBench's "t(0,4]" lost its "\in"
     ("\\boxed{(0,4]}", "$t(0,4]$", 1), ("\\boxed{t \\in (0, 4]}", "$t(0,4]$", 1), ("\\boxed{(0,4)}", "$t(0,4]$", 0),
@@ -140,7 +151,8 @@ MC_FORMS = [
     ("Looking at the answer choices, A is out. \\boxed{D}", "D"), ("The correct option is\n\n**C**", "C"), ("C", "C"),
     # no answer: prose, words, numbers that are not labels, labels out of range
     ("ANSWER: I think so", None), ("ANSWER: A planet", None), ("the answer is a bit unclear", None),
-    ("ANSWER: Apples", None), ("\\boxed{Apples}", None), ("\\boxed{10^{-4} \\text{ eV}}", None), ("ANSWER: 10^-9 eV", None),
+    ("ANSWER: Apples", None), ("\\boxed{Apples}", None), ("\\boxed{10^{-4} \\text{ eV}}", None),
+    ("ANSWER: 10^-9 eV", None),
     ("ANSWER: K", None), ("Looking at the answer choices, A is out. So D.", None), ("I'm not sure", None), ("", None),
 ]
 MC_CASES = [(T + text, label or "A", "mc", int(label is not None)) for text, label in MC_FORMS] + [
@@ -177,7 +189,8 @@ GROUND_TRUTH_FORMS = {  # data_source -> ground truths of each form found in the
     "minerva": ["4.5e33", "1e-5", "2.7778e-6", "-1./3", "np.arcsin(10/13)", "\\frac{37}{4} m", "\\frac{1}{m} t",
                 "x_{0} \\cos (\\omega t)+$ $\\dot{x}_{0} \\sin (\\omega t) / \\omega", "E_{1},E_{2}",
                 "\\lambda_{\\text {red}} / \\sqrt{2}", "m_{p} c^{2}\\left(\\gamma^{2}-1\\right) \\sin ^{2} \\theta",
-                "\\frac{dM}{dt}=\\frac{10^{5} L_{\\odot}}{0.007 c^{2} M_{\\odot}^{6}} M^{6}", "I(0) e^{-\\frac{t}{R C}}",
+                "\\frac{dM}{dt}=\\frac{10^{5} L_{\\odot}}{0.007 c^{2} M_{\\odot}^{6}} M^{6}",
+                "I(0) e^{-\\frac{t}{R C}}",
                 "\\hbar \\omega(v+1 / 2)-\\frac{E_{0}^{2} e^{2}}{2 m \\omega^{2}}", "y^{\\prime}+r y-r x(t)=0"],
     "olympiad_bench": ["$\\frac{1}{2 n+2}$", "$69$,$84$", "$221,$8$", "$m_{\\max }=n^{2}-n-1$", "$t(0,4]$", "$6m$",
                        "$f(x)=a x+b$, where $b$ is an arbitrary integer", "62.5%", "$8 \\%$", "$k \\geqslant 2$",
@@ -236,7 +249,8 @@ def test_authors_boxed_grader_follows_their_logic():
     assert gr._sympy_grade("(1, \\frac{1}{2})", "(1,0.5)") and not gr._sympy_grade("\\frac{2}{4}", "\\frac{1}{2}")
     assert not gr._sympy_grade("2.5", "2") and gr._sympy_grade("3 million", "3*10^6")
     # only the last \boxed{...} counts, and only when it is followed by "{"
-    assert gr.boxed_answer_correct("\\boxed{4} no, \\boxed{3}", "3") and not gr.boxed_answer_correct("\\boxed{3} \\boxed 4", "3")
+    assert gr.boxed_answer_correct("\\boxed{4} no, \\boxed{3}", "3")
+    assert not gr.boxed_answer_correct("\\boxed{3} \\boxed 4", "3")
     assert not gr.boxed_answer_correct("\\fbox{3}", "3")
 
 

@@ -10,7 +10,8 @@ REPO = Path(__file__).resolve().parents[1]
 CASES = {
     "sft.py": ["usage: sft.py [config/PRESET.py ...]", "torchrun --nproc_per_node 8 sft.py config/sft_paper.py",
                "(required) HF model directory", "sft.py settings:", "loss settings (curio_loss.LossConfig):",
-               "{sft,curio,curio_fixed_tau,curio_self_teacher,", "--loss_norm {batch_token_mean,micro_batch_token_mean}",
+               "{sft,curio,curio_fixed_tau,curio_self_teacher,",
+               "--loss_norm {batch_token_mean,micro_batch_token_mean}",
                "(default: 1e-05)"],
     "rl.py": ["usage: rl.py [config/PRESET.py ...]", "(required) HF checkpoint directory", "rl.py settings:",
               "--policy_loss {ppo_clip,custom_loss_rl}", "--engine {auto,hf,vllm}"],

@@ -403,7 +403,8 @@ for i in range(model.config.num_hidden_layers):
     assert torch.equal(got[a + "qkv_proj.weight"], torch.cat([full[a + x + "_proj.weight"] for x in "qkv"]))
     assert torch.equal(got[a + "o_proj.weight"], full[a + "o_proj.weight"])
     m = f"model.layers.{{i}}.mlp."
-    assert torch.equal(got[m + "gate_up_proj.weight"], torch.cat([full[m + x + "_proj.weight"] for x in ("gate", "up")]))
+    gate_up = torch.cat([full[m + x + "_proj.weight"] for x in ("gate", "up")])
+    assert torch.equal(got[m + "gate_up_proj.weight"], gate_up)
 for k in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
     assert torch.equal(got[k][: len(full[k])], full[k]), k   # vLLM pads the vocabulary to a multiple of 64
 print("VLLM SYNC OK")
