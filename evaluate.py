@@ -505,11 +505,10 @@ def evaluate_benchmarks(engine: Engine, tokenizer, benchmarks: dict[str, list[Ex
             block = rank_block(len(prompts), args.batch_size, rank, world)
             part = _generate_and_grade(engine, tokenizer, name, examples[block.start : block.stop],
                                        prompts[block.start : block.stop], n, block.start, args)
-            parts = [None] * world
+            parts = [part]
             if group is not None:
+                parts = [None] * world
                 dist.all_gather_object(parts, part, group=group)
-            else:
-                parts = [part]
             if rank == 0:  # blocks in rank order: question order
                 samples, scores, recs = ([x for p in parts for x in p[k]] for k in range(3))
                 saved = {"key": key, "metrics": benchmark_metrics(samples, scores), "records": recs,

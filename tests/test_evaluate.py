@@ -170,7 +170,8 @@ def test_evaluate_wiring_with_canned_responses(tmp_path, monkeypatch):
     assert [r["score"] for r in records if r["data_source"] == "arc_c"] == [1.0, 1.0, 0.0, 0.0]
     assert m["math"]["diversity"] == pytest.approx(5 / 6)  # shifted ids: neighbours share 1 of 3 distinct 4-grams
     # --grading authors reaches the grader: a bare "ANSWER: B" is no answer to the authors' math-verify + boxed grader.
-    _, records = ev.evaluate_benchmarks(None, None, benchmarks, ev.Args(n=4, grader_workers=2, model="m", grading="authors"))
+    _, records = ev.evaluate_benchmarks(None, None, benchmarks,
+                                        ev.Args(n=4, grader_workers=2, model="m", grading="authors"))
     assert [r["score"] for r in records if r["data_source"] == "arc_c"] == [0.0] * 4
     assert sum(r["score"] for r in records if r["data_source"] == "math") == 5
 
