@@ -4,17 +4,24 @@ unbiased pass@k, token entropy, n-gram diversity, expert-token entropy, tables a
 
     python evaluate.py --model CKPT --data BENCH_DIR --out out/eval/ckpt [--engine auto|hf|vllm] [--n 8] \
         [--grading paper|authors]
+    torchrun --nproc_per_node 8 evaluate.py ...      # data parallel: each rank a block of every benchmark
     python evaluate.py plot --results out/eval/*/results.json --logs runs/*/log.jsonl --out out/compare
+
+Each finished benchmark is kept under OUT/progress/: a rerun with the same settings loads it instead of
+generating it again.
 
 rl.py reuses `load_engine`, `generate` and `grade` (its reward).
 """
+import hashlib
 import importlib.util
 import itertools
 import json
+import os
 import sys
+import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import matplotlib
 
@@ -22,12 +29,13 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt
 import numpy as np
 import torch
+import torch.distributed as dist
 import transformers
 from tqdm import tqdm
 
-from common import parse_config
+from common import check_settings, parse_config, print0, run_script, setup_distributed, shutdown
 from curio_loss import entropy
-from data import Example, example_prompt, load_examples, tokenize_sft
+from data import SYSTEM_PROMPT_MODES, Example, example_prompt, load_examples, tokenize_sft
 from grading import GRADING_MODES, answer_kind, grade
 
 ID_BENCHMARKS = ["aime", "aime25", "amc", "math", "minerva", "olympiad_bench"]  # paper Table 2, left
@@ -36,6 +44,8 @@ OOD_BENCHMARKS = ["gpqa", "mmlu_pro", "arc_c"]  # paper Table 2, right: multiple
 
 @dataclass
 class Args:
+    """evaluate.py settings"""
+    REQUIRED = ("model", "data")
     model: str = ""
     """checkpoint directory (config.json, weights, tokenizer), e.g. one saved by sft.py or rl.py"""
     data: str = ""
@@ -44,7 +54,7 @@ class Args:
     """output directory: results.json, results.md, samples.jsonl, plots"""
     name: str = ""
     """label of this checkpoint in tables and plots (default: the model directory's name)"""
-    engine: str = "auto"
+    engine: Literal["auto", "hf", "vllm"] = "auto"
     """auto (vLLM when CUDA and vllm are available, else HF generate) | hf | vllm"""
     n: int = 8
     """samples per question: avg@8 and pass@k up to k=8 (paper Sec. 5.1)"""
@@ -58,19 +68,19 @@ class Args:
     """maximum response length in tokens (paper App. E)"""
     max_prompt_len: int = 1024
     """longer prompts (in tokens, chat template included) are left out and counted per benchmark (paper App. E)"""
-    system_prompt: str = "paper"
+    system_prompt: Literal[SYSTEM_PROMPT_MODES] = "paper"
     """paper: Table 7's prompt around the row's question | row: Table 7 with the row's own system message (the toy
     demo's one-liner) | messages: the row's prompt messages as stored, through the chat template (the authors)"""
     seed: int = 0
     """sampling seed"""
     limit: int = 0
     """questions per benchmark after de-duplication, 0 = all (for smoke tests)"""
-    dtype: str = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """model dtype: auto (bfloat16 on GPU, float32 on CPU) | float32 | bfloat16 | float16"""
     batch_size: int = 8
     """prompts per HF generate call (vLLM schedules its own batches)"""
     tensor_parallel_size: int = 1
-    """vLLM: GPUs per model"""
+    """vLLM: GPUs per model (1 under torchrun with several ranks: one engine per rank)"""
     gpu_memory_utilization: float = 0.85
     """vLLM: fraction of total GPU memory it may take"""
     max_model_len: int = 9216
@@ -79,7 +89,7 @@ class Args:
     """seconds per graded response; a grader worker that overruns is killed and the response scores 0"""
     grader_workers: int = 4
     """grader processes"""
-    grading: str = "paper"
+    grading: Literal[GRADING_MODES] = "paper"
     """paper: the text after the last </think>, math-verify (the paper's rule and RL reward) | authors: the authors'
     evaluation grader (whole response; math-verify or their boxed-answer grader), as behind the paper's tables"""
     sft_data: str = ""
@@ -89,9 +99,17 @@ class Args:
     save_samples: bool = True
     """write every response with its score to samples.jsonl"""
 
+    def __post_init__(self):
+        check_settings(self, positive=["temperature", "top_p", "gpu_memory_utilization", "grader_timeout"],
+                       fraction=["top_p", "gpu_memory_utilization"], non_negative=["limit"],
+                       at_least_one=["n", "n_mmlu_pro", "max_new_tokens", "max_prompt_len", "batch_size",
+                                     "tensor_parallel_size", "max_model_len", "grader_workers", "sft_examples"])
+
 
 @dataclass
 class PlotArgs:
+    """evaluate.py plot settings"""
+    REQUIRED = ("results",)
     results: list[str] = field(default_factory=list)
     """results.json files written by evaluate.py, one per checkpoint"""
     logs: list[str] = field(default_factory=list)
@@ -132,7 +150,7 @@ def expert_token_entropy(model, tokenizer, examples: list[Example], max_len: int
     so ties at the threshold still give 20% / 80% of the positions."""
     device = next(model.parameters()).device
     entropies = []
-    for ex in tqdm(examples, desc="expert-token entropy", disable=len(examples) < 32):
+    for ex in tqdm(examples, desc="expert-token entropy", disable=len(examples) < 32 or not sys.stderr.isatty()):
         ids, mask = tokenize_sft(tokenizer, example_prompt(ex, tokenizer, system_prompt), ex.response)
         ids, mask = ids[:max_len], torch.tensor(mask[:max_len], dtype=torch.bool)
         logits = model(torch.tensor([ids], device=device)).logits[0]  # (L, V)
@@ -162,7 +180,7 @@ def benchmark_metrics(samples: list[list["Sample"]], scores: list[list[float]]) 
     }
 
 
-def summarize(benchmarks: dict[str, dict]) -> dict:
+def table2_averages(benchmarks: dict[str, dict]) -> dict:
     """Paper Table 2 averages: ID and OOD accuracy (None when none of their benchmarks ran), and means over
     all benchmarks of avg@n, entropy and diversity (the x and y of Figs. 1 and 4)."""
     def mean(key, names=None):
@@ -279,21 +297,23 @@ def load_engine(path: str, engine: str = "auto", dtype: str = "auto", seed: int 
 
 def generate(engine, tokenizer, prompts: list[str], n: int = 8, temperature: float = 0.6, top_p: float = 0.95,
              max_new_tokens: int = 8192, seed: int = 0, batch_size: int = 8,
-             logprobs: bool = True) -> list[list[Sample]]:
+             logprobs: bool = True, offset: int = 0) -> list[list[Sample]]:
     """n samples for each prompt (prompt-major). `engine` is an Engine or a bare HF model. logprobs=False leaves
     Sample.logprobs and Sample.entropy None and saves what they cost: vLLM builds no Python object per token, HF
-    keeps no [batch * n, vocab] scores per generated token."""
+    keeps no [batch * n, vocab] scores per generated token. offset: the index of prompts[0] in the whole list a
+    caller splits over ranks; the seeds derive from global indices, so the samples do not depend on the split."""
     if not isinstance(engine, Engine):
         engine = Engine("hf", engine)
     if engine.kind == "vllm":
         if logprobs and not engine.logprobs:
             raise ValueError("generate(logprobs=True) on a vLLM engine loaded with logprobs=False")
-        return _generate_vllm(engine.model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, logprobs)
+        return _generate_vllm(engine.model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, logprobs,
+                              offset)
     return _generate_hf(engine.model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size,
-                        logprobs)
+                        logprobs, offset)
 
 
-def _generate_vllm(llm, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, logprobs):
+def _generate_vllm(llm, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, logprobs, offset):
     from vllm import SamplingParams
 
     # vLLM 0.32 vllm/sampling_params.py: logprobs=0 returns the sampled token's log-prob only, None none at all.
@@ -304,8 +324,9 @@ def _generate_vllm(llm, tokenizer, prompts, n, temperature, top_p, max_new_token
     # per-request generators: topk_topp_sampler.py forward_cuda.)
     shared = dict(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
                   logprobs=0 if logprobs else None, stop_token_ids=_eos_ids(llm, tokenizer), detokenize=False)
-    params = [SamplingParams(**shared, seed=seed + i * n) for i in range(len(prompts))]
-    outputs = llm.generate([{"prompt_token_ids": _encode(tokenizer, p)} for p in prompts], params, use_tqdm=True)
+    params = [SamplingParams(**shared, seed=seed + (offset + i) * n) for i in range(len(prompts))]
+    outputs = llm.generate([{"prompt_token_ids": _encode(tokenizer, p)} for p in prompts], params,
+                           use_tqdm=sys.stderr.isatty())
     result = []
     for out in outputs:
         samples = []
@@ -322,14 +343,15 @@ def _generate_vllm(llm, tokenizer, prompts, n, temperature, top_p, max_new_token
 
 
 @torch.no_grad()
-def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size, logprobs):
+def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size, logprobs, offset):
     # With logprobs, HF keeps every step's scores, (batch * n, vocab) each: fine for small models; vLLM for real runs.
-    torch.manual_seed(seed)
     eos = _eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     device = next(model.parameters()).device
     result = []
-    for start in tqdm(range(0, len(prompts), batch_size), desc="generating (hf)", disable=len(prompts) <= batch_size):
+    for start in tqdm(range(0, len(prompts), batch_size), desc="generating (hf)",
+                      disable=len(prompts) <= batch_size or not sys.stderr.isatty()):
+        torch.manual_seed(seed + (offset + start) * n)  # a seed per batch from its first prompt's global index
         encoded = [_encode(tokenizer, p) for p in prompts[start : start + batch_size]]
         width = max(map(len, encoded))
         ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded], device=device)  # (B, P), left-padded
@@ -380,37 +402,131 @@ def load_benchmarks(path: str, limit: int = 0) -> dict[str, list[Example]]:
                 continue
             seen.add((ex.data_source, ex.question))
             benchmarks.setdefault(ex.data_source, []).append(ex)
-    print(f"benchmarks: {', '.join(f'{b} ({len(v)})' for b, v in benchmarks.items())}; {dropped} duplicates dropped")
+    print0(f"benchmarks: {', '.join(f'{b} ({len(v)})' for b, v in benchmarks.items())}; {dropped} duplicates dropped")
     return {b: v[:limit] if limit else v for b, v in benchmarks.items()}
 
 
-def evaluate(engine: Engine, tokenizer, benchmarks: dict[str, list[Example]], args: Args) -> tuple[dict, list]:
-    """(results, sample records): generate, grade and measure every benchmark."""
-    samples: dict[str, list[list[Sample]]] = {}
-    n_of = {b: args.n_mmlu_pro if b.startswith("mmlu_pro") else args.n for b in benchmarks}
-    for n in sorted(set(n_of.values())):  # one generate call per n: large batches keep vLLM busy
-        names = [b for b in benchmarks if n_of[b] == n]
-        prompts = [example_prompt(ex, tokenizer, args.system_prompt) for b in names for ex in benchmarks[b]]
-        out = iter(generate(engine, tokenizer, prompts, n, args.temperature, args.top_p, args.max_new_tokens,
-                            args.seed, args.batch_size))
-        samples.update({b: [next(out) for _ in benchmarks[b]] for b in names})
+def _write_atomic(path: Path, text: str) -> None:
+    """Write to a temporary name, then rename: a crash or a full disk never leaves a partial file under `path`
+    (demo.py takes an existing results.json as a finished stage)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
-    records = [{"data_source": b, "row": ex.row, "question": ex.question, "ground_truth": ex.ground_truth,
-                "kind": answer_kind(b, ex.ground_truth), "sample": j, "response": s.text,
+
+def check_out_dir(out: str) -> None:
+    """A one-line error, before any model loads, when --out cannot take the results."""
+    p = Path(out)
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"--out {out!r}: exists and is not a directory")
+    nearest = next(q for q in (p.absolute(), *p.absolute().parents) if q.exists())  # what mkdir would write in
+    if not nearest.is_dir() or not os.access(nearest, os.W_OK | os.X_OK):
+        raise ValueError(f"--out {out!r}: cannot write in {str(nearest)!r}")
+
+
+# Settings that change no sample and no score: a benchmark saved under other values of these is still reused.
+# data, limit and max_prompt_len are left out too: the saved run's questions themselves are compared.
+_NOT_IN_PROGRESS_KEY = {"out", "name", "save_samples", "grader_workers", "sft_data", "sft_examples", "data", "limit",
+                        "max_prompt_len"}
+
+
+def _progress_key(args: Args, examples: list[Example], prompts: list[str]) -> dict:
+    """What a saved benchmark must match to be reused: the settings, its questions and the checkpoint's files
+    (name, size, modification time: a checkpoint saved again under the same path is a different model)."""
+    questions = hashlib.sha256(json.dumps([[p, ex.ground_truth] for ex, p in zip(examples, prompts)]).encode())
+    model_files = {f.name: [f.stat().st_size, f.stat().st_mtime_ns] for f in sorted(Path(args.model).iterdir())
+                   if f.is_file()}
+    settings = {k: v for k, v in asdict(args).items() if k not in _NOT_IN_PROGRESS_KEY}
+    return json.loads(json.dumps({"settings": settings, "questions_sha256": questions.hexdigest(),
+                                  "model_files": model_files}))  # as read back from JSON
+
+
+def _load_progress(path: Path, key: dict) -> dict | None:
+    """A benchmark saved by a run with the same settings, else None (no file, other settings, unreadable)."""
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return saved if isinstance(saved, dict) and saved.get("key") == key else None
+
+
+def _generate_and_grade(engine: Engine, tokenizer, name: str, examples: list[Example], prompts: list[str], n: int,
+                        offset: int, args: Args) -> tuple[list[list[Sample]], list[list[float]], list[dict], int]:
+    """(samples, 0/1 scores, sample records, grader failures) of a block of one benchmark's questions starting at
+    question `offset`."""
+    if not prompts:  # a rank with no block (more ranks than batches)
+        return [], [], [], 0
+    samples = generate(engine, tokenizer, prompts, n, args.temperature, args.top_p, args.max_new_tokens, args.seed,
+                       args.batch_size, offset=offset)
+    records = [{"data_source": name, "row": ex.row, "question": ex.question, "ground_truth": ex.ground_truth,
+                "kind": answer_kind(name, ex.ground_truth), "sample": j, "response": s.text,
                 "length": len(s.token_ids), "finish_reason": s.finish_reason}
-               for b in benchmarks for ex, qs in zip(benchmarks[b], samples[b]) for j, s in enumerate(qs)]
+               for ex, qs in zip(examples, samples) for j, s in enumerate(qs)]
     scores, failures = grade([r["response"] for r in records], [r["ground_truth"] for r in records],
                              [r["kind"] for r in records], args.grader_timeout, args.grader_workers, args.grading)
     for r, s in zip(records, scores):
         r["score"] = s
+    return samples, [scores[i * n : (i + 1) * n] for i in range(len(samples))], records, failures
 
-    metrics, it = {}, iter(scores)
-    for b in benchmarks:
-        per_question = [[next(it) for _ in qs] for qs in samples[b]]
-        metrics[b] = benchmark_metrics(samples[b], per_question)
+
+def rank_block(count: int, batch_size: int, rank: int, world: int) -> range:
+    """This rank's questions: a contiguous block of whole batches of batch_size, so that every HF batch, and the
+    seed _generate_hf gives it, is the same whatever the number of ranks."""
+    batches = -(-count // batch_size)
+    first, end = batches * rank // world, batches * (rank + 1) // world
+    return range(min(count, first * batch_size), min(count, end * batch_size))
+
+
+def evaluate_benchmarks(engine: Engine, tokenizer, benchmarks: dict[str, list[Example]], args: Args,
+                        progress_dir: Path | None = None, group=None) -> tuple[dict | None, list]:
+    """(results, sample records): generate, grade and measure one benchmark at a time. With a process group
+    (`group`, gloo, torchrun) each rank generates and grades its block of every benchmark and rank 0 gathers them;
+    the other ranks get (None, []). With progress_dir, rank 0 saves each finished benchmark there, and a benchmark
+    saved by a run with the same settings is loaded instead of generated again: a crash loses one benchmark."""
+    rank, world = (dist.get_rank(group), dist.get_world_size(group)) if group is not None else (0, 1)
+    metrics, records, failures = {}, [], 0
+    for i, (name, examples) in enumerate(benchmarks.items(), 1):
+        start = time.perf_counter()
+        n = args.n_mmlu_pro if name.startswith("mmlu_pro") else args.n
+        prompts = [example_prompt(ex, tokenizer, args.system_prompt) for ex in examples]
+        path = progress_dir / f"{name}.json" if progress_dir is not None else None
+        key = _progress_key(args, examples, prompts) if path is not None and rank == 0 else None
+        saved = [_load_progress(path, key) if key is not None else None]
+        if group is not None:  # every rank skips a saved benchmark, or none does
+            dist.broadcast_object_list(saved, src=0, group=group)
+        saved = saved[0]
+        if saved is not None:
+            print0(f"[{i}/{len(benchmarks)}] {name}: loaded from {path} (saved by a run with the same settings)")
+        else:
+            print0(f"[{i}/{len(benchmarks)}] {name}: {len(prompts)} prompts x {n} samples, {world} rank(s)")
+            block = rank_block(len(prompts), args.batch_size, rank, world)
+            part = _generate_and_grade(engine, tokenizer, name, examples[block.start : block.stop],
+                                       prompts[block.start : block.stop], n, block.start, args)
+            parts = [part]
+            if group is not None:
+                parts = [None] * world
+                dist.all_gather_object(parts, part, group=group)
+            if rank == 0:  # blocks in rank order: question order
+                samples, scores, recs = ([x for p in parts for x in p[k]] for k in range(3))
+                saved = {"key": key, "metrics": benchmark_metrics(samples, scores), "records": recs,
+                         "grader_failures": sum(p[3] for p in parts)}
+                if path is not None:
+                    path.parent.mkdir(parents=True, exist_ok=True)
+                    _write_atomic(path, json.dumps(saved))
+        if rank == 0:
+            metrics[name] = saved["metrics"]
+            records += saved["records"]
+            failures += saved["grader_failures"]
+            print0(f"[{i}/{len(benchmarks)}] {name}: avg@{n} {_pct(metrics[name]['avg'])}, "
+                   f"{time.perf_counter() - start:.0f} s")
+    if rank != 0:
+        return None, []
     name = args.name or Path(args.model.rstrip("/")).name
     return {"name": name, "model": args.model, "settings": asdict(args), "benchmarks": metrics,
-            "summary": summarize(metrics), "grader_failures": failures}, records
+            "summary": table2_averages(metrics), "grader_failures": failures}, records
 
 
 def _pct(x) -> str:
@@ -590,42 +706,54 @@ def drop_long_prompts(benchmarks: dict[str, list[Example]], tokenizer, args: Arg
     return kept, dropped
 
 
-def run_eval(args: Args) -> dict:
+def run_eval(args: Args) -> dict | None:
+    """Evaluate one checkpoint; under torchrun every rank takes a block of each benchmark and rank 0 writes the
+    results, which it returns (the other ranks return None)."""
     if not args.model or not args.data:
         raise ValueError("--model and --data are required")
     if engine_kind(args.engine) == "vllm" and args.max_prompt_len + args.max_new_tokens > args.max_model_len:
         # vLLM would end such responses at max_model_len ("length"), short of max_new_tokens
         raise ValueError(f"--max-prompt-len {args.max_prompt_len} + --max-new-tokens {args.max_new_tokens} is over "
                          f"--max-model-len {args.max_model_len}: raise --max-model-len or lower the other two")
-    if args.grading not in GRADING_MODES:
-        raise ValueError(f"--grading {args.grading!r}: one of {', '.join(GRADING_MODES)}")
+    world = int(os.environ.get("WORLD_SIZE", 1))
+    if world > 1 and args.tensor_parallel_size > 1:
+        raise ValueError(f"--tensor_parallel_size {args.tensor_parallel_size} with {world} ranks: torchrun runs one "
+                         f"engine per rank (data parallel); use one process for tensor parallelism")
+    check_out_dir(args.out)
     benchmarks = load_benchmarks(args.data, args.limit)  # fail on bad data before loading a model
+    rank, group = 0, None
+    if "RANK" in os.environ:  # torchrun
+        rank, world, _ = setup_distributed()
+        group = dist.new_group(backend="gloo")  # objects (the blocks' samples) travel over gloo, also with nccl
     expert = None
-    if args.sft_data:  # teacher forcing needs HF logits; done first, so vLLM gets the GPU memory afterwards
+    if args.sft_data and rank == 0:  # teacher forcing needs HF logits; done first, so vLLM gets the memory after
         examples = load_examples(args.sft_data, require_response=True)[: args.sft_examples]
         hf, tokenizer = load_engine(args.model, "hf", args.dtype)
         expert = expert_token_entropy(hf.model, tokenizer, examples, system_prompt=args.system_prompt)
         del hf
         torch.cuda.empty_cache()
+    # Several ranks: one vLLM engine per rank, in the rank's own process (as rl.py's), seeded per prompt.
+    per_rank = dict(distributed_executor_backend="external_launcher") if world > 1 else {}
     engine, tokenizer = load_engine(args.model, args.engine, args.dtype, args.seed,
                                     tensor_parallel_size=args.tensor_parallel_size,
                                     gpu_memory_utilization=args.gpu_memory_utilization,
-                                    max_model_len=args.max_model_len)
-    print(f"engine: {engine.kind}")
+                                    max_model_len=args.max_model_len, **per_rank)
+    print0(f"engine: {engine.kind}")
     benchmarks, dropped = drop_long_prompts(benchmarks, tokenizer, args)
-    print(f"prompts over {args.max_prompt_len} tokens, dropped: {', '.join(f'{b} {n}' for b, n in dropped.items())}")
+    print0(f"prompts over {args.max_prompt_len} tokens, dropped: {', '.join(f'{b} {n}' for b, n in dropped.items())}")
     if not benchmarks:
         raise ValueError(f"every prompt is over --max-prompt-len {args.max_prompt_len} tokens")
-    result, records = evaluate(engine, tokenizer, benchmarks, args)
+    out = Path(args.out)
+    result, records = evaluate_benchmarks(engine, tokenizer, benchmarks, args, out / "progress", group)
+    if rank != 0:
+        return None
     result["expert_entropy"] = expert
     result["long_prompts_dropped"] = dropped
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(result, indent=2))
-    (out / "results.md").write_text(results_table(result))
+    _write_atomic(out / "results.md", results_table(result))
     if args.save_samples:
-        (out / "samples.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        _write_atomic(out / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     plot_results([result], args.out)
+    _write_atomic(out / "results.json", json.dumps(result, indent=2))  # last: marks a finished evaluation
     print(results_table(result))
     return result
 
@@ -655,14 +783,13 @@ def run_plot(args: PlotArgs) -> list[str]:
 
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
-    try:
-        if argv[:1] == ["plot"]:
-            run_plot(parse_config(PlotArgs, argv=argv[1:], prog="evaluate.py plot")[0])
-        else:
-            run_eval(parse_config(Args, argv=argv, prog="evaluate.py")[0])
-    except (FileNotFoundError, ValueError) as e:  # bad input: a message, not a traceback
-        sys.exit(f"evaluate.py: error: {e}")
+    if argv[:1] == ["plot"]:
+        run_plot(parse_config(PlotArgs, argv=argv[1:], prog="evaluate.py plot")[0])
+    else:
+        run_eval(parse_config(Args, argv=argv, prog="evaluate.py")[0])
+        if dist.is_initialized():  # torchrun: every rank done before the group goes
+            shutdown()
 
 
 if __name__ == "__main__":
-    main()
+    run_script(main)

@@ -149,7 +149,7 @@ def test_evaluate_wiring_with_canned_responses(tmp_path, monkeypatch):
     answers = {"2+3": ["5"] * 4, "7*6": ["42", "41", "0", "1"], "10-4": ["5"] * 4, "1/2 + 1/2": ["1"] * 4,
                "mammal": ["B", "B", "A", "A"]}
 
-    def fake_generate(engine, tokenizer, prompts, n, *args):
+    def fake_generate(engine, tokenizer, prompts, n, *args, **kwargs):
         assert n == 4
         out = []
         for p in prompts:
@@ -161,7 +161,7 @@ def test_evaluate_wiring_with_canned_responses(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ev, "generate", fake_generate)
     benchmarks = ev.load_benchmarks(str(_write_benchmarks(tmp_path)))
-    result, records = ev.evaluate(None, None, benchmarks, ev.Args(n=4, grader_workers=2, model="m"))
+    result, records = ev.evaluate_benchmarks(None, None, benchmarks, ev.Args(n=4, grader_workers=2, model="m"))
     m = result["benchmarks"]
     assert (m["math"]["avg"], m["aime"]["avg"], m["arc_c"]["avg"]) == (5 / 8, 4 / 8, 2 / 4)
     assert m["math"]["pass_at_k"]["4"] == 1.0 and m["aime"]["pass_at_k"]["4"] == 0.5
@@ -170,7 +170,8 @@ def test_evaluate_wiring_with_canned_responses(tmp_path, monkeypatch):
     assert [r["score"] for r in records if r["data_source"] == "arc_c"] == [1.0, 1.0, 0.0, 0.0]
     assert m["math"]["diversity"] == pytest.approx(5 / 6)  # shifted ids: neighbours share 1 of 3 distinct 4-grams
     # --grading authors reaches the grader: a bare "ANSWER: B" is no answer to the authors' math-verify + boxed grader.
-    _, records = ev.evaluate(None, None, benchmarks, ev.Args(n=4, grader_workers=2, model="m", grading="authors"))
+    _, records = ev.evaluate_benchmarks(None, None, benchmarks,
+                                        ev.Args(n=4, grader_workers=2, model="m", grading="authors"))
     assert [r["score"] for r in records if r["data_source"] == "arc_c"] == [0.0] * 4
     assert sum(r["score"] for r in records if r["data_source"] == "math") == 5
 
@@ -233,13 +234,14 @@ def result_vocab(checkpoint):
 def test_cli_is_generated_from_the_dataclass():
     docs = common.field_docs(ev.Args)
     assert set(docs) == {f.name for f in dataclasses.fields(ev.Args)} and all(docs.values())
-    args, = common.parse_config(ev.Args, argv=["--n", "4", "--top-p", "0.9", "--no-save-samples"])
+    args, = common.parse_config(ev.Args, argv=["--model", "m", "--data", "d", "--n", "4", "--top-p", "0.9",
+                                               "--no-save-samples"])
     assert (args.n, args.top_p, args.save_samples, args.temperature) == (4, 0.9, False, 0.6)
     plot, = common.parse_config(ev.PlotArgs, argv=["--results", "a.json", "b.json"])
     assert plot.results == ["a.json", "b.json"] and plot.logs == []
 
 
-def test_bad_input_gives_clear_errors(checkpoint, tmp_path):
+def test_bad_input_gives_clear_errors(checkpoint, tmp_path, capsys):
     bench = _write_benchmarks(tmp_path)
     not_model = tmp_path / "not_a_model"
     not_model.mkdir()
@@ -253,17 +255,25 @@ def test_bad_input_gives_clear_errors(checkpoint, tmp_path):
         (["--model", checkpoint, "--data", str(bad)], "x.jsonl row 0"),
         (["--model", str(tmp_path / "nope"), "--data", str(bench)], "no such directory"),
         (["--model", str(not_model), "--data", str(bench)], "not a checkpoint directory"),
-        (["--model", checkpoint, "--data", str(bench), "--engine", "tpu"], "unknown engine"),
-        (["--model", checkpoint, "--data", str(bench), "--engine", "hf", "--dtype", "fp8"], "unknown dtype"),
-        (["--model", checkpoint, "--data", str(bench), "--grading", "oat"], "--grading 'oat'"),
+        (["--model", checkpoint, "--data", str(bench), "--engine", "tpu"], "--engine: invalid choice: 'tpu'"),
+        (["--model", checkpoint, "--data", str(bench), "--dtype", "fp8"], "--dtype: invalid choice: 'fp8'"),
+        (["--model", checkpoint, "--data", str(bench), "--grading", "oat"], "--grading: invalid choice: 'oat'"),
+        (["--model", checkpoint, "--data", str(bench), "--limit=-1"], "--limit -1: must be a finite number >= 0"),
+        (["--model", checkpoint, "--data", str(bench), "--n", "0"], "--n 0: must be >= 1"),
+        (["--model", checkpoint, "--data", str(bench), "--temperature", "0"], "--temperature 0.0: must be a finite"),
+        (["--model", checkpoint, "--data", str(bench), "--top_p", "1.5"], "--top_p 1.5: must be in [0, 1]"),
+        (["--model", checkpoint, "--data", str(bench), "--gpu_memory_utilization", "0"],
+         "--gpu_memory_utilization 0.0: must be a finite number > 0"),
+        (["--data", str(bench)], "required: --model"),
+        (["plot"], "required: --results"),
         (["plot", "--results", str(tmp_path / "r.json")], "not a results.json"),
         (["plot", "--results", str(bench / "valid.all.jsonl")], "not JSON"),
         (["plot", "--results", str(tmp_path / "missing.json")], "no such file"),
     ]
-    for argv, message in cases:
-        with pytest.raises(SystemExit) as exc:
+    for argv, message in cases:  # user errors: run_script prints them as one line (test_cli_errors_are_one_line)
+        with pytest.raises((SystemExit, ValueError, FileNotFoundError)) as exc:
             ev.main(argv + ["--out", str(tmp_path / "o")])
-        assert message in str(exc.value), (argv, exc.value)
+        assert message in str(exc.value) + capsys.readouterr().err, (argv, exc.value)
 
 
 def test_rl_logs_get_the_mixed_reward_plot_and_sft_logs_the_entropy_plot(tmp_path):

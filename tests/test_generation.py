@@ -144,9 +144,9 @@ def test_vllm_evaluation_needs_room_for_the_longest_prompt_and_response(chat_che
     bench = write_benchmark(tmp_path, [("math", QUESTIONS[0])])
     argv = ["--model", chat_checkpoint, "--data", str(bench), "--out", str(tmp_path / "o"), "--engine", "vllm",
             "--max-prompt-len", "1024", "--max-new-tokens", "8192"]
-    with pytest.raises(SystemExit) as exc:
+    with pytest.raises(ValueError) as exc:                     # main raises; run_script prints it as one line
         ev.main(argv + ["--max-model-len", "9215"])
     assert "--max-prompt-len 1024 + --max-new-tokens 8192 is over --max-model-len 9215" in str(exc.value)
-    with pytest.raises(SystemExit) as exc:                     # 9216 fits: it gets as far as loading vLLM
+    with pytest.raises(ValueError) as exc:                     # 9216 fits: it gets as far as loading vLLM
         ev.main(argv + ["--max-model-len", "9216"])
     assert "needs CUDA and the vllm package" in str(exc.value)
