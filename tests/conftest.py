@@ -50,3 +50,23 @@ def toy_sft_file(tmp_path_factory):
     path = tmp_path_factory.mktemp("toy_data") / "train.jsonl"
     path.write_text("\n".join(json.dumps(r) for r in toy_rows(40, seed=1)))
     return path
+
+
+@pytest.fixture(scope="session")
+def world_of_one():
+    """A process group of one (gloo), as the stage scripts create when run without torchrun."""
+    import common
+
+    if not torch.distributed.is_initialized():
+        common.setup_distributed()
+    return torch.device("cpu")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One intra-op thread: OpenMP threads spin-wait when the CPU is shared (a loaded 2-core machine ran tiny
+    models ~20x slower with 2 threads than with 1)."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

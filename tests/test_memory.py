@@ -24,21 +24,7 @@ _spec = importlib.util.spec_from_file_location("bench_memory", REPO / "bench" / 
 memory = sys.modules["bench_memory"] = importlib.util.module_from_spec(_spec)   # registered: --help reads its source
 _spec.loader.exec_module(memory)
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: OpenMP threads spin-wait when the CPU is shared."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def world_of_one():
-    if not torch.distributed.is_initialized():
-        common.setup_distributed()
-    return torch.device("cpu")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny_config(vocab, intermediate):

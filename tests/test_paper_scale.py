@@ -9,7 +9,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pytest
 import torch
 from safetensors.torch import load_file
 
@@ -32,12 +31,6 @@ def torchrun(script: str, *args, nproc: int = 2, timeout: int = 600) -> subproce
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc
-
-
-@pytest.fixture(scope="module")
-def world_of_one():
-    if not torch.distributed.is_initialized():
-        common.setup_distributed()
 
 
 # ---------------------------------------------------------------- gradient accumulation

@@ -21,13 +21,6 @@ import sft
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def world_of_one():
-    if not torch.distributed.is_initialized():
-        common.setup_distributed()
-    return torch.device("cpu")
-
-
 # ---------------------------------------------------------------- SFT: schedule, optimiser, loss normalisation
 def verl_lr_lambda(num_warmup_steps, num_training_steps, min_lr_ratio):
     """The lr_lambda of verl's get_cosine_schedule_with_warmup (num_cycles 0.5), as the authors' fork writes it

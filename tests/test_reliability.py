@@ -12,12 +12,6 @@ import checkpoints
 import common
 
 
-@pytest.fixture(scope="module")
-def world_of_one():
-    if not torch.distributed.is_initialized():
-        common.setup_distributed()
-
-
 @pytest.fixture()
 def model_and_tokenizer(world_of_one, tiny_model_dir):
     from transformers import AutoTokenizer

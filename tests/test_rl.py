@@ -21,22 +21,7 @@ import fake_vllm
 
 REPO = Path(__file__).resolve().parents[1]
 
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """One intra-op thread: OpenMP threads spin-wait when the CPU is shared (a loaded 2-core machine ran these
-    tiny models ~20x slower with 2 threads than with 1)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
-
-
-@pytest.fixture(scope="module")
-def world_of_one():
-    if not torch.distributed.is_initialized():
-        common.setup_distributed()
-    return torch.device("cpu")
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @pytest.fixture(scope="module")

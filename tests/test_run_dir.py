@@ -4,16 +4,10 @@ import sys
 import types
 
 import pytest
-import torch
 
-import common
 import run_dir
 
-
-@pytest.fixture(scope="module", autouse=True)
-def world_of_one():
-    if not torch.distributed.is_initialized():
-        common.setup_distributed()
+pytestmark = pytest.mark.usefixtures("world_of_one")
 
 
 SETTINGS = {"model": "m", "lr": 1e-5, "loss": "curio", "max_steps": 10, "loggers": []}

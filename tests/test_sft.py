@@ -20,13 +20,6 @@ import sft
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture(scope="module")
-def world_of_one():
-    if not torch.distributed.is_initialized():
-        common.setup_distributed()
-    return torch.device("cpu")
-
-
 def fsdp_model(model_dir, seed=0):
     return common.shard_model(common.load_full_model(str(model_dir), scratch=True, seed=seed),
                               torch.device("cpu"), bf16=False, grad_ckpt=False)
