@@ -450,7 +450,7 @@ def summarize(diag: dict[str, torch.Tensor], alpha: float = 1.0) -> dict[str, fl
 
 
 # ------------------------------------------------------------------------------------------------
-# Benchmark: python curio_loss.py [--tokens N] [--vocab V]
+# Benchmark: python curio_loss.py [--tokens N] [--vocab V] [--reps R] [--threads T]
 # ------------------------------------------------------------------------------------------------
 def llm_like_logits(n: int, v: int, seed: int = 0) -> torch.Tensor:
     """Synthetic logits [n, v] shaped like an LLM's: a Gaussian bulk, a heavy upper tail, and per token 1-4
@@ -533,5 +533,9 @@ if __name__ == "__main__":
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--threads", type=int, default=None,
+                        help="CPU threads (default: torch's); 1 is steadier on a busy machine")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
     _bench(args.tokens, args.vocab, args.reps)
