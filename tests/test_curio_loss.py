@@ -255,7 +255,7 @@ def test_bf16_inputs_are_computed_in_float32():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_log_sum_exp_blockwise_is_logsumexp(dtype):
-    """Several blocks of rows (13 float32 rows of 152k logits per block), a partial last block, a subset of the
+    """Several blocks of rows (27 float32 rows of 152k logits per block), a partial last block, a subset of the
     rows in any order, per-row temperatures and -inf entries."""
     z = cl.llm_like_logits(40, V_BIG, seed=8).to(dtype)
     z[3, 100:] = float("-inf")
