@@ -105,14 +105,19 @@ def _read_rows(path: Path) -> list:
         return pq.read_table(path).to_pylist()  # plain dicts and lists, not numpy arrays as pandas gives
     if path.suffix == ".jsonl":
         rows = []
-        for i, line in enumerate(path.read_text(encoding="utf-8").splitlines()):
+        for i, line in enumerate(path.read_bytes().splitlines()):
             try:
-                rows.append(json.loads(line))
+                rows.append(json.loads(line.decode("utf-8")))
+            except UnicodeDecodeError as e:
+                raise ValueError(f"{path} row {i}: not UTF-8 (byte {e.start} of the line)") from None
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path} row {i}: invalid JSON ({e})") from None
         return rows
     if path.suffix == ".json":
-        rows = json.loads(path.read_text(encoding="utf-8"))
+        try:
+            rows = json.loads(path.read_bytes().decode("utf-8"))
+        except UnicodeDecodeError as e:
+            raise ValueError(f"{path}: not UTF-8 (byte {e.start})") from None
         if not isinstance(rows, list):
             raise ValueError(f"{path}: expected a JSON list of rows, got {type(rows).__name__}")
         return rows

@@ -375,3 +375,14 @@ def test_download_checks_the_files_it_fetched(tmp_path, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", fake_hub([], {"data/train.parquet": [row()]}))
     with pytest.raises(SystemExit, match=r"Hao0oWang/CurioSFT_Data gave no train\.parquet or no test\.\*\.parquet"):
         data._download_main(["--out", str(tmp_path / "moved")])                   # another layout
+
+
+def test_bytes_that_are_not_utf8_name_the_file_and_row(tmp_path):
+    good = json.dumps({"data_source": "x", "prompt": [{"role": "user", "content": "q"}],
+                       "reward_model": {"ground_truth": "1"}}).encode()
+    (tmp_path / "bad.jsonl").write_bytes(good + b"\n" + good.replace(b'"q"', b'"q \xff"') + b"\n")
+    with pytest.raises(ValueError, match=r"bad.jsonl row 1: not UTF-8"):
+        data.load_examples(tmp_path / "bad.jsonl")
+    (tmp_path / "bad.json").write_bytes(b"[" + good.replace(b'"q"', b'"\xfe"') + b"]")
+    with pytest.raises(ValueError, match=r"bad.json: not UTF-8"):
+        data.load_examples(tmp_path / "bad.json")
