@@ -68,14 +68,24 @@ RL_FROM = ("sft", "curio")  # paper Table 3's pair; GRPO from the entropy baseli
 THREADS = str(min(4, os.cpu_count() or 1))
 
 
-def run(cmd: list[str], log: Path) -> None:
-    """Run one stage command from the repository root, echoing it; its output goes to `log` (shown on failure)."""
+def run(cmd: list[str], log: Path, every_s: float = 10.0) -> None:
+    """Run one stage command from the repository root, echoing it; its output goes to `log` (shown on failure).
+    While it runs, a line every `every_s` seconds with the elapsed time and the stage's last log line (sft.py and
+    rl.py log their step and ETA), so a long stage is never silent."""
     print("$ " + " ".join(str(c) for c in cmd), flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": THREADS, "MKL_NUM_THREADS": THREADS, "TOKENIZERS_PARALLELISM": "false"}
     t0 = time.time()
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
-        proc = subprocess.run([str(c) for c in cmd], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
+        while True:
+            try:
+                proc.wait(timeout=every_s)
+                break
+            except subprocess.TimeoutExpired:
+                lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
+                last = lines[-1].strip()[:100] if lines else ""
+                print(f"  {time.time() - t0:4.0f}s  {last}", flush=True)
     if proc.returncode != 0:
         sys.stdout.write(log.read_text()[-4000:])
         raise SystemExit(f"stage failed (exit {proc.returncode}): see {log}")

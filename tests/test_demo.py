@@ -118,3 +118,12 @@ def test_demo_ci_runs_every_stage(tmp_path):
     proc = subprocess.run([sys.executable, "demo.py", "--size", "ci", "--out", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode != 0 and "holds a run with an unrecorded --seed" in proc.stderr
+
+
+def test_a_running_stage_prints_its_progress(tmp_path, capsys):
+    import demo
+
+    code = "import time; print('step 1 loss 0.5 eta 0:00:02', flush=True); time.sleep(1.5); print('step 2', flush=True)"
+    demo.run([sys.executable, "-c", code], tmp_path / "stage.log", every_s=0.5)
+    out = capsys.readouterr().out
+    assert "step 1 loss 0.5 eta 0:00:02" in out and "done in" in out
