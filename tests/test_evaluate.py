@@ -116,6 +116,16 @@ def test_expert_token_entropy(checkpoint):
     assert uniform["all"] == pytest.approx(math.log(engine.model.config.vocab_size), rel=1e-5)
 
 
+def _write_sft_data(root: Path) -> Path:
+    """An SFT file of the QUESTIONS with one short expert answer each (--sft_data's expert-token entropy)."""
+    sft = root / "sft.jsonl"
+    sft.write_text("".join(json.dumps({"data_source": "toy", "prompt": [{"role": "user", "content": q}],
+                                       "reward_model": {"ground_truth": "5"},
+                                       "target": [{"role": "assistant", "content": "<think>\nAdd.</think> 5"}]}) + "\n"
+                           for q in QUESTIONS))
+    return sft
+
+
 def _write_benchmarks(root: Path) -> Path:
     def row(source, question, gt):
         return {"data_source": source, "prompt": [{"role": "system", "content": "sys"},
@@ -178,11 +188,7 @@ def test_evaluate_wiring_with_canned_responses(tmp_path, monkeypatch):
 
 def test_end_to_end_cpu(checkpoint, tmp_path):
     bench = _write_benchmarks(tmp_path)
-    sft = tmp_path / "sft.jsonl"
-    sft.write_text("".join(json.dumps({"data_source": "toy", "prompt": [{"role": "user", "content": q}],
-                                       "reward_model": {"ground_truth": "5"},
-                                       "target": [{"role": "assistant", "content": "<think>\nAdd.</think> 5"}]}) + "\n"
-                           for q in QUESTIONS))
+    sft = _write_sft_data(tmp_path)
     out = tmp_path / "eval"
     ev.main(["--model", checkpoint, "--data", str(bench), "--out", str(out), "--engine", "hf", "--n", "4",
              "--max-new-tokens", "16", "--grader-workers", "2", "--name", "tiny", "--sft-data", str(sft)])

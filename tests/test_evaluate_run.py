@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import evaluate as ev
-from test_evaluate import QUESTIONS, _write_benchmarks, checkpoint  # noqa: F401 (a fixture)
+from test_evaluate import QUESTIONS, _write_benchmarks, _write_sft_data, checkpoint  # noqa: F401 (a fixture)
 from test_paper_scale import REPO, torchrun
 
 TINY = ["--engine", "hf", "--max-new-tokens", "8", "--grader-workers", "1", "--batch-size", "1"]
@@ -114,11 +114,7 @@ def test_a_rerun_after_a_crash_keeps_the_finished_benchmarks(checkpoint, tmp_pat
 
 def test_torchrun_two_ranks_give_the_results_of_one_process(checkpoint, tmp_path):
     bench = _write_benchmarks(tmp_path)
-    sft = tmp_path / "sft.jsonl"
-    sft.write_text("".join(json.dumps({"data_source": "toy", "prompt": [{"role": "user", "content": q}],
-                                       "reward_model": {"ground_truth": "5"},
-                                       "target": [{"role": "assistant", "content": "<think>\nAdd.</think> 5"}]}) + "\n"
-                           for q in QUESTIONS))
+    sft = _write_sft_data(tmp_path)
     preset = tmp_path / "two_samples.py"  # torchrun's own parser takes "--n" for an ambiguous flag of its own
     preset.write_text("n = 2\n")
     argv = ["evaluate.py", preset, "--model", checkpoint, "--data", bench, "--sft-data", sft, *TINY, "--name", "tiny"]
