@@ -244,7 +244,7 @@ def _main(argv: list[str] | None = None) -> None:
     p = argparse.ArgumentParser(prog="toy.py", description=_main.__doc__)
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--n_pretrain", type=int, default=6000, help="pre-training rows: random starts")
-    p.add_argument("--n_sft", type=int, default=512, help="expert rows: the first number's start, where it works")
+    p.add_argument("--n_sft", type=int, default=1024, help="expert rows: the first number's start, where it works")
     p.add_argument("--n_rl", type=int, default=512, help="GRPO prompts")
     p.add_argument("--n_test", type=int, default=64, help="test questions")
     p.add_argument("--expert_fails", type=float, default=0.5,

@@ -64,10 +64,24 @@ def test_demo_ci_runs_every_stage(tmp_path):
     assert set(metrics["grpo"]) == {"sft+grpo", "curio+grpo", "entropy+grpo"}
     assert {"data", "base", "curio", "eval base", "curio+grpo"} <= set(metrics["seconds"])
 
+    # start_token_stats batches right-padded prompts: the same numbers as one prompt at a time
+    import torch
+
+    rows = [json.loads(line) for line in (world / "test.jsonl").read_text().splitlines()]
+    ckpt = sorted((out / "runs" / "sft").glob("step_*"))[-1]
+    model, tok = AutoModelForCausalLM.from_pretrained(ckpt), AutoTokenizer.from_pretrained(ckpt)
+    p_expert = []
+    for r in rows:
+        ids = tok.encode(data.build_prompt(r["prompt"][1]["content"], tok, toy.RING_SYSTEM))
+        with torch.no_grad():
+            probs = model(torch.tensor([ids])).logits[0, -1].softmax(-1)
+        p_expert.append(probs[tok.convert_tokens_to_ids(str(toy.parse_ring(r["prompt"][1]["content"])[0]))].item())
+    assert math.isclose(demo.start_token_stats(ckpt, rows)["p_expert"], sum(p_expert) / len(p_expert), rel_tol=1e-4)
+
     summary = (out / "summary.md").read_text()
     assert summary in proc.stdout and all(f"| {name} |" in summary for name in names)
     assert "| model | " + " | ".join(toy.RING_KINDS) + " |" in summary
-    assert "branching-token entropy at each epoch's end (base first)" in summary
+    assert "branching-token entropy (nats) at steps 0 / 2 / 4 |" in summary
     for stage in ("== 1.", "== 2.", "== 3-5.", "== 6."):
         assert stage in proc.stdout
     plots = ("accuracy_before_after_rl.png", "pass_at_k.png", "entropy_during_sft.png", "strategy_shares.png")
