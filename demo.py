@@ -80,9 +80,9 @@ PROGRESS_EVERY_S = 5.0
 # ---------------------------------------------------------------------------------------------------------
 # Running the stages
 # ---------------------------------------------------------------------------------------------------------
-def run(cmd: list, log: Path, steps: int | None = None, name: str = "") -> float:
+def run(cmd: list, log: Path, steps: int | None = None, name: str = "", every_s: float = PROGRESS_EVERY_S) -> float:
     """Run one stage command from the repository root, echoing it. Its output goes to `log`; every few seconds
-    the latest line is printed after the stage's name, and for a run of `steps` steps its progress and ETA.
+    (every_s) the latest line is printed after the stage's name, and for a run of `steps` steps its progress and ETA.
     Returns the seconds taken. Stages may run in parallel threads: each prints whole lines."""
     print(f"[{name}] $ " + " ".join(str(c) for c in cmd), flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": THREADS, "MKL_NUM_THREADS": THREADS, "TOKENIZERS_PARALLELISM": "false",
@@ -96,7 +96,7 @@ def run(cmd: list, log: Path, steps: int | None = None, name: str = "") -> float
         for line in proc.stdout:
             f.write(line)
             line = line.strip()
-            if line and time.time() - shown >= PROGRESS_EVERY_S:
+            if line and time.time() - shown >= every_s:
                 shown = time.time()
                 print(f"[{name}] {shown - t0:4.0f}s  {progress_text(line, steps, shown - t0)}", flush=True)
         proc.wait()

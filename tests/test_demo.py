@@ -108,7 +108,9 @@ def test_demo_ci_runs_every_stage(tmp_path):
 def test_a_running_stage_prints_its_progress(tmp_path, capsys):
     import demo
 
-    code = "import time; print('step 1 loss 0.5 eta 0:00:02', flush=True); time.sleep(1.5); print('step 2', flush=True)"
-    demo.run([sys.executable, "-c", code], tmp_path / "stage.log", every_s=0.5)
+    code = "import time; print('step 1 loss 0.5', flush=True); time.sleep(1.5); print('step 2 loss 0.4', flush=True)"
+    demo.run([sys.executable, "-c", code], tmp_path / "stage.log", steps=4, name="sft", every_s=0.5)
     out = capsys.readouterr().out
-    assert "step 1 loss 0.5 eta 0:00:02" in out and "done in" in out
+    assert "[sft]" in out and "step 2/4, loss 0.4, ETA" in out and "[sft] done in" in out
+    assert "step 1/4" not in out  # within every_s of the start: only in the log
+    assert "step 1 loss 0.5" in (tmp_path / "stage.log").read_text()
