@@ -2,32 +2,32 @@
 
     python toy.py --out out/demo/world --seed 0     # the four data splits (.jsonl) and tokenizer/
 
-The ring task. "Ring: 3,-8,6,2,5,7" asks for the total of a ring of numbers, added one after another going round
-from a starting number of the solver's choice, and the running total may never fall below 0:
+The floor task. "Add: 2,-5,6,3,7" asks for the total of the numbers, added one at a time in any order the solver
+likes, and the running total may never go below 0 (the floor):
 
     <think>                         <think>
-    6                               3
-    +2=8                            -8: stuck
-    +5=13                           </think>
-    +7=20                           Stuck.
-    +3=23
-    -8=15
+    6                               2
+    +2=8                            -5: stuck
+    -5=3                            </think>
+    +3=6                            Stuck.
+    +7=13
     </think>
-    \\boxed{15}
+    \\boxed{13}
 
-The starting number is the one branching token of a response: any of the ring's positive numbers is a strategy
-(five of them, ln 5 = 1.6 nats when all are equally likely, above Eq. 7's 1.2-nat pivot), and everything after
-it is factual. Every start that gets round gives the same total, so the final answer alone decides correctness,
-but a start from which the negative number comes too early is a dead end. Starting right after the negative
-number always gets round (all the positive numbers come first and the total is positive): the question holds what
-a solver needs to choose well.
-- Pre-training rows start at a random positive number, dead ends included: the base model knows every strategy
-  but not which one works (and, briefly trained, it still often loses its way round the ring).
-- Expert (SFT) rows always start at the first number (the question's order), and only on questions where that
-  works: the expert is right on every example it shows.
-- Test and RL rows: a stated share of the questions (half by default) is one where the expert's start is a dead
-  end; every such question has other starts that get round. Their data_source says which kind a question is, so
-  evaluate.py reports avg@n and pass@k for each kind.
+Which number comes next is a branching token at every line (the first: any of the four positive numbers, ln 4 =
+1.39 nats when all are equally likely, above Eq. 7's 1.2-nat pivot); the running totals are factual tokens. Every
+order that gets through gives the same total, so the final answer alone decides correctness, but an order that
+adds the negative number while the total is below its size is a dead end. Adding it last always gets through (it
+is smaller than the positive numbers' sum): the question holds what a solver needs to choose well.
+- Pre-training rows add the numbers in a random order (a positive one first), dead ends included: the base model
+  knows every order but not which ones work.
+- Expert (SFT) rows always add in the question's order, and only on questions where that works: the expert is right
+  on every example it shows.
+- Test and RL rows: a stated share of the questions (half by default) is one where the question's order is a dead
+  end. Their data_source says which kind a question is, so evaluate.py reports avg@n and pass@k for each kind.
+Why not a lookup task (a route, a ring gone round from a chosen start): each step there copies from the question
+the number after the last one, which needs an induction head, and a 1M-parameter model pre-trained for 4 minutes
+on 2 cores grew one on some seeds and not on others. Choosing any number not yet added needs no such circuit.
 """
 import argparse
 import random
@@ -100,156 +100,150 @@ def toy_tokenizer_texts(rows: list[dict], n_labels: int = 2000, label_repeats: i
 
 
 # ---------------------------------------------------------------------------------------------------------
-# The ring task
+# The floor task
 # ---------------------------------------------------------------------------------------------------------
-RING_SYSTEM = "Go round the ring, never below 0."
-RING_STUCK = "Stuck."  # the answer of a dead end: no number, so the grader scores it 0
-# The data_source of a test or RL row: whether the expert's start (the first number) gets round. evaluate.py
+FLOOR_SYSTEM = "Add every number once, in any order, never going below 0."
+FLOOR_STUCK = "Stuck."  # the answer of a dead end: no number, so the grader scores it 0
+# The data_source of a test or RL row: whether the expert's order (the question's) gets through. evaluate.py
 # reports each as a benchmark; with equal counts, its mean over benchmarks is the mean over questions.
-EXPERT_WORKS, EXPERT_FAILS = "ring_expert_works", "ring_expert_fails"
+EXPERT_WORKS, EXPERT_FAILS = "floor_expert_works", "floor_expert_fails"
+# The positive numbers and the negative one's size come from disjoint digits, so a number's digit alone says its
+# sign. Read from the question, a sign is the token before the digit, and a model that must look back one token to
+# tell +3 from -3 needs two attention layers composed (as an induction head does); pre-trained for 4 minutes, the
+# 1M-parameter base learnt which numbers a question holds but not their signs (91% of its samples were mistakes).
+POSITIVE, NEGATIVE = range(1, 7), range(7, 10)
 
 
-def ring_question(ring: list[int]) -> str:
-    """"Ring: 3,-8,6,2,5,7,3...": the first number again at the end, as a ring is written. No spaces: 7 tokens
-    fewer in every prompt."""
-    return "Ring: " + ",".join(map(str, ring)) + f",{ring[0]}..."
+def floor_question(numbers: list[int]) -> str:
+    """"Add: 2,-5,6,3,7". No spaces: 4 tokens fewer in every prompt."""
+    return "Add: " + ",".join(map(str, numbers))
 
 
-def parse_ring(question: str) -> list[int]:
-    """The numbers of a ring question."""
-    m = re.fullmatch(r"Ring: (-?\d+(?:,-?\d+)+)\.\.\.", question)
-    ring = [int(v) for v in m.group(1).split(",")] if m else []
-    if len(ring) < 3 or ring[-1] != ring[0]:
-        raise ValueError(f"not a ring question: {question!r}")
-    return ring[:-1]
+def parse_floor(question: str) -> list[int]:
+    """The numbers of a floor question."""
+    m = re.fullmatch(r"Add: (-?\d+(?:,-?\d+)+)", question)
+    if not m:
+        raise ValueError(f"not a floor question: {question!r}")
+    return [int(v) for v in m.group(1).split(",")]
 
 
-def go_round(ring: list[int], start: int) -> tuple[list[int], bool]:
-    """The running totals from ring[start] on, going round, and whether the round got all the way: it stops
-    before the first number that would take the running total below 0 (a dead end)."""
-    totals = [ring[start]]
-    for i in range(1, len(ring)):
-        value = ring[(start + i) % len(ring)]
-        if totals[-1] + value < 0:
+def add_in_order(order: list[int]) -> tuple[list[int], bool]:
+    """The running totals of adding `order` from 0, and whether every number was added: it stops before the first
+    number that would take the total below 0 (a dead end)."""
+    totals = []
+    for v in order:
+        total = (totals[-1] if totals else 0) + v
+        if total < 0:
             return totals, False
-        totals.append(totals[-1] + value)
+        totals.append(total)
     return totals, True
 
 
-def working_starts(ring: list[int]) -> list[int]:
-    """Indices of the positive numbers from which the round gets all the way."""
-    return [i for i, v in enumerate(ring) if v > 0 and go_round(ring, i)[1]]
-
-
-def ring_response(ring: list[int], start: int) -> str:
-    """The response that starts at ring[start]: one line "a,b=t" per number b added after a (the pair as the
-    question writes it, so that the next number is found by matching the last one: a model learns that copy
-    far sooner than one that has to recall a number from lines back), t the running total, up to a dead end
-    "a,b: stuck" or round to the total."""
-    lines, total = [], ring[start]
-    for i in range(1, len(ring)):
-        before, value = ring[(start + i - 1) % len(ring)], ring[(start + i) % len(ring)]
-        if total + value < 0:
-            return data.THINK + "\n".join(lines + [f"{before},{value}: stuck"]) + f"\n</think>\n{RING_STUCK}"
-        total += value
-        lines.append(f"{before},{value}={total}")
+def floor_response(order: list[int]) -> str:
+    """The response that adds `order`: the first number alone, then "+v=t" per number v (t the running total), up to
+    a dead end "v: stuck" or through to the total."""
+    lines, total = [], 0
+    for i, v in enumerate(order):
+        if total + v < 0:
+            return data.THINK + "\n".join(lines + [f"{v}: stuck"]) + f"\n</think>\n{FLOOR_STUCK}"
+        total += v
+        lines.append(str(v) if i == 0 else f"{v:+d}={total}")
     return data.THINK + "\n".join(lines) + f"\n</think>\n\\boxed{{{total}}}"
 
 
-def make_ring_task(n: int, seed: int, style: str, expert_fails: float | None = None, n_terms: int = 6) -> list[dict]:
-    """n rows in the authors' schema. A ring: n_terms - 1 numbers in 1..9 and one negative number -m, never
-    first, m >= 2 and below the others' sum (so every ring can be gone round). The n_terms magnitudes are distinct
-    digits: each number is one token (its sign aside), and the number after it in the question is unambiguous.
-    style "pretrain": the response starts at a random positive number;
-    "expert": starts at the first number, on rings where that works (expert_fails must be 0 or None);
+def make_floor_task(n: int, seed: int, style: str, expert_fails: float | None = None, n_terms: int = 5) -> list[dict]:
+    """n rows in the authors' schema. A question: n_terms - 1 distinct numbers from POSITIVE and one negative
+    number -m, m from NEGATIVE, never first and below the others' sum (so adding it last always gets through). Each
+    number is one digit token (its sign aside) and names one number of the question.
+    style "pretrain": the numbers in a random order, a positive one first;
+    "expert": in the question's order, on questions where that gets through (expert_fails must be 0 or None);
     "prompt": no response (test and RL rows).
-    expert_fails: the share of rows whose expert start is a dead end (None: as the rings fall, about 1 in 4).
+    expert_fails: the share of rows whose question order is a dead end (None: as the questions fall).
     The rows of one (n, seed, expert_fails, n_terms) are the same questions in every style."""
     if style not in ("pretrain", "expert", "prompt"):
         raise ValueError(f"style {style!r}: expected 'pretrain', 'expert' or 'prompt'")
     if style == "expert" and expert_fails:
-        raise ValueError(f"expert_fails {expert_fails}: expert rows are rings where the expert's start works")
-    if not 3 <= n_terms <= 8:
-        raise ValueError(f"n_terms {n_terms}: expected 3..8 (the numbers are distinct digits, the negative one >= 2)")
+        raise ValueError(f"expert_fails {expert_fails}: expert rows are questions where the expert's order works")
+    if not 3 <= n_terms <= len(POSITIVE) + 1:
+        raise ValueError(f"n_terms {n_terms}: expected 3..{len(POSITIVE) + 1} (distinct positive digits from "
+                         f"{POSITIVE.start} to {POSITIVE.stop - 1}, and one negative number)")
     if expert_fails is not None and not 0 <= expert_fails <= 1:
         raise ValueError(f"expert_fails {expert_fails}: expected a share in [0, 1]")
     if style == "expert":
         expert_fails = 0.0
     rng, answer_rng = random.Random(seed), random.Random(seed + 1_000_003)  # responses do not shift the questions
     n_fails = None if expert_fails is None else round(expert_fails * n)
-    rings, fails = [], 0
-    while len(rings) < n:
-        positive = rng.sample(range(1, 10), n_terms - 1)
-        negatives = [m for m in range(2, min(10, sum(positive))) if m not in positive]
+    questions, fails = [], 0
+    while len(questions) < n:
+        positive = rng.sample(POSITIVE, n_terms - 1)
+        negatives = [m for m in NEGATIVE if m < sum(positive)]
         if not negatives:
             continue
-        m = rng.choice(negatives)
         at = rng.randint(1, n_terms - 1)
-        ring = positive[:at] + [-m] + positive[at:]
-        fail = not go_round(ring, 0)[1]
-        if n_fails is not None and (fails == n_fails if fail else len(rings) - fails == n - n_fails):
+        numbers = positive[:at] + [-rng.choice(negatives)] + positive[at:]
+        fail = not add_in_order(numbers)[1]
+        if n_fails is not None and (fails == n_fails if fail else len(questions) - fails == n - n_fails):
             continue  # this kind is full
-        rings.append(ring)
+        questions.append(numbers)
         fails += fail
     rows = []
-    for ring in rings:
-        rows.append({"data_source": EXPERT_WORKS if go_round(ring, 0)[1] else EXPERT_FAILS,
-                     "prompt": [{"role": "system", "content": RING_SYSTEM},
-                                {"role": "user", "content": ring_question(ring)}],
-                     "reward_model": {"ground_truth": str(sum(ring)), "style": "rule"}})
+    for numbers in questions:
+        rows.append({"data_source": EXPERT_WORKS if add_in_order(numbers)[1] else EXPERT_FAILS,
+                     "prompt": [{"role": "system", "content": FLOOR_SYSTEM},
+                                {"role": "user", "content": floor_question(numbers)}],
+                     "reward_model": {"ground_truth": str(sum(numbers)), "style": "rule"}})
         if style == "expert":
-            response = ring_response(ring, 0)
+            rows[-1]["target"] = [{"role": "assistant", "content": floor_response(numbers)}]
         elif style == "pretrain":
-            response = ring_response(ring, answer_rng.choice([i for i, v in enumerate(ring) if v > 0]))
-        if style != "prompt":
-            rows[-1]["target"] = [{"role": "assistant", "content": response}]
+            first = answer_rng.choice([v for v in numbers if v > 0])
+            rest = [v for v in numbers if v != first]
+            answer_rng.shuffle(rest)
+            rows[-1]["target"] = [{"role": "assistant", "content": floor_response([first, *rest])}]
     return rows
 
 
-# What a sampled response did: its start (the expert's, i.e. the first number, or another positive number) and
-# whether it went round or stopped at a dead end, both written correctly; or it added every number once with the
-# right running totals, never below 0, but not in the ring's order: the right total by a route the ring rule
-# forbids, which only the final answer is graded on (no process reward) and no data showed; anything else is a
-# "mistake" (a wrong running total or next number, a dead end written where the round could go on or the reverse,
-# a number skipped or added twice, a malformed line).
-RING_KINDS = ("expert start, round", "expert start, stuck", "other start, round", "other start, stuck",
-              "out of ring order", "mistake")
-_LINE = re.compile(r"(-?\d),(-?\d)(?:=(\d+)|: stuck)")
+# What a sampled response did: added in the question's order (the expert's) or another one, and got through or
+# stopped at a dead end, every line written right; anything else is a "mistake" (a wrong running total, a number not
+# in the question or added twice, a dead end written where the total allows the number or the reverse, a number
+# left out, a malformed line).
+FLOOR_KINDS = ("question order, through", "question order, stuck", "other order, through", "other order, stuck",
+               "mistake")
+_FIRST_LINE, _LINE = re.compile(r"(-?\d)(?:: stuck)?"), re.compile(r"([+-]\d)(?:=\d+|: stuck)")
 
 
-def ring_solution_kind(question: str, response: str) -> str:
-    """One of RING_KINDS for a sampled response to a ring question. The reasoning up to the last "</think>" is
-    checked line by line against the right round from the start it chose (its first number); the text after it
-    is evaluate's to grade (a model could box a number after a dead end; the grader decides)."""
-    ring = parse_ring(question)
+def floor_solution_kind(question: str, response: str) -> str:
+    """One of FLOOR_KINDS for a sampled response to a floor question. The reasoning up to the last "</think>" is
+    checked line by line against the right lines for the order it chose; the text after it is evaluate's to grade (a
+    model could box a number after a dead end; the grader decides)."""
+    numbers = parse_floor(question)
     reasoning, closed, _ = response.rpartition("</think>")
     lines = reasoning.removeprefix(data.THINK).strip().split("\n")
-    first = lines[0].partition(",")[0]
-    if not closed or first not in {str(v) for v in ring if v > 0}:
+    steps = [(_LINE if i else _FIRST_LINE).fullmatch(line) for i, line in enumerate(lines)]
+    if not closed or not all(steps):
         return "mistake"
-    start = ring.index(int(first))
-    if lines == ring_response(ring, start).removeprefix(data.THINK).partition("\n</think>")[0].split("\n"):
-        return f"{'expert' if start == 0 else 'other'} start, {'round' if go_round(ring, start)[1] else 'stuck'}"
-    steps = [_LINE.fullmatch(line) for line in lines]
-    if not all(steps) or any(m[3] is None for m in steps):
+    chosen, left = [int(m[1]) for m in steps], list(numbers)
+    for v in chosen:
+        if v not in left:
+            return "mistake"
+        left.remove(v)
+    order = chosen + left  # the numbers not reached, in any order: the lines up to where it ends do not depend on it
+    if lines != floor_response(order).removeprefix(data.THINK).partition("\n</think>")[0].split("\n"):
         return "mistake"
-    added, totals = [int(steps[0][1])] + [int(m[2]) for m in steps], [int(m[3]) for m in steps]
-    chained = all(int(m[1]) == int(prev[2]) for prev, m in zip(steps, steps[1:]))
-    sums = [sum(added[: i + 2]) for i in range(len(totals))]
-    return "out of ring order" if chained and sorted(added) == sorted(ring) and totals == sums else "mistake"
+    return f"{'question' if chosen == numbers[:len(chosen)] else 'other'} order, " \
+           f"{'through' if add_in_order(order)[1] else 'stuck'}"
 
 
 def _main(argv: list[str] | None = None) -> None:
-    """python toy.py --out DIR: the ring task's four splits (.jsonl) and a tokenizer/ for them."""
+    """python toy.py --out DIR: the floor task's four splits (.jsonl) and a tokenizer/ for them."""
     p = argparse.ArgumentParser(prog="toy.py", description=_main.__doc__)
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--n_pretrain", type=int, default=6000, help="pre-training rows: random starts")
-    p.add_argument("--n_sft", type=int, default=1024, help="expert rows: the first number's start, where it works")
+    p.add_argument("--n_pretrain", type=int, default=6000, help="pre-training rows: random orders")
+    p.add_argument("--n_sft", type=int, default=1024, help="expert rows: the question's order, where it works")
     p.add_argument("--n_rl", type=int, default=512, help="GRPO prompts")
     p.add_argument("--n_test", type=int, default=64, help="test questions")
     p.add_argument("--expert_fails", type=float, default=0.5,
-                   help="share of the RL and test questions on which the expert's start is a dead end")
-    p.add_argument("--n_terms", type=int, default=6, help="numbers per ring (one of them negative)")
+                   help="share of the RL and test questions on which the question's order is a dead end")
+    p.add_argument("--n_terms", type=int, default=5, help="numbers per question (one of them negative)")
     p.add_argument("--vocab_labels", type=int, default=2000,
                    help="pseudo-words made tokens of the tokenizer, never used by the task: the vocabulary's tail")
     p.add_argument("--vocab_size", type=int, default=4096, help="BPE vocabulary size (merges permitting)")
@@ -257,13 +251,13 @@ def _main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     out, shape = Path(a.out), dict(n_terms=a.n_terms)
     # A seed per split: different questions in each, and no split shared between runs with different --seed.
-    splits = {"train_pretrain": make_ring_task(a.n_pretrain, 4 * a.seed, "pretrain", **shape),
-              "train_expert": make_ring_task(a.n_sft, 4 * a.seed + 1, "expert", **shape),
-              "train_rl": make_ring_task(a.n_rl, 4 * a.seed + 2, "prompt", a.expert_fails, **shape),
-              "test": make_ring_task(a.n_test, 4 * a.seed + 3, "prompt", a.expert_fails, **shape)}
+    splits = {"train_pretrain": make_floor_task(a.n_pretrain, 4 * a.seed, "pretrain", **shape),
+              "train_expert": make_floor_task(a.n_sft, 4 * a.seed + 1, "expert", **shape),
+              "train_rl": make_floor_task(a.n_rl, 4 * a.seed + 2, "prompt", a.expert_fails, **shape),
+              "test": make_floor_task(a.n_test, 4 * a.seed + 3, "prompt", a.expert_fails, **shape)}
     for name, rows in splits.items():
         fails = sum(r["data_source"] == EXPERT_FAILS for r in rows)
-        print(f"{data.write_jsonl(rows, out / f'{name}.jsonl')}: {len(rows)} rows, {fails} where the expert's start "
+        print(f"{data.write_jsonl(rows, out / f'{name}.jsonl')}: {len(rows)} rows, {fails} where the question's order "
               f"is a dead end")
     texts = toy_tokenizer_texts(splits["train_pretrain"] + splits["train_expert"], a.vocab_labels)
     tokenizer = build_toy_tokenizer(texts, a.vocab_size)
