@@ -1,4 +1,4 @@
-"""The CPU demo: does an SFT stage that keeps exploring give RL more to win? The whole pipeline on toy.py's ring
+"""The CPU demo: does an SFT stage that keeps exploring give RL more to win? The whole pipeline on toy.py's floor
 task, one stage command after another.
 
     python demo.py --size ci --out out/demo_ci          # every stage, tiny: about a minute (tests/test_demo.py)
@@ -7,14 +7,14 @@ task, one stage command after another.
 
 Stages (each is the stage's own command line, printed before it runs, so it can be copied and re-run; its output
 goes to OUT/logs/ and the demo prints a progress line every few seconds):
-  1. toy.py         the ring task's splits and tokenizer; then a tiny Qwen2 config beside it (the "model directory")
+  1. toy.py         the floor task's splits and tokenizer; then a tiny Qwen2 config beside it (the "model directory")
   2. sft.py --scratch --loss sft on the pre-training rows: the base model, from random weights
   3. sft.py --loss sft | curio | entropy from the base on the expert rows (a checkpoint every 32 steps)
-  4. evaluate.py    avg@8 and pass@k on the test questions, those where the expert's start works and those where
+  4. evaluate.py    avg@8 and pass@k on the test questions, those where the expert's order works and those where
                     it is a dead end reported apart (their data_source)
   5. rl.py          GRPO from each SFT checkpoint on the RL prompts, then evaluate.py again
   6. tables (OUT/summary.md, OUT/metrics.json) and plots (OUT/plots/): accuracy before and after RL, pass@k, the
-     branching token's entropy during SFT, and which start each model's samples took (toy.ring_solution_kind)
+     branching tokens during SFT, and which order each model's samples took (toy.floor_solution_kind)
 A stage whose output already exists is skipped, so an interrupted demo continues where it stopped.
 """
 import argparse
@@ -52,40 +52,41 @@ SIZES = {
         data=[],  # toy.py's defaults
         model=dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=384),
-        # 1500 steps: the base learns to find the next number round the ring (a copy from the question) only after
-        # ~800 (its loss drops then), and still loses its way in most samples at the end; more does not fit 15 min
-        pretrain=["--epochs", "4", "--global_batch", "16", "--lr", "2e-3", "--warmup_steps", "20",
-                  "--token_budget", "2048", "--loss_chunk", "2048", "--log_every", "25"],  # one logits chunk: V is small
-        # App. E's 3 epochs of 1024 rows: 192 steps. With 512 rows (96 steps) cross-entropy had taken the expert's
-        # start to 99% on seed 0 but only to 25% on seed 1 (98% after 192). lr: at 2e-3 with 5 warm-up steps the
-        # fresh Adam state knocked the base off its minimum (on the earlier addition task). A checkpoint every 32
-        # steps for the branching token's entropy curve.
+        # 2250 steps, about 4 min on two threads: a base that adds in many orders, dead ends included, with mistakes
+        # in 4-34% of its samples (seeds 0-2). One logits chunk: V is small.
+        pretrain=["--epochs", "6", "--global_batch", "16", "--lr", "2e-3", "--warmup_steps", "20",
+                  "--token_budget", "2048", "--loss_chunk", "2048", "--log_every", "25"],
+        # App. E's 3 epochs of 1024 rows: 192 steps, after which cross-entropy has taken P(expert's first number) to
+        # 80-99% (seeds 0-2). lr: at 2e-3 with 5 warm-up steps the fresh Adam state knocked the base off its minimum
+        # (on an earlier toy task). A checkpoint every 32 steps for the branching tokens' curves.
         sft=["--epochs", "3", "--global_batch", "16", "--lr", "1e-3", "--warmup_steps", "16", "--token_budget", "2048",
              "--log_every", "4", "--save_every", "32"],
         eval=["--n", "8", "--max_new_tokens", "48", "--sft_examples", "128", "--batch_size", "16"],
         # top_p 1.0: the authors' scripts/2_rl.sh leaves verl's rollout top_p at 1.0 (the paper's text says 0.95,
-        # which would never sample a start the model gives less than 5% in all). lr 3e-5: at 1e-4 GRPO lowered its
-        # own reward from SFT (0.27 in the first 8 steps, 0.20 in the last 8, seed 0); at 3e-5 it rose (0.33, 0.34)
+        # which would never sample a move the model gives less than 5% in all). lr 3e-5: at 1e-4 GRPO lowered its own
+        # reward from SFT on an earlier toy task (0.27 in the first 8 steps, 0.20 in the last 8); at 3e-5 it rose
         rl=["--steps", "32", "--prompts_per_step", "8", "--rollouts", "8", "--mini_batch", "4", "--micro_batch", "16",
             "--gen_batch_size", "16", "--max_response_len", "48", "--lr", "3e-5", "--top_p", "1.0"],
     ),
 }
 SFT_LOSSES = ("sft", "curio", "entropy")  # vanilla cross-entropy, CurioSFT, the entropy-loss baseline (Table 2)
-# One thread per stage process: these models are too small for more to help, a second thread on a busy machine
-# made steps 10x slower (spinning threads), and a fixed count keeps the float sums, so the results, the same.
-THREADS = "1"
+# Threads per stage process. The branches run side by side with one thread each; the base, which runs alone, takes
+# two (1.8x faster steps on 2 cores). A fixed count keeps the float sums, so the results, the same on one machine.
+THREADS, BASE_THREADS = 1, 2
 PROGRESS_EVERY_S = 5.0
 
 
 # ---------------------------------------------------------------------------------------------------------
 # Running the stages
 # ---------------------------------------------------------------------------------------------------------
-def run(cmd: list, log: Path, steps: int | None = None, name: str = "", every_s: float = PROGRESS_EVERY_S) -> float:
+def run(cmd: list, log: Path, steps: int | None = None, name: str = "", every_s: float = PROGRESS_EVERY_S,
+        threads: int = THREADS) -> float:
     """Run one stage command from the repository root, echoing it. Its output goes to `log`; every few seconds
     (every_s) the latest line is printed after the stage's name, and for a run of `steps` steps its progress and ETA.
     Returns the seconds taken. Stages may run in parallel threads: each prints whole lines."""
     print(f"[{name}] $ " + " ".join(str(c) for c in cmd), flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": THREADS, "MKL_NUM_THREADS": THREADS, "TOKENIZERS_PARALLELISM": "false",
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "TOKENIZERS_PARALLELISM": "false",
            "PYTHONUNBUFFERED": "1"}  # the stage's lines arrive as they are printed, not at exit
     t0 = shown = time.time()
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -140,10 +141,11 @@ def flag(args: list[str], name: str, default: int) -> int:
 # ---------------------------------------------------------------------------------------------------------
 # Measurements the stage scripts do not make
 # ---------------------------------------------------------------------------------------------------------
-def start_token_stats(ckpt: Path, rows: list[dict]) -> dict:
-    """At the branching token (the response's first token: the starting number) of every test question, under the
-    model at temperature 1: the entropy of the full next-token distribution (nats), the probability of the expert's
-    start, and, on the questions where that start is a dead end, the probability of a start that gets round."""
+def branching_stats(ckpt: Path, rows: list[dict]) -> dict:
+    """Two branching tokens of the test questions under the model at temperature 1. The first number: the entropy
+    of the full next-token distribution (nats) and the probability of the expert's (the question's first). And on
+    the questions where the expert's order is a dead end, after the expert's lines up to the negative number: the
+    probability of putting it off (a "+", adding a positive number first) rather than hitting the floor."""
     import torch
     import transformers
 
@@ -152,40 +154,44 @@ def start_token_stats(ckpt: Path, rows: list[dict]) -> dict:
     transformers.utils.logging.disable_progress_bar()  # one "Loading weights" bar per checkpoint: noise here
     tok = transformers.AutoTokenizer.from_pretrained(ckpt)
     model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-    ids = [tok.encode(data.build_prompt(r["prompt"][1]["content"], tok, toy.RING_SYSTEM)) for r in rows]
-    batch = torch.full((len(ids), max(map(len, ids))), tok.pad_token_id)
-    for i, x in enumerate(ids):  # right-padded: causal attention never sees the padding before each last token
-        batch[i, : len(x)] = torch.tensor(x)
-    with torch.no_grad():
-        logits = model(batch).logits[torch.arange(len(ids)), torch.tensor(list(map(len, ids))) - 1]  # [Q, V]
-    probs = logits.float().softmax(-1)
-    digit = {v: tok.convert_tokens_to_ids(str(v)) for v in range(1, 10)}  # digits are single tokens (Qwen's regex)
-    expert, working = [], []
-    for r, p in zip(rows, probs):
-        ring = toy.parse_ring(r["prompt"][1]["content"])
-        expert.append(p[digit[ring[0]]].item())
-        if r["data_source"] == toy.EXPERT_FAILS:
-            working.append(sum(p[digit[ring[i]]].item() for i in toy.working_starts(ring)))
-    return {"entropy": curio_loss.entropy(logits).mean().item(), "p_expert": sum(expert) / len(expert),
-            "p_working_where_expert_fails": sum(working) / len(working) if working else None}
+    def next_token_logits(texts: list[str]) -> torch.Tensor:  # [len(texts), V], float32
+        ids = [tok.encode(t) for t in texts]
+        batch = torch.full((len(ids), max(map(len, ids))), tok.pad_token_id)
+        for i, x in enumerate(ids):  # right-padded: causal attention never sees the padding before each last token
+            batch[i, : len(x)] = torch.tensor(x)
+        with torch.no_grad():
+            return model(batch).logits[torch.arange(len(ids)), torch.tensor(list(map(len, ids))) - 1].float()
+
+    questions = [toy.parse_floor(r["prompt"][1]["content"]) for r in rows]
+    prompts = [data.build_prompt(r["prompt"][1]["content"], tok, toy.FLOOR_SYSTEM) for r in rows]
+    logits = next_token_logits(prompts)
+    first = [tok.convert_tokens_to_ids(str(q[0])) for q in questions]  # digits are single tokens (Qwen's regex)
+    p_expert = logits.softmax(-1)[torch.arange(len(rows)), torch.tensor(first)].mean().item()
+    # The expert's lines before its dead end ("2\n" for 2,-5,...): the next token is "-" (the negative now) or "+".
+    fails = [i for i, q in enumerate(questions) if not toy.add_in_order(q)[1]]
+    lines = [toy.floor_response(questions[i]).removeprefix(data.THINK).split("\n") for i in fails]
+    at_floor = next_token_logits([prompts[i] + "\n".join(ls[: questions[i].index(min(questions[i]))]) + "\n"
+                                  for i, ls in zip(fails, lines)]) if fails else None
+    return {"entropy": curio_loss.entropy(logits).mean().item(), "p_expert": p_expert,
+            "p_put_off": at_floor.softmax(-1)[:, tok.convert_tokens_to_ids("+")].mean().item() if fails else None}
 
 
 def kind_shares(samples_file: Path) -> dict:
-    """{question kind: {RING_KINDS entry: share of that kind's samples}} (toy.ring_solution_kind)."""
+    """{question kind: {FLOOR_KINDS entry: share of that kind's samples}} (toy.floor_solution_kind)."""
     counts = collections.defaultdict(collections.Counter)
     for line in samples_file.read_text().splitlines():
         r = json.loads(line)
-        counts[r["data_source"]][toy.ring_solution_kind(r["question"], r["response"])] += 1
-    return {source: {k: c[k] / sum(c.values()) for k in toy.RING_KINDS} for source, c in counts.items()}
+        counts[r["data_source"]][toy.floor_solution_kind(r["question"], r["response"])] += 1
+    return {source: {k: c[k] / sum(c.values()) for k in toy.FLOOR_KINDS} for source, c in counts.items()}
 
 
-def model_metrics(result: dict, samples_file: Path, start: dict) -> dict:
+def model_metrics(result: dict, samples_file: Path, branching: dict) -> dict:
     bench = result["benchmarks"]
     return {"avg": result["summary"]["avg"],  # the mean over the two kinds = over questions (equal counts)
             **{f"avg_{kind}": bench[kind]["avg"] for kind in bench},
             **{f"pass_at_k_{kind}": bench[kind]["pass_at_k"] for kind in bench},
             "expert_token_entropy_top20": (result.get("expert_entropy") or {}).get("top20"),
-            "start": start, "kinds": kind_shares(samples_file)}
+            "branching": branching, "kinds": kind_shares(samples_file)}
 
 
 def sft_metrics(run_dir: Path, base: Path, rows: list[dict]) -> dict:
@@ -194,7 +200,7 @@ def sft_metrics(run_dir: Path, base: Path, rows: list[dict]) -> dict:
     log = [r for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines()) if "ce" in r]
     points = [(0, base)] + [(json.loads((c / "state.json").read_text())["step"], c)
                             for c in checkpoints.complete(run_dir)]
-    out = {"steps": [s for s, _ in points], "start": [start_token_stats(c, rows) for _, c in points],
+    out = {"steps": [s for s, _ in points], "branching": [branching_stats(c, rows) for _, c in points],
            "log_steps": [r["step"] for r in log], "top20": [r.get("student_entropy_top20") for r in log],
            "ce_end": log[-1]["ce"]}
     if "w_top20" in log[0]:
@@ -241,17 +247,17 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
     rl_file, test_file = world / "train_rl.jsonl", world / "test.jsonl"
     test_rows = [json.loads(line) for line in test_file.read_text().splitlines()]
 
-    def sft(name: str, model: Path, train_file: Path, loss: str, extra: list) -> Path:
+    def sft(name: str, model: Path, train_file: Path, loss: str, extra: list, threads: int = THREADS) -> Path:
         if checkpoints.latest(runs / name) is None:
             n_rows = len(train_file.read_text().splitlines())
             steps = flag(extra, "--epochs", 1) * (n_rows // flag(extra, "--global_batch", 8))
             seconds[name] = run([PY, "sft.py", "config/sft_tiny.py", "--model", model, "--train_file", train_file,
                                  "--loss", loss, "--out_dir", runs / name, "--system_prompt", "row", *seed_flag,
-                                 *extra], logs / f"{name}.log", steps, name)
+                                 *extra], logs / f"{name}.log", steps, name, threads=threads)
         return checkpoints.latest(runs / name)
 
-    print("\n== 2. pre-train the base model from scratch on rounds from every start", flush=True)
-    ckpts = {"base": sft("base", world / "model", pretrain_file, "sft", ["--scratch", *size["pretrain"]])}
+    print("\n== 2. pre-train the base model from scratch on every order", flush=True)
+    ckpts = {"base": sft("base", world / "model", pretrain_file, "sft", ["--scratch", *size["pretrain"]], BASE_THREADS)}
 
     def evaluate(name: str) -> None:
         if not (evals / name / "results.json").exists():
@@ -273,9 +279,9 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
         ckpts[name] = checkpoints.latest(runs / name)
         evaluate(name)
 
-    print(f"\n== 3-5. from the base, {jobs} at a time: SFT on the expert's rows (always the first number's start) "
+    print(f"\n== 3-5. from the base, {jobs} at a time: SFT on the expert's rows (always the question's order) "
           "with cross-entropy, CurioSFT and the entropy loss; GRPO from each; avg@n and pass@k before and after GRPO, "
-          "where the expert's start works and where it is a dead end", flush=True)
+          "where the expert's order works and where it is a dead end", flush=True)
     # The branches share nothing but the base, so they run side by side, one thread each: on 2 cores the demo
     # keeps both busy to the end instead of running one stage at a time, and each stage's result does not depend
     # on what runs beside it.
@@ -295,7 +301,7 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
     metrics = {
         "seeds": [seed], "seconds": timings,
         "models": {name: model_metrics(json.loads((evals / name / "results.json").read_text()),
-                                       evals / name / "samples.jsonl", start_token_stats(ckpt, test_rows))
+                                       evals / name / "samples.jsonl", branching_stats(ckpt, test_rows))
                    for name, ckpt in ckpts.items()},
         "sft": {loss: sft_metrics(runs / loss, ckpts["base"], test_rows) for loss in SFT_LOSSES},
         "grpo": {f"{loss}+grpo": grpo_metrics(runs / f"{loss}+grpo") for loss in SFT_LOSSES},
@@ -322,7 +328,7 @@ def cell(values: list[float], fmt: str = "{:.1%}") -> str:
 
 
 def tables(metrics: list[dict]) -> str:
-    """The summary: accuracy (paper Table 3's shape), the branching token, the starts the samples took, SFT and
+    """The summary: accuracy (paper Table 3's shape), the branching tokens, the orders the samples took, SFT and
     GRPO over training. One value per cell for one seed; mean (min-max) over several."""
     names = list(metrics[0]["models"])
     works, fails = toy.EXPERT_WORKS, toy.EXPERT_FAILS
@@ -331,38 +337,40 @@ def tables(metrics: list[dict]) -> str:
         return cell(over_seeds(metrics, lambda m: get(m["models"][name])), fmt)
 
     k_max = max(int(k) for k in metrics[0]["models"]["base"][f"pass_at_k_{fails}"])
-    out = [f"Seeds: {', '.join(str(m['seeds'][0]) for m in metrics)}. Test questions: half where the expert's start "
-           "(the first number) works, half where it is a dead end.", "",
-           f"| model | avg@n | avg@n, expert's start works | avg@n, expert's start fails | pass@{k_max}, expert's start "
-           "fails | branching-token entropy (nats) | P(expert's start) | P(a start that gets round), expert's fails |",
+    out = [f"Seeds: {', '.join(str(m['seeds'][0]) for m in metrics)}. Test questions: half where the expert's order "
+           "(the question's) works, half where it is a dead end.", "",
+           f"| model | avg@n | avg@n, expert's order works | avg@n, expert's order fails "
+           f"| pass@{k_max}, expert's order fails | first-number entropy (nats) | P(expert's first number) "
+           "| P(negative put off), expert's fails |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name in names:
         out.append(f"| {name} | {col(name, lambda r: r['avg'])} | {col(name, lambda r: r[f'avg_{works}'])} "
                    f"| {col(name, lambda r: r[f'avg_{fails}'])} "
                    f"| {col(name, lambda r: r[f'pass_at_k_{fails}'][str(k_max)])} "
-                   f"| {col(name, lambda r: r['start']['entropy'], '{:.3f}')} "
-                   f"| {col(name, lambda r: r['start']['p_expert'])} "
-                   f"| {col(name, lambda r: r['start']['p_working_where_expert_fails'])} |")
-    for source, title in ((fails, "where the expert's start is a dead end"), (works, "where the expert's start works")):
-        out += ["", f"Samples by the start they took and how they ended (`toy.ring_solution_kind`), on the questions "
-                    f"{title}:", "",
-                "| model | " + " | ".join(toy.RING_KINDS) + " |", "| --- |" + " --- |" * len(toy.RING_KINDS)]
+                   f"| {col(name, lambda r: r['branching']['entropy'], '{:.3f}')} "
+                   f"| {col(name, lambda r: r['branching']['p_expert'])} "
+                   f"| {col(name, lambda r: r['branching']['p_put_off'])} |")
+    for source, title in ((fails, "where the expert's order is a dead end"), (works, "where the expert's order works")):
+        out += ["", f"Samples by the order they took and how they ended (`toy.floor_solution_kind`), on the "
+                    f"questions {title}:", "",
+                "| model | " + " | ".join(toy.FLOOR_KINDS) + " |", "| --- |" + " --- |" * len(toy.FLOOR_KINDS)]
         for name in names:
-            out.append(f"| {name} | " + " | ".join(col(name, lambda r: r["kinds"][source][k]) for k in toy.RING_KINDS)
+            out.append(f"| {name} | " + " | ".join(col(name, lambda r: r["kinds"][source][k]) for k in toy.FLOOR_KINDS)
                        + " |")
     steps = " / ".join(map(str, metrics[0]["sft"][SFT_LOSSES[0]]["steps"]))
-    out += ["", f"| SFT run | branching-token entropy (nats) at steps {steps} | P(expert's start), same steps "
-                "| top-20% expert-token entropy at the end | cross-entropy at the end | w_t at top-20% / bottom-80% "
-                "teacher-entropy tokens |", "| --- | --- | --- | --- | --- | --- |"]
+    out += ["", f"| SFT run | first-number entropy (nats) at steps {steps} | P(expert's first number), same steps "
+                "| P(negative put off), expert's fails, same steps | top-20% expert-token entropy at the end "
+                "| cross-entropy at the end | w_t at top-20% / bottom-80% teacher-entropy tokens |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
     for loss in metrics[0]["sft"]:
         def points(key):
-            n = len(metrics[0]["sft"][loss]["start"])
-            return " / ".join(cell(over_seeds(metrics, lambda m: m["sft"][loss]["start"][i][key]),
+            n = len(metrics[0]["sft"][loss]["branching"])
+            return " / ".join(cell(over_seeds(metrics, lambda m: m["sft"][loss]["branching"][i][key]),
                                    "{:.2f}" if key == "entropy" else "{:.0%}") for i in range(n))
         sft = [m["sft"][loss] for m in metrics]
         w = (f"{cell([s['w_top20'] for s in sft], '{:.3f}')} / {cell([s['w_bottom80'] for s in sft], '{:.3f}')}"
              if "w_top20" in sft[0] else "–")
-        out.append(f"| {loss} | {points('entropy')} | {points('p_expert')} "
+        out.append(f"| {loss} | {points('entropy')} | {points('p_expert')} | {points('p_put_off')} "
                    f"| {cell([s['top20'][-1] for s in sft], '{:.3f}')} | {cell([s['ce_end'] for s in sft], '{:.4f}')} "
                    f"| {w} |")
     stages = list(metrics[0]["seconds"])
@@ -380,7 +388,7 @@ def tables(metrics: list[dict]) -> str:
 
 def plots(metrics: list[dict], out: Path) -> list[Path]:
     """The paper's figures for the demo: accuracy before and after RL for each SFT method (y-range zoomed on the
-    values), pass@k, the branching token's entropy during SFT, and the starts the samples took. Bars and points
+    values), pass@k, the branching tokens during SFT, and the orders the samples took. Bars and points
     are means over seeds, the error bars the min-max spread."""
     import matplotlib
 
@@ -399,7 +407,7 @@ def plots(metrics: list[dict], out: Path) -> list[Path]:
     written = []
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, key, title in ((axes[0], "avg", "all test questions"), (axes[1], f"avg_{fails}",
-                                                                     "where the expert's start is a dead end")):
+                                                                     "where the expert's order is a dead end")):
         lows, highs = [], []
         for i, loss in enumerate(SFT_LOSSES):
             for dx, name, color in ((-0.2, loss, "tab:gray"), (0.2, f"{loss}+grpo", "tab:blue")):
@@ -424,32 +432,33 @@ def plots(metrics: list[dict], out: Path) -> list[Path]:
             ys = [spread(lambda m: 100 * m["models"][name][f"pass_at_k_{source}"][str(k)])[0] for k in k_of]
             ax.plot(k_of, ys, marker="o", color=color, linestyle="--" if "+grpo" in name else "-", label=name)
         ax.set_xscale("log", base=2)
-        ax.set(xlabel="k", ylabel="pass@k (%)", title=f"expert's start {'fails' if source == fails else 'works'}")
+        ax.set(xlabel="k", ylabel="pass@k (%)", title=f"expert's order {'fails' if source == fails else 'works'}")
     axes2[0].legend(fontsize="small")
     written.append(out / "pass_at_k.png")
 
-    fig3, axes3 = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig3, axes3 = plt.subplots(1, 3, figsize=(14, 3.8))
     for i, loss in enumerate(SFT_LOSSES):
         s0 = metrics[0]["sft"][loss]
-        for ax, key in ((axes3[0], "entropy"), (axes3[1], "p_expert")):
-            pts = [spread(lambda m: m["sft"][loss]["start"][p][key]) for p in range(len(s0["steps"]))]
+        for ax, key in ((axes3[0], "entropy"), (axes3[1], "p_expert"), (axes3[2], "p_put_off")):
+            pts = [spread(lambda m: m["sft"][loss]["branching"][p][key]) for p in range(len(s0["steps"]))]
             ax.errorbar(s0["steps"], [p[0] for p in pts], yerr=[[p[1][0] for p in pts], [p[1][1] for p in pts]],
                         marker="o", capsize=3, color=f"C{i + 1}", label=loss)
     axes3[0].axhline(1.2, color="gray", linestyle=":", label="Eq. 7's pivot")
-    axes3[0].set(xlabel="SFT step", ylabel="nats", title="branching-token entropy (test questions)")
-    axes3[1].set(xlabel="SFT step", ylabel="probability", title="P(expert's start)")
+    axes3[0].set(xlabel="SFT step", ylabel="nats", title="first-number entropy (test questions)")
+    axes3[1].set(xlabel="SFT step", ylabel="probability", title="P(expert's first number)")
+    axes3[2].set(xlabel="SFT step", ylabel="probability", title="P(negative put off), expert's order fails")
     axes3[0].legend(fontsize="small")
     written.append(out / "entropy_during_sft.png")
 
     fig4, axes4 = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
     for ax, source in zip(axes4, (fails, works)):
         bottom = [0.0] * len(names)
-        for j, kind in enumerate(toy.RING_KINDS):
+        for j, kind in enumerate(toy.FLOOR_KINDS):
             shares = [spread(lambda m: 100 * m["models"][name]["kinds"][source][kind])[0] for name in names]
             ax.bar(range(len(names)), shares, bottom=bottom, color=f"C{j}", label=kind)
             bottom = [b + s for b, s in zip(bottom, shares)]
         ax.set_xticks(range(len(names)), names, rotation=30, fontsize="small")
-        ax.set(ylabel="% of samples", title=f"expert's start {'fails' if source == fails else 'works'}")
+        ax.set(ylabel="% of samples", title=f"expert's order {'fails' if source == fails else 'works'}")
     axes4[1].legend(fontsize="small", loc="center left", bbox_to_anchor=(1.0, 0.5))
     written.append(out / "strategy_shares.png")
 

@@ -55,33 +55,44 @@ def test_demo_ci_runs_every_stage(tmp_path):
     assert list(metrics["models"]) == names and metrics["seeds"] == [0]
     vocab = len(AutoTokenizer.from_pretrained(world / "model"))
     for m in metrics["models"].values():
-        assert 0 <= m["start"]["entropy"] <= math.log(vocab) + 1e-4
-        assert 0 <= m["start"]["p_expert"] <= 1 and 0 <= m["start"]["p_working_where_expert_fails"] <= 1
+        assert 0 <= m["branching"]["entropy"] <= math.log(vocab) + 1e-4
+        assert 0 <= m["branching"]["p_expert"] <= 1 and 0 <= m["branching"]["p_put_off"] <= 1
         for shares in m["kinds"].values():  # every sample has one kind
-            assert list(shares) == list(toy.RING_KINDS) and math.isclose(sum(shares.values()), 1.0)
+            assert list(shares) == list(toy.FLOOR_KINDS) and math.isclose(sum(shares.values()), 1.0)
     for loss in ("sft", "curio", "entropy"):  # the base, then a checkpoint every --save_every 2 of 4 batches
-        assert metrics["sft"][loss]["steps"] == [0, 2, 4] and len(metrics["sft"][loss]["start"]) == 3
+        assert metrics["sft"][loss]["steps"] == [0, 2, 4] and len(metrics["sft"][loss]["branching"]) == 3
     assert set(metrics["grpo"]) == {"sft+grpo", "curio+grpo", "entropy+grpo"}
     assert {"data", "base", "curio", "eval base", "curio+grpo"} <= set(metrics["seconds"])
 
-    # start_token_stats batches right-padded prompts: the same numbers as one prompt at a time
+    # branching_stats batches right-padded prompts: the same numbers as one prompt at a time. At the floor: after
+    # the expert's lines that come before its dead-end line, the probability of "+" (a positive number first).
     import torch
 
     rows = [json.loads(line) for line in (world / "test.jsonl").read_text().splitlines()]
     ckpt = sorted((out / "runs" / "sft").glob("step_*"))[-1]
     model, tok = AutoModelForCausalLM.from_pretrained(ckpt), AutoTokenizer.from_pretrained(ckpt)
-    p_expert = []
-    for r in rows:
-        ids = tok.encode(data.build_prompt(r["prompt"][1]["content"], tok, toy.RING_SYSTEM))
+
+    def next_token_probs(text):
         with torch.no_grad():
-            probs = model(torch.tensor([ids])).logits[0, -1].softmax(-1)
-        p_expert.append(probs[tok.convert_tokens_to_ids(str(toy.parse_ring(r["prompt"][1]["content"])[0]))].item())
-    assert math.isclose(demo.start_token_stats(ckpt, rows)["p_expert"], sum(p_expert) / len(p_expert), rel_tol=1e-4)
+            return model(torch.tensor([tok.encode(text)])).logits[0, -1].softmax(-1)
+
+    p_expert, p_put_off = [], []
+    for r in rows:
+        prompt, numbers = data.build_prompt(r["prompt"][1]["content"], tok, toy.FLOOR_SYSTEM), toy.parse_floor(
+            r["prompt"][1]["content"])
+        p_expert.append(next_token_probs(prompt)[tok.convert_tokens_to_ids(str(numbers[0]))].item())
+        expert = toy.floor_response(numbers)
+        if expert.endswith(toy.FLOOR_STUCK):
+            before = expert.removeprefix(data.THINK).partition(f"\n{min(numbers)}: stuck")[0]
+            p_put_off.append(next_token_probs(prompt + before + "\n")[tok.convert_tokens_to_ids("+")].item())
+    stats = demo.branching_stats(ckpt, rows)
+    assert math.isclose(stats["p_expert"], sum(p_expert) / len(p_expert), rel_tol=1e-4)
+    assert len(p_put_off) == 4 and math.isclose(stats["p_put_off"], sum(p_put_off) / len(p_put_off), rel_tol=1e-4)
 
     summary = (out / "summary.md").read_text()
     assert summary in proc.stdout and all(f"| {name} |" in summary for name in names)
-    assert "| model | " + " | ".join(toy.RING_KINDS) + " |" in summary
-    assert "branching-token entropy (nats) at steps 0 / 2 / 4 |" in summary
+    assert "| model | " + " | ".join(toy.FLOOR_KINDS) + " |" in summary
+    assert "first-number entropy (nats) at steps 0 / 2 / 4 |" in summary
     for stage in ("== 1.", "== 2.", "== 3-5.", "== 6."):
         assert stage in proc.stdout
     plots = ("accuracy_before_after_rl.png", "pass_at_k.png", "entropy_during_sft.png", "strategy_shares.png")
