@@ -16,8 +16,9 @@ likes, and the running total may never go below 0 (the floor):
 
 Which number comes next is a branching token at every line (the first: any of the four positive numbers, ln 4 =
 1.39 nats when all are equally likely, above Eq. 7's 1.2-nat pivot); the running totals are factual tokens. Every
-order that gets through gives the same total, so the final answer alone decides correctness, but an order that
-adds the negative number while the total is below its size is a dead end. Adding it last always gets through (it
+order that gets through gives the same total, so the final answer alone decides correctness (as in the paper: a
+response whose lines go wrong but box the right total is graded right, and the demo counts those), but an order
+that adds the negative number while the total is below its size is a dead end. Adding it last always gets through (it
 is smaller than the positive numbers' sum): the question holds what a solver needs to choose well.
 - Pre-training rows add the numbers in a random order (a positive one first), dead ends included: the base model
   knows every order but not which ones work.
@@ -151,7 +152,8 @@ def floor_response(order: list[int]) -> str:
     return data.THINK + "\n".join(lines) + f"\n</think>\n\\boxed{{{total}}}"
 
 
-def make_floor_task(n: int, seed: int, style: str, expert_fails: float | None = None, n_terms: int = 5) -> list[dict]:
+def make_floor_task(n: int, seed: int, style: str, expert_fails: float | None = None, n_terms: int = 5,
+                    exclude: frozenset[str] = frozenset()) -> list[dict]:
     """n rows in the authors' schema. A question: n_terms - 1 distinct numbers from POSITIVE and one negative
     number -m, m from NEGATIVE, never first and below the others' sum (so adding it last always gets through). Each
     number is one digit token (its sign aside) and names one number of the question.
@@ -159,7 +161,9 @@ def make_floor_task(n: int, seed: int, style: str, expert_fails: float | None = 
     "expert": in the question's order, on questions where that gets through (expert_fails must be 0 or None);
     "prompt": no response (test and RL rows).
     expert_fails: the share of rows whose question order is a dead end (None: as the questions fall).
-    The rows of one (n, seed, expert_fails, n_terms) are the same questions in every style."""
+    exclude: question texts never drawn (another split's, held out).
+    The rows of one (n, seed, expert_fails, n_terms, exclude) are the same questions in every style; expert rows are
+    those of expert_fails=0.0."""
     if style not in ("pretrain", "expert", "prompt"):
         raise ValueError(f"style {style!r}: expected 'pretrain', 'expert' or 'prompt'")
     if style == "expert" and expert_fails:
@@ -181,6 +185,8 @@ def make_floor_task(n: int, seed: int, style: str, expert_fails: float | None = 
             continue
         at = rng.randint(1, n_terms - 1)
         numbers = positive[:at] + [-rng.choice(negatives)] + positive[at:]
+        if floor_question(numbers) in exclude:
+            continue
         fail = not add_in_order(numbers)[1]
         if n_fails is not None and (fails == n_fails if fail else len(questions) - fails == n - n_fails):
             continue  # this kind is full
@@ -250,11 +256,13 @@ def _main(argv: list[str] | None = None) -> None:
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     out, shape = Path(a.out), dict(n_terms=a.n_terms)
-    # A seed per split: different questions in each, and no split shared between runs with different --seed.
+    # A seed per split, and no split shared between runs with different --seed. The task has only a few thousand
+    # questions (4,320 at 5 numbers), so the training splits draw around the test questions: held out.
+    test = make_floor_task(a.n_test, 4 * a.seed + 3, "prompt", a.expert_fails, **shape)
+    shape["exclude"] = frozenset(r["prompt"][1]["content"] for r in test)
     splits = {"train_pretrain": make_floor_task(a.n_pretrain, 4 * a.seed, "pretrain", **shape),
               "train_expert": make_floor_task(a.n_sft, 4 * a.seed + 1, "expert", **shape),
-              "train_rl": make_floor_task(a.n_rl, 4 * a.seed + 2, "prompt", a.expert_fails, **shape),
-              "test": make_floor_task(a.n_test, 4 * a.seed + 3, "prompt", a.expert_fails, **shape)}
+              "train_rl": make_floor_task(a.n_rl, 4 * a.seed + 2, "prompt", a.expert_fails, **shape), "test": test}
     for name, rows in splits.items():
         fails = sum(r["data_source"] == EXPERT_FAILS for r in rows)
         print(f"{data.write_jsonl(rows, out / f'{name}.jsonl')}: {len(rows)} rows, {fails} where the question's order "

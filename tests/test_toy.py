@@ -42,6 +42,21 @@ def test_floor_questions_have_the_stated_shape_and_share_of_dead_ends():
         assert [question_of(r) for r in toy.make_floor_task(50, 2, style, 0.0)] == [question_of(r) for r in expert]
 
 
+def test_excluded_questions_are_never_drawn(tmp_path):
+    held_out = toy.make_floor_task(300, seed=7, style="prompt", expert_fails=0.5)
+    exclude = frozenset(question_of(r) for r in held_out)
+    rows = toy.make_floor_task(3000, seed=8, style="pretrain", exclude=exclude)
+    assert not exclude & {question_of(r) for r in rows}
+    assert exclude & {question_of(r) for r in toy.make_floor_task(3000, seed=8, style="pretrain")}  # else vacuous
+    # python toy.py: the test questions are in no training split
+    toy._main(["--out", str(tmp_path), "--n_pretrain", "2000", "--n_sft", "500", "--n_rl", "300", "--n_test", "64",
+               "--vocab_labels", "10", "--vocab_size", "300"])
+    questions = {name: {ex.question for ex in data.load_examples(tmp_path / f"{name}.jsonl")}
+                 for name in ("train_pretrain", "train_expert", "train_rl", "test")}
+    assert len(questions["test"]) > 50 and all(not questions["test"] & questions[name] for name in questions
+                                               if name != "test")
+
+
 def test_expert_and_pretraining_responses():
     expert = toy.make_floor_task(200, seed=3, style="expert")
     assert all(toy.floor_solution_kind(question_of(r), response_of(r)) == "question order, through" for r in expert)
