@@ -81,8 +81,8 @@ PROGRESS_EVERY_S = 5.0
 # ---------------------------------------------------------------------------------------------------------
 def run(cmd: list, log: Path, steps: int | None = None, name: str = "", every_s: float = PROGRESS_EVERY_S,
         threads: int = THREADS) -> float:
-    """Run one stage command from the repository root, echoing it. Its output goes to `log`; every few seconds
-    (every_s) the latest line is printed after the stage's name, and for a run of `steps` steps its progress and ETA.
+    """Run one stage command from the repository root, echoing it. Its output goes to `log`; as lines arrive, one at
+    most every every_s seconds is printed after the stage's name, for a run of `steps` steps as progress and ETA.
     Returns the seconds taken. Stages may run in parallel threads: each prints whole lines."""
     print(f"[{name}] $ " + " ".join(str(c) for c in cmd), flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
@@ -176,13 +176,22 @@ def branching_stats(ckpt: Path, rows: list[dict]) -> dict:
             "p_put_off": at_floor.softmax(-1)[:, tok.convert_tokens_to_ids("+")].mean().item() if fails else None}
 
 
+# Samples whose reasoning is a "mistake" but whose boxed answer the grader scores right: the reward sees only the
+# answer (no process reward), so RL could learn to break the rule and still be paid.
+MISTAKE_GRADED_RIGHT = "mistake, graded right"
+
+
 def kind_shares(samples_file: Path) -> dict:
-    """{question kind: {FLOOR_KINDS entry: share of that kind's samples}} (toy.floor_solution_kind)."""
+    """{question kind: {FLOOR_KINDS entry: share of that kind's samples}} (toy.floor_solution_kind), plus the share
+    of MISTAKE_GRADED_RIGHT (part of the mistakes)."""
     counts = collections.defaultdict(collections.Counter)
     for line in samples_file.read_text().splitlines():
         r = json.loads(line)
-        counts[r["data_source"]][toy.floor_solution_kind(r["question"], r["response"])] += 1
-    return {source: {k: c[k] / sum(c.values()) for k in toy.FLOOR_KINDS} for source, c in counts.items()}
+        kind = toy.floor_solution_kind(r["question"], r["response"])
+        counts[r["data_source"]][kind] += 1
+        counts[r["data_source"]][MISTAKE_GRADED_RIGHT] += kind == "mistake" and r["score"] == 1.0
+    return {source: {k: c[k] / sum(c[k] for k in toy.FLOOR_KINDS) for k in (*toy.FLOOR_KINDS, MISTAKE_GRADED_RIGHT)}
+            for source, c in counts.items()}
 
 
 def model_metrics(result: dict, samples_file: Path, branching: dict) -> dict:
@@ -353,9 +362,11 @@ def tables(metrics: list[dict]) -> str:
     for source, title in ((fails, "where the expert's order is a dead end"), (works, "where the expert's order works")):
         out += ["", f"Samples by the order they took and how they ended (`toy.floor_solution_kind`), on the "
                     f"questions {title}:", "",
-                "| model | " + " | ".join(toy.FLOOR_KINDS) + " |", "| --- |" + " --- |" * len(toy.FLOOR_KINDS)]
+                "| model | " + " | ".join(toy.FLOOR_KINDS) + f" | {MISTAKE_GRADED_RIGHT} |",
+                "| --- |" + " --- |" * (len(toy.FLOOR_KINDS) + 1)]
         for name in names:
-            out.append(f"| {name} | " + " | ".join(col(name, lambda r: r["kinds"][source][k]) for k in toy.FLOOR_KINDS)
+            out.append(f"| {name} | " + " | ".join(col(name, lambda r: r["kinds"][source][k])
+                                                for k in (*toy.FLOOR_KINDS, MISTAKE_GRADED_RIGHT))
                        + " |")
     steps = " / ".join(map(str, metrics[0]["sft"][SFT_LOSSES[0]]["steps"]))
     out += ["", f"| SFT run | first-number entropy (nats) at steps {steps} | P(expert's first number), same steps "

@@ -57,8 +57,10 @@ def test_demo_ci_runs_every_stage(tmp_path):
     for m in metrics["models"].values():
         assert 0 <= m["branching"]["entropy"] <= math.log(vocab) + 1e-4
         assert 0 <= m["branching"]["p_expert"] <= 1 and 0 <= m["branching"]["p_put_off"] <= 1
-        for shares in m["kinds"].values():  # every sample has one kind
-            assert list(shares) == list(toy.FLOOR_KINDS) and math.isclose(sum(shares.values()), 1.0)
+        for shares in m["kinds"].values():  # every sample has one kind; the mistakes graded right are some mistakes
+            assert list(shares) == [*toy.FLOOR_KINDS, demo.MISTAKE_GRADED_RIGHT]
+            assert math.isclose(sum(shares[k] for k in toy.FLOOR_KINDS), 1.0)
+            assert 0 <= shares[demo.MISTAKE_GRADED_RIGHT] <= shares["mistake"]
     for loss in ("sft", "curio", "entropy"):  # the base, then a checkpoint every --save_every 2 of 4 batches
         assert metrics["sft"][loss]["steps"] == [0, 2, 4] and len(metrics["sft"][loss]["branching"]) == 3
     assert set(metrics["grpo"]) == {"sft+grpo", "curio+grpo", "entropy+grpo"}
@@ -91,7 +93,7 @@ def test_demo_ci_runs_every_stage(tmp_path):
 
     summary = (out / "summary.md").read_text()
     assert summary in proc.stdout and all(f"| {name} |" in summary for name in names)
-    assert "| model | " + " | ".join(toy.FLOOR_KINDS) + " |" in summary
+    assert "| model | " + " | ".join(toy.FLOOR_KINDS) + " | mistake, graded right |" in summary
     assert "first-number entropy (nats) at steps 0 / 2 / 4 |" in summary
     for stage in ("== 1.", "== 2.", "== 3-5.", "== 6."):
         assert stage in proc.stdout
