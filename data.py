@@ -1,5 +1,5 @@
 """Text to tensors for CurioSFT: the training prompt (paper Table 7), loaders for the authors' parquet/JSONL
-schema, tokenisation with a response-only loss mask, length-grouped micro-batches, and a toy tokenizer.
+schema, tokenisation with a response-only loss mask, length-grouped micro-batches, the hub download.
 
 Row schema (the authors' and LUFFY's files, e.g. OpenR1-Math-46K and the eval sets):
     data_source: str
@@ -8,7 +8,6 @@ Row schema (the authors' and LUFFY's files, e.g. OpenR1-Math-46K and the eval se
     target: [{role: assistant, content: "<think>\\n..."}]   (training files only: the expert response)
 """
 import json
-import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -319,183 +318,14 @@ def padding_efficiency(lengths: list[int], micro_batches: list[list[int]]) -> fl
 
 
 # ---------------------------------------------------------------------------------------------------------
-# Toy tokenizer for the CPU demo and tests: byte-level BPE in Qwen2's format
+# Writing rows (toy.py, tests)
 # ---------------------------------------------------------------------------------------------------------
-# Qwen2's pre-tokenizer regex, as transformers' Qwen2Tokenizer rebuilds it. A tokenizer saved beside a config.json
-# with model_type=qwen2 is reloaded by AutoTokenizer (and vLLM) as Qwen2Tokenizer, which replaces the saved
-# normaliser and pre-tokenizer with Qwen's; training with the same ones keeps the ids identical after reload.
-QWEN2_PRETOKENIZE_REGEX = r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+"""
-# Qwen2.5's plain ChatML template (without tools or a default system turn); _chatml() writes the same text.
-CHATML_TEMPLATE = (
-    r"{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
-    r"{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
-)
-
-
-def build_toy_tokenizer(texts: list[str], vocab_size: int = 2048):
-    """A byte-level BPE tokenizer trained on `texts`, as a transformers tokenizer with eos = pad =
-    <|endoftext|>, ChatML special tokens and a ChatML chat template. "<think>" and "</think>" are added
-    (non-special) tokens so that they stay one token each and survive decode(skip_special_tokens=True).
-    The vocabulary has at most vocab_size + 2 entries (fewer when the texts have fewer merges to learn):
-    size models with len(tokenizer). Training is deterministic."""
-    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    tok = Tokenizer(models.BPE())
-    tok.normalizer = normalizers.NFC()
-    tok.pre_tokenizer = pre_tokenizers.Sequence([
-        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"),
-        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-    ])
-    tok.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size,
-        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),  # all 256 bytes: any text stays encodable
-        show_progress=False,
-    )
-    tok.train_from_iterator(texts, trainer)
-    tokenizer = PreTrainedTokenizerFast(
-        tokenizer_object=tok,
-        eos_token="<|endoftext|>",
-        pad_token="<|endoftext|>",
-        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
-    )
-    tokenizer.add_tokens(["<think>", "</think>"])
-    tokenizer.chat_template = CHATML_TEMPLATE
-    return tokenizer
-
-
-# ---------------------------------------------------------------------------------------------------------
-# Toy task for the CPU demo: add k numbers. Which operand comes next is a branching token (any order is valid);
-# the digits of every partial sum are factual tokens (one right answer). See the README, "The CPU demo".
-# ---------------------------------------------------------------------------------------------------------
-_TOY_CONSONANTS, _TOY_VOWELS = "bdfgklmnprstvz", "aeiou"
-# 14 x 5 = 70 syllables; two-syllable pseudo-words give 4900 words that the task never uses. The tokenizer learns
-# them, so the toy's vocabulary has thousands of entries the model learns to rule out: a real LM's rare tail.
-TOY_LABELS = [a + b + c + d for a in _TOY_CONSONANTS for b in _TOY_VOWELS for c in _TOY_CONSONANTS for d in _TOY_VOWELS]
-TOY_SYSTEM = "Add the numbers in <think>, then give the total in \\boxed{}."  # stages use it with --system_prompt row
-
-
-def make_toy_task(n: int, seed: int, style: str = "diverse", k: tuple[int, int] = (3, 4),
-                  max_operand: int = 9) -> list[dict]:
-    """n rows in the authors' schema: "What is the total of 7, 3, 5?" (distinct operands in 1..max_operand) with
-    the answer as reward_model.ground_truth and an expert response that adds the operands one at a time:
-
-        <think>
-        7 + 5 = 12
-        12 + 3 = 15
-        </think>
-        The total is \\boxed{15}.
-
-    The operand that starts each line is a branching token (any operand not yet added is right); the sums and
-    the rest are factual tokens (one right answer). style="diverse": every row adds its operands in its own
-    random order (the base model's pre-training data); style="canonical": always in the question's order (the
-    one expert style that SFT imitates). The questions depend only on (n, seed, k, max_operand), not on the
-    style, so both styles of one seed solve the same problems."""
-    import random
-
-    if style not in ("diverse", "canonical"):
-        raise ValueError(f"style {style!r}: expected 'diverse' or 'canonical'")
-    if not 2 <= k[0] <= k[1] <= max_operand:
-        raise ValueError(f"k {k}: expected 2 <= k[0] <= k[1] <= max_operand ({max_operand}): operands are distinct")
-    rng, order_rng = random.Random(seed), random.Random(seed + 1_000_003)  # orders do not shift the questions
-    rows = []
-    for _ in range(n):
-        values = rng.sample(range(1, max_operand + 1), rng.randint(*k))
-        order = values[:]
-        if style == "diverse":
-            order_rng.shuffle(order)
-        total = order[0] + order[1]
-        lines = [f"{order[0]} + {order[1]} = {total}"]
-        for v in order[2:]:
-            lines.append(f"{total} + {v} = {total + v}")
-            total += v
-        question = "What is the total of " + ", ".join(map(str, values)) + "?"
-        response = THINK + "\n".join(lines) + f"\n</think>\nThe total is \\boxed{{{total}}}."
-        rows.append({"data_source": "toy",
-                     "prompt": [{"role": "system", "content": TOY_SYSTEM}, {"role": "user", "content": question}],
-                     "reward_model": {"ground_truth": str(total), "style": "rule"},
-                     "target": [{"role": "assistant", "content": response}]})
-    return rows
-
-
-TOY_SOLUTION_KINDS = ("expert order", "other order", "wrong operand", "wrong sum", "malformed")
-_TOY_LINE = re.compile(r"(\d+) \+ (\d+) = (\d+)")
-
-
-def toy_additions(response: str) -> list[tuple[int, int, int]] | None:
-    """The (a, b, s) of every "a + b = s" line of a toy response's reasoning (before its last "</think>", as
-    evaluate grades it), or None where there is no "</think>" or a line of another form."""
-    reasoning, closed, _ = response.rpartition("</think>")
-    lines = [_TOY_LINE.fullmatch(line) for line in reasoning.removeprefix(THINK).strip().split("\n")]
-    return [tuple(map(int, m.groups())) for m in lines] if closed and all(lines) else None
-
-
-def toy_solution_kind(question: str, response: str) -> str:
-    """What the reasoning of a sampled response to a toy question did, one of TOY_SOLUTION_KINDS: added the
-    question's numbers in the expert's (the question's) order or in another valid order (the branching the base
-    model learned), or made a mistake: a wrong sum, a number not in the question or one added twice or never
-    ("wrong operand"), or no chain of additions each going on from the previous sum ("malformed"). The boxed
-    answer is not looked at: evaluate grades it."""
-    lines = toy_additions(response)
-    if not lines:
-        return "malformed"
-    if any(a + b != s for a, b, s in lines):
-        return "wrong sum"
-    if any(a != prev[2] for prev, (a, _, _) in zip(lines, lines[1:])):
-        return "malformed"
-    order, operands = [lines[0][0]] + [b for _, b, _ in lines], [int(v) for v in re.findall(r"\d+", question)]
-    if sorted(order) != sorted(operands):
-        return "wrong operand"
-    return "expert order" if order == operands else "other order"
-
-
 def write_jsonl(rows: list[dict], path) -> Path:
     """One JSON row per line (what load_examples reads back); creates the parent directory."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text("".join(json.dumps(r) + "\n" for r in rows), encoding="utf-8")
     return path
-
-
-def toy_tokenizer_texts(rows: list[dict], n_labels: int = 2000, label_repeats: int = 8) -> list[str]:
-    """Texts to train the toy tokenizer on: every question under both system prompts, every response, and
-    n_labels pseudo-words `label_repeats` times each (so that each becomes a token of the vocabulary's tail)."""
-    texts = [build_prompt(r["prompt"][-1]["content"], system=s) for r in rows for s in (SYSTEM_PROMPT, TOY_SYSTEM)]
-    texts += [r["target"][0]["content"] for r in rows]
-    return texts + [" ".join(f"{a} 1," for a in TOY_LABELS[:n_labels])] * label_repeats
-
-
-def _toy_main(argv: list[str] | None = None) -> None:
-    """python data.py toy --out DIR: train_diverse.jsonl, train_canonical.jsonl, test.jsonl and tokenizer/."""
-    import argparse
-
-    p = argparse.ArgumentParser(prog="data.py toy", description=_toy_main.__doc__,
-                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--n_pretrain", type=int, default=2000, help="diverse-style rows (base model pre-training)")
-    p.add_argument("--n_sft", type=int, default=500, help="canonical-style rows (the SFT expert data)")
-    p.add_argument("--n_test", type=int, default=100, help="test questions (with canonical responses)")
-    p.add_argument("--k_min", type=int, default=3, help="fewest operands per question")
-    p.add_argument("--k_max", type=int, default=4, help="most operands per question")
-    p.add_argument("--vocab_labels", type=int, default=2000,
-                   help="pseudo-words made tokens of the tokenizer, never used by the task: the vocabulary's tail")
-    p.add_argument("--max_operand", type=int, default=9, help="distinct operands are drawn from 1..max_operand")
-    p.add_argument("--vocab_size", type=int, default=4096, help="BPE vocabulary size (merges permitting)")
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
-    out, kw = Path(a.out), dict(k=(a.k_min, a.k_max), max_operand=a.max_operand)
-    # A seed per split, so pre-training, SFT and test questions are different draws, and no split is shared between
-    # runs with different --seed.
-    pretrain = make_toy_task(a.n_pretrain, 3 * a.seed, "diverse", **kw)
-    sft = make_toy_task(a.n_sft, 3 * a.seed + 1, "canonical", **kw)
-    test = make_toy_task(a.n_test, 3 * a.seed + 2, "canonical", **kw)
-    for name, rows in (("train_diverse", pretrain), ("train_canonical", sft), ("test", test)):
-        print(f"{write_jsonl(rows, out / f'{name}.jsonl')}: {len(rows)} rows")
-    tokenizer = build_toy_tokenizer(toy_tokenizer_texts(pretrain + sft, a.vocab_labels), a.vocab_size)
-    tokenizer.save_pretrained(out / "tokenizer")
-    print(f"{out / 'tokenizer'}: {len(tokenizer)} tokens")
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -551,12 +381,10 @@ def _download_main(argv: list[str] | None = None) -> None:
 if __name__ == "__main__":
     import sys
 
-    commands = {"toy": _toy_main, "download": _download_main}
-    usage = "usage: python data.py {toy,download} [flags]\n" + "".join(
-        f"  {name}: {main.__doc__.splitlines()[0]}\n" for name, main in commands.items())
     if sys.argv[1:2] in (["-h"], ["--help"]):
-        print(usage + "python data.py COMMAND --help lists a command's flags and their defaults")
-    elif sys.argv[1:2] not in ([c] for c in commands):
-        raise SystemExit(usage.rstrip())
+        print("usage: python data.py download [flags]  (python data.py download --help lists them; the demo's toy "
+              "task: python toy.py)")
+    elif sys.argv[1:2] != ["download"]:
+        raise SystemExit("usage: python data.py download [flags] (the demo's toy task: python toy.py)")
     else:
-        commands[sys.argv[1]](sys.argv[2:])
+        _download_main(sys.argv[2:])

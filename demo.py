@@ -1,23 +1,28 @@
-"""The CPU demo: the whole CurioSFT pipeline on a toy task, one stage command after another.
+"""The CPU demo: does an SFT stage that keeps exploring give RL more to win? The whole pipeline on toy.py's floor
+task, one stage command after another.
 
-    python demo.py --size ci   --out out/demo_ci     # every stage, tiny: < 3 minutes on 2 cores (the test)
-    python demo.py --size full --out out/demo        # the demo proper
+    python demo.py --size ci --out out/demo_ci          # every stage, tiny: about a minute (tests/test_demo.py)
+    python demo.py --out out/demo                       # the demo proper, seed 0 (bash run.sh)
+    python demo.py --seeds 0 1 2 --out out/demo_seeds   # seed after seed into OUT/seed_S, then mean and spread
 
-Stages (each is the stage's own command line, printed before it runs, so it can be copied and re-run):
-  1. data.py toy     pre-training rows (diverse orders), SFT rows (one canonical order), test rows, a BPE tokenizer
-                     with a few thousand tokens; then a tiny Qwen2 config beside it (the "model directory")
-  2. sft.py --scratch --loss sft on the diverse rows: "pre-training" the base model from random weights
-  3. sft.py --loss sft, curio and entropy from the base, on the canonical rows
-  4. evaluate.py     accuracy, pass@k, sampling entropy, and the expert-token entropy (--sft_data) of each model
-  5. rl.py           GRPO from the SFT and the CurioSFT checkpoints, then evaluate.py again
-  6. summary tables (also written to summary.md): the metrics, how the samples add (expert order, another valid
-     order, or a mistake), and entropy during SFT
+Stages (each is the stage's own command line, printed before it runs, so it can be copied and re-run; its output
+goes to OUT/logs/ and the demo prints a progress line every few seconds):
+  1. toy.py         the floor task's splits and tokenizer; then a tiny Qwen2 config beside it (the "model directory")
+  2. sft.py --scratch --loss sft on the pre-training rows: the base model, from random weights
+  3. sft.py --loss sft | curio | entropy from the base on the expert rows (a checkpoint every 32 steps)
+  4. evaluate.py    avg@8 and pass@k on the test questions, those where the expert's order works and those where
+                    it is a dead end reported apart (their data_source)
+  5. rl.py          GRPO from each SFT checkpoint on the RL prompts, then evaluate.py again
+  6. tables (OUT/summary.md, OUT/metrics.json) and plots (OUT/plots/): accuracy before and after RL, pass@k, the
+     branching tokens during SFT, and which order each model's samples took (toy.floor_solution_kind)
 A stage whose output already exists is skipped, so an interrupted demo continues where it stopped.
 """
 import argparse
 import collections
+import concurrent.futures
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -25,78 +30,92 @@ from pathlib import Path
 
 import checkpoints
 import data
+import toy
 
 ROOT = Path(__file__).resolve().parent
 PY = sys.executable
 
-# Everything that differs between the CI smoke run and the demo proper. Full sizes: 6 epochs of 6000 diverse
-# solutions give a base model that adds the question's numbers in many orders and mostly right (a wrong operand in
-# 2-18% of its samples over seeds 0-2; after 3 epochs 72%, after 5 18.5% for seed 0, so the "branching" entropy was
-# largely mistakes), and 5 epochs of SFT at a high learning rate are enough for cross-entropy to collapse the
-# order entropy.
+# Everything that differs between the CI smoke run and the demo proper.
 SIZES = {
     "ci": dict(
-        data=["--n_pretrain", "48", "--n_sft", "16", "--n_test", "4", "--vocab_labels", "200", "--vocab_size", "1024"],
+        data=["--n_pretrain", "48", "--n_sft", "16", "--n_rl", "8", "--n_test", "8", "--vocab_labels", "200",
+              "--vocab_size", "1024"],
         model=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
                    intermediate_size=64),
         pretrain=["--epochs", "1", "--global_batch", "16", "--lr", "3e-3"],
-        sft=["--epochs", "1", "--global_batch", "8", "--lr", "1e-3"],
-        eval=["--n", "2", "--limit", "4", "--max_new_tokens", "40", "--sft_examples", "8"],
+        sft=["--epochs", "2", "--global_batch", "8", "--lr", "1e-3", "--save_every", "2"],
+        eval=["--n", "2", "--max_new_tokens", "40", "--sft_examples", "8"],
         rl=["--steps", "1", "--prompts_per_step", "2", "--rollouts", "2", "--mini_batch", "2",
             "--max_response_len", "40"],
     ),
     "full": dict(
-        data=["--n_pretrain", "6000", "--n_sft", "512", "--n_test", "64", "--k_min", "3", "--k_max", "4",
-              "--max_operand", "9"],
+        data=[],  # toy.py's defaults
         model=dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=384),
+        # 2250 steps, about 4 min on two threads: a base that adds in many orders, dead ends included, with mistakes
+        # in 4-34% of its samples (seeds 0-2). One logits chunk: V is small.
         pretrain=["--epochs", "6", "--global_batch", "16", "--lr", "2e-3", "--warmup_steps", "20",
-                  "--token_budget", "2048", "--loss_chunk", "2048", "--log_every", "25"],  # one logits chunk: V is small
-        # lr: at 2e-3 with 5 warm-up steps the fresh Adam state knocked the base off its minimum (cross-entropy
-        # 0.12 -> 0.28-0.35 in 10 steps, entropy up with it) before SFT proper began
-        sft=["--epochs", "5", "--global_batch", "16", "--lr", "1e-3", "--warmup_steps", "16", "--token_budget", "2048",
-             "--log_every", "4"],
-        eval=["--n", "8", "--limit", "64", "--max_new_tokens", "64", "--sft_examples", "128", "--batch_size", "16"],
-        # lr: at 1e-4, Adam's normalised steps on the few groups with mixed rewards lowered the reward in 16 steps
+                  "--token_budget", "2048", "--loss_chunk", "2048", "--log_every", "25"],
+        # App. E's 3 epochs of 1024 rows: 192 steps, after which cross-entropy has taken P(expert's first number) to
+        # 80-99% (seeds 0-2). lr: at 2e-3 with 5 warm-up steps the fresh Adam state knocked the base off its minimum
+        # (on an earlier toy task). A checkpoint every 32 steps for the branching tokens' curves.
+        sft=["--epochs", "3", "--global_batch", "16", "--lr", "1e-3", "--warmup_steps", "16", "--token_budget", "2048",
+             "--log_every", "4", "--save_every", "32"],
+        eval=["--n", "8", "--max_new_tokens", "48", "--sft_examples", "128", "--batch_size", "16"],
+        # top_p 1.0: the authors' scripts/2_rl.sh leaves verl's rollout top_p at 1.0 (the paper's text says 0.95,
+        # which would never sample a move the model gives less than 5% in all). lr 3e-5: at 1e-4 GRPO lowered its own
+        # reward from SFT on an earlier toy task (0.27 in the first 8 steps, 0.20 in the last 8); at 3e-5 it rose
         rl=["--steps", "32", "--prompts_per_step", "8", "--rollouts", "8", "--mini_batch", "4", "--micro_batch", "16",
-            "--gen_batch_size", "16", "--max_response_len", "64", "--lr", "3e-5"],
+            "--gen_batch_size", "16", "--max_response_len", "48", "--lr", "3e-5", "--top_p", "1.0"],
     ),
 }
 SFT_LOSSES = ("sft", "curio", "entropy")  # vanilla cross-entropy, CurioSFT, the entropy-loss baseline (Table 2)
-RL_FROM = ("sft", "curio")  # paper Table 3's pair; GRPO from the entropy baseline would add ~80 s
-# One process runs at a time and these models are tiny: more than a few threads only add synchronisation.
-THREADS = str(min(4, os.cpu_count() or 1))
+# Threads per stage process. The branches run side by side with one thread each; the base, which runs alone, takes
+# two (1.8x faster steps on 2 cores). A fixed count keeps the float sums, so the results, the same on one machine.
+THREADS, BASE_THREADS = 1, 2
+PROGRESS_EVERY_S = 5.0
 
 
-def run(cmd: list[str], log: Path, every_s: float = 10.0) -> None:
-    """Run one stage command from the repository root, echoing it; its output goes to `log` (shown on failure).
-    While it runs, a line every `every_s` seconds with the elapsed time and the stage's last log line (sft.py and
-    rl.py log their step and ETA), so a long stage is never silent."""
-    print("$ " + " ".join(str(c) for c in cmd), flush=True)
-    env = {**os.environ, "OMP_NUM_THREADS": THREADS, "MKL_NUM_THREADS": THREADS, "TOKENIZERS_PARALLELISM": "false"}
-    t0 = time.time()
+# ---------------------------------------------------------------------------------------------------------
+# Running the stages
+# ---------------------------------------------------------------------------------------------------------
+def run(cmd: list, log: Path, steps: int | None = None, name: str = "", every_s: float = PROGRESS_EVERY_S,
+        threads: int = THREADS) -> float:
+    """Run one stage command from the repository root, echoing it. Its output goes to `log`; as lines arrive, one at
+    most every every_s seconds is printed after the stage's name, for a run of `steps` steps as progress and ETA.
+    Returns the seconds taken. Stages may run in parallel threads: each prints whole lines."""
+    print(f"[{name}] $ " + " ".join(str(c) for c in cmd), flush=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+           "TOKENIZERS_PARALLELISM": "false",
+           "PYTHONUNBUFFERED": "1"}  # the stage's lines arrive as they are printed, not at exit
+    t0 = shown = time.time()
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
-        proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=env, stdout=f, stderr=subprocess.STDOUT)
-        while True:
-            try:
-                proc.wait(timeout=every_s)
-                break
-            except subprocess.TimeoutExpired:
-                lines = [line for line in log.read_text(errors="replace").splitlines() if line.strip()]
-                last = lines[-1].strip()[:100] if lines else ""
-                print(f"  {time.time() - t0:4.0f}s  {last}", flush=True)
+        # text mode reads tqdm's "\r" updates as lines too
+        proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        for line in proc.stdout:
+            f.write(line)
+            line = line.strip()
+            if line and time.time() - shown >= every_s:
+                shown = time.time()
+                print(f"[{name}] {shown - t0:4.0f}s  {progress_text(line, steps, shown - t0)}", flush=True)
+        proc.wait()
     if proc.returncode != 0:
         sys.stdout.write(log.read_text()[-4000:])
-        raise SystemExit(f"stage failed (exit {proc.returncode}): see {log}")
-    print(f"  done in {time.time() - t0:.0f}s (log: {log})", flush=True)
+        raise SystemExit(f"stage {name} failed (exit {proc.returncode}): see {log}")
+    print(f"[{name}] done in {time.time() - t0:.0f}s (log: {log})", flush=True)
+    return time.time() - t0
 
 
-def last_checkpoint(run_dir: Path) -> Path:
-    ckpt = checkpoints.latest(run_dir)
-    if ckpt is None:
-        raise SystemExit(f"{run_dir}: no checkpoint")
-    return ckpt
+def progress_text(line: str, steps: int | None, elapsed: float) -> str:
+    """A training log line ("step 12 ... loss 0.31 ...") as "step 12/40, loss 0.31, ETA 50s"; others as they are."""
+    m = re.match(r"step (\d+)\b", line)
+    if not (m and steps):
+        return line[:110]
+    done = int(m.group(1))
+    shown = [f"{k} {v}" for k, v in re.findall(r"\b(loss|reward_mean|zero_var_frac) (\S+)", line)]
+    return ", ".join([f"step {done}/{steps}", *shown, f"ETA {elapsed / max(done, 1) * (steps - done):.0f}s"])
 
 
 def make_model_dir(world: Path, model_kwargs: dict) -> Path:
@@ -114,124 +133,376 @@ def make_model_dir(world: Path, model_kwargs: dict) -> Path:
     return model_dir
 
 
-def summary_table(results: dict[str, dict]) -> str:
-    """One row per model: accuracy, pass@k, sampling entropy and diversity, expert-token entropy."""
-    lines = ["| model | avg@n | pass@k (largest k) | truncated | sampling entropy | diversity "
-             "| expert-token entropy (all / top 20%) |",
-             "| --- | --- | --- | --- | --- | --- | --- |"]
-
-    def num(x, fmt="{:.3f}"):
-        return "–" if x is None else fmt.format(x)
-
-    for name, r in results.items():
-        bench = next(iter(r["benchmarks"].values()))
-        k, p = max(((int(k), v) for k, v in bench["pass_at_k"].items()), default=(None, None))
-        s, e = r["summary"], r.get("expert_entropy") or {}
-        lines.append(f"| {name} | {num(s.get('avg'), '{:.1%}')} | {num(p, '{:.1%}')} (k={k}) "
-                     f"| {num(bench.get('truncated'), '{:.0%}')} | {num(s.get('entropy'))} | {num(s.get('diversity'))} "
-                     f"| {num(e.get('all'))} / {num(e.get('top20'))} |")
-    return "\n".join(lines) + "\n"
+def flag(args: list[str], name: str, default: int) -> int:
+    """The integer value of --name in a stage's flag list."""
+    return int(args[args.index(name) + 1]) if name in args else default
 
 
-def sft_curve_table(logs: dict[str, Path]) -> str:
-    """Expert-token entropy of the top 20% (the branching tokens) and cross-entropy during each SFT run, at five
-    points of training (paper Fig. 2a), and for CurioSFT its weight on CE, w_t = 1 - alpha (lp - lq), at the
-    top-20% and bottom-80% teacher-entropy tokens (mean over the logged steps; 1 is plain CE)."""
-    lines = ["| SFT run | top-20% expert-token entropy at 0 / 25 / 50 / 75 / 100% of training | cross-entropy at the end "
-             "| w_t at top-20% / bottom-80% teacher-entropy tokens |",
-             "| --- | --- | --- | --- |"]
-    for name, path in logs.items():
-        rows = [r for r in map(json.loads, path.read_text().splitlines()) if "student_entropy_top20" in r]
-        curve = [rows[round(f * (len(rows) - 1))]["student_entropy_top20"] for f in (0, 0.25, 0.5, 0.75, 1)]
-        w = [sum(r[k] for r in rows) / len(rows) for k in ("w_top20", "w_bottom80")] if "w_top20" in rows[0] else None
-        lines.append(f"| {name} | {' / '.join(f'{h:.3f}' for h in curve)} | {rows[-1]['ce']:.4f} "
-                     f"| {'–' if w is None else f'{w[0]:.3f} / {w[1]:.3f}'} |")
-    return "\n".join(lines) + "\n"
+# ---------------------------------------------------------------------------------------------------------
+# Measurements the stage scripts do not make
+# ---------------------------------------------------------------------------------------------------------
+def branching_stats(ckpt: Path, rows: list[dict]) -> dict:
+    """Two branching tokens of the test questions under the model at temperature 1. The first number: the entropy
+    of the full next-token distribution (nats) and the probability of the expert's (the question's first). And on
+    the questions where the expert's order is a dead end, after the expert's lines up to the negative number: the
+    probability of putting it off (a "+", adding a positive number first) rather than hitting the floor."""
+    import torch
+    import transformers
+
+    import curio_loss
+
+    transformers.utils.logging.disable_progress_bar()  # one "Loading weights" bar per checkpoint: noise here
+    tok = transformers.AutoTokenizer.from_pretrained(ckpt)
+    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    def next_token_logits(texts: list[str]) -> torch.Tensor:  # [len(texts), V], float32
+        ids = [tok.encode(t) for t in texts]
+        batch = torch.full((len(ids), max(map(len, ids))), tok.pad_token_id)
+        for i, x in enumerate(ids):  # right-padded: causal attention never sees the padding before each last token
+            batch[i, : len(x)] = torch.tensor(x)
+        with torch.no_grad():
+            return model(batch).logits[torch.arange(len(ids)), torch.tensor(list(map(len, ids))) - 1].float()
+
+    questions = [toy.parse_floor(r["prompt"][1]["content"]) for r in rows]
+    prompts = [data.build_prompt(r["prompt"][1]["content"], tok, toy.FLOOR_SYSTEM) for r in rows]
+    logits = next_token_logits(prompts)
+    first = [tok.convert_tokens_to_ids(str(q[0])) for q in questions]  # digits are single tokens (Qwen's regex)
+    p_expert = logits.softmax(-1)[torch.arange(len(rows)), torch.tensor(first)].mean().item()
+    # The expert's lines before its dead end ("2\n" for 2,-5,...): the next token is "-" (the negative now) or "+".
+    fails = [i for i, q in enumerate(questions) if not toy.add_in_order(q)[1]]
+    lines = [toy.floor_response(questions[i]).removeprefix(data.THINK).split("\n") for i in fails]
+    at_floor = next_token_logits([prompts[i] + "\n".join(ls[: questions[i].index(min(questions[i]))]) + "\n"
+                                  for i, ls in zip(fails, lines)]) if fails else None
+    return {"entropy": curio_loss.entropy(logits).mean().item(), "p_expert": p_expert,
+            "p_put_off": at_floor.softmax(-1)[:, tok.convert_tokens_to_ids("+")].mean().item() if fails else None}
 
 
-def solution_kinds_table(samples: dict[str, Path]) -> str:
-    """How each model's samples add the numbers (data.toy_solution_kind): the share that follows the expert's
-    order, another valid order (the diversity that SFT collapses), or makes a mistake."""
-    lines = ["| model | " + " | ".join(data.TOY_SOLUTION_KINDS) + " |",
-             "| --- |" + " --- |" * len(data.TOY_SOLUTION_KINDS)]
-    for name, path in samples.items():
-        rows = [json.loads(line) for line in path.read_text().splitlines()]
-        kinds = collections.Counter(data.toy_solution_kind(r["question"], r["response"]) for r in rows)
-        shares = (f"{kinds[k] / len(rows):.1%}" if rows else "–" for k in data.TOY_SOLUTION_KINDS)
-        lines.append(f"| {name} | " + " | ".join(shares) + " |")
-    return "\n".join(lines) + "\n"
+# Samples whose reasoning is a "mistake" but whose boxed answer the grader scores right: the reward sees only the
+# answer (no process reward), so RL could learn to break the rule and still be paid.
+MISTAKE_GRADED_RIGHT = "mistake, graded right"
+
+
+def kind_shares(samples_file: Path) -> dict:
+    """{question kind: {FLOOR_KINDS entry: share of that kind's samples}} (toy.floor_solution_kind), plus the share
+    of MISTAKE_GRADED_RIGHT (part of the mistakes)."""
+    counts = collections.defaultdict(collections.Counter)
+    for line in samples_file.read_text().splitlines():
+        r = json.loads(line)
+        kind = toy.floor_solution_kind(r["question"], r["response"])
+        counts[r["data_source"]][kind] += 1
+        counts[r["data_source"]][MISTAKE_GRADED_RIGHT] += kind == "mistake" and r["score"] == 1.0
+    return {source: {k: c[k] / sum(c[k] for k in toy.FLOOR_KINDS) for k in (*toy.FLOOR_KINDS, MISTAKE_GRADED_RIGHT)}
+            for source, c in counts.items()}
+
+
+def model_metrics(result: dict, samples_file: Path, branching: dict) -> dict:
+    bench = result["benchmarks"]
+    return {"avg": result["summary"]["avg"],  # the mean over the two kinds = over questions (equal counts)
+            **{f"avg_{kind}": bench[kind]["avg"] for kind in bench},
+            **{f"pass_at_k_{kind}": bench[kind]["pass_at_k"] for kind in bench},
+            "expert_token_entropy_top20": (result.get("expert_entropy") or {}).get("top20"),
+            "branching": branching, "kinds": kind_shares(samples_file)}
+
+
+def sft_metrics(run_dir: Path, base: Path, rows: list[dict]) -> dict:
+    """Over one SFT run: the branching token's statistics at the base and at every saved checkpoint, the top-20%
+    expert-token entropy and cross-entropy from its log, and for CurioSFT its mean w_t where it acts."""
+    log = [r for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines()) if "ce" in r]
+    points = [(0, base)] + [(json.loads((c / "state.json").read_text())["step"], c)
+                            for c in checkpoints.complete(run_dir)]
+    out = {"steps": [s for s, _ in points], "branching": [branching_stats(c, rows) for _, c in points],
+           "log_steps": [r["step"] for r in log], "top20": [r.get("student_entropy_top20") for r in log],
+           "ce_end": log[-1]["ce"]}
+    if "w_top20" in log[0]:
+        out["w_top20"], out["w_bottom80"] = (sum(r[k] for r in log) / len(log) for k in ("w_top20", "w_bottom80"))
+    return out
+
+
+def grpo_metrics(run_dir: Path) -> dict:
+    """From rl.py's log: the share of groups with mixed rewards (1 - zero_var_frac: the only ones with a gradient)
+    over the run and in its first and last quarter, and the mean reward in those quarters."""
+    log = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    q = max(1, len(log) // 4)
+
+    def mean(rows, key):
+        return sum(r[key] for r in rows) / len(rows)
+
+    return {"mixed": 1 - mean(log, "zero_var_frac"), "mixed_first": 1 - mean(log[:q], "zero_var_frac"),
+            "mixed_last": 1 - mean(log[-q:], "zero_var_frac"), "reward_first": mean(log[:q], "reward_mean"),
+            "reward_last": mean(log[-q:], "reward_mean")}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# One seed, every stage
+# ---------------------------------------------------------------------------------------------------------
+def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
+    """Every stage for one seed into `out`; returns (and writes to out/metrics.json) what the tables show."""
+    world, runs, evals, logs = out / "world", out / "runs", out / "eval", out / "logs"
+    # Finished stages are reused, so an --out must not mix seeds (nor hold a run from before seeds were recorded).
+    seed_file = out / "seed"
+    if seed_file.exists() or world.exists():
+        recorded = seed_file.read_text().strip() if seed_file.exists() else None
+        if recorded != str(seed):
+            held = f"--seed {recorded}" if recorded else "an unrecorded --seed"
+            raise SystemExit(f"{out} holds a run with {held}: use another --out")
+    out.mkdir(parents=True, exist_ok=True)
+    seed_file.write_text(f"{seed}\n")
+    seed_flag, seconds = ["--seed", str(seed)], {}
+
+    print(f"\n== 1. the toy world (seed {seed}): data, tokenizer, model config", flush=True)
+    if not (world / "model" / "config.json").exists():
+        seconds["data"] = run([PY, "toy.py", "--out", world, *seed_flag, *size["data"]], logs / "data.log", name="data")
+        make_model_dir(world, size["model"])
+    pretrain_file, expert_file = world / "train_pretrain.jsonl", world / "train_expert.jsonl"
+    rl_file, test_file = world / "train_rl.jsonl", world / "test.jsonl"
+    test_rows = [json.loads(line) for line in test_file.read_text().splitlines()]
+
+    def sft(name: str, model: Path, train_file: Path, loss: str, extra: list, threads: int = THREADS) -> Path:
+        if checkpoints.latest(runs / name) is None:
+            n_rows = len(train_file.read_text().splitlines())
+            steps = flag(extra, "--epochs", 1) * (n_rows // flag(extra, "--global_batch", 8))
+            seconds[name] = run([PY, "sft.py", "config/sft_tiny.py", "--model", model, "--train_file", train_file,
+                                 "--loss", loss, "--out_dir", runs / name, "--system_prompt", "row", *seed_flag,
+                                 *extra], logs / f"{name}.log", steps, name, threads=threads)
+        return checkpoints.latest(runs / name)
+
+    print("\n== 2. pre-train the base model from scratch on every order", flush=True)
+    ckpts = {"base": sft("base", world / "model", pretrain_file, "sft", ["--scratch", *size["pretrain"]], BASE_THREADS)}
+
+    def evaluate(name: str) -> None:
+        if not (evals / name / "results.json").exists():
+            seconds[f"eval {name}"] = run(
+                [PY, "evaluate.py", "--model", ckpts[name], "--data", test_file, "--out", evals / name, "--name", name,
+                 "--engine", "hf", "--sft_data", expert_file, "--grader_workers", "1", "--system_prompt", "row",
+                 *seed_flag, *size["eval"]], logs / f"eval_{name}.log", name=f"eval {name}")
+
+    def branch(loss: str) -> None:
+        """SFT with `loss` from the base, GRPO from that, and the evaluation of both."""
+        ckpts[loss] = sft(loss, ckpts["base"], expert_file, loss, size["sft"])
+        evaluate(loss)
+        name = f"{loss}+grpo"
+        if checkpoints.latest(runs / name) is None:
+            seconds[name] = run([PY, "rl.py", "config/rl_tiny.py", "--model", ckpts[loss], "--train_file", rl_file,
+                                 "--out_dir", runs / name, "--save_every", "0", "--grader_workers", "1",
+                                 "--system_prompt", "row", *seed_flag, *size["rl"]],
+                                logs / f"{name}.log", flag(size["rl"], "--steps", 20), name)
+        ckpts[name] = checkpoints.latest(runs / name)
+        evaluate(name)
+
+    print(f"\n== 3-5. from the base, {jobs} at a time: SFT on the expert's rows (always the question's order) "
+          "with cross-entropy, CurioSFT and the entropy loss; GRPO from each; avg@n and pass@k before and after GRPO, "
+          "where the expert's order works and where it is a dead end", flush=True)
+    # The branches share nothing but the base, so they run side by side, one thread each: on 2 cores the demo
+    # keeps both busy to the end instead of running one stage at a time, and each stage's result does not depend
+    # on what runs beside it.
+    t0, ran_before = time.time(), len(seconds)
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        futures = [pool.submit(evaluate, "base")] + [pool.submit(branch, loss) for loss in SFT_LOSSES]
+        for future in futures:
+            future.result()  # a failed stage raises here
+    if len(seconds) > ran_before:  # something ran: the wall-clock time of stages 3-5, side by side
+        seconds["stages 3-5"] = time.time() - t0
+    ckpts = {name: ckpts[name] for name in ["base", *SFT_LOSSES, *(f"{loss}+grpo" for loss in SFT_LOSSES)]}
+
+    print("\n== 6. tables and plots", flush=True)
+    timings = json.loads((out / "seconds.json").read_text()) if (out / "seconds.json").exists() else {}
+    timings |= seconds  # stages skipped this time keep the time of the run that did them
+    (out / "seconds.json").write_text(json.dumps(timings, indent=1))
+    metrics = {
+        "seeds": [seed], "seconds": timings,
+        "models": {name: model_metrics(json.loads((evals / name / "results.json").read_text()),
+                                       evals / name / "samples.jsonl", branching_stats(ckpt, test_rows))
+                   for name, ckpt in ckpts.items()},
+        "sft": {loss: sft_metrics(runs / loss, ckpts["base"], test_rows) for loss in SFT_LOSSES},
+        "grpo": {f"{loss}+grpo": grpo_metrics(runs / f"{loss}+grpo") for loss in SFT_LOSSES},
+    }
+    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    return metrics
+
+
+# ---------------------------------------------------------------------------------------------------------
+# Tables and plots, for one seed or the mean and spread over several
+# ---------------------------------------------------------------------------------------------------------
+def over_seeds(metrics: list[dict], get) -> list[float]:
+    """get(m) for every seed's metrics, the seeds where it is None left out."""
+    return [v for v in map(get, metrics) if v is not None]
+
+
+def cell(values: list[float], fmt: str = "{:.1%}") -> str:
+    """One value as it is; several as "mean (min-max)"; none as "-"."""
+    if not values:
+        return "–"
+    if len(values) == 1:
+        return fmt.format(values[0])
+    return f"{fmt.format(sum(values) / len(values))} ({fmt.format(min(values))}–{fmt.format(max(values))})"
+
+
+def tables(metrics: list[dict]) -> str:
+    """The summary: accuracy (paper Table 3's shape), the branching tokens, the orders the samples took, SFT and
+    GRPO over training. One value per cell for one seed; mean (min-max) over several."""
+    names = list(metrics[0]["models"])
+    works, fails = toy.EXPERT_WORKS, toy.EXPERT_FAILS
+
+    def col(name, get, fmt="{:.1%}"):
+        return cell(over_seeds(metrics, lambda m: get(m["models"][name])), fmt)
+
+    k_max = max(int(k) for k in metrics[0]["models"]["base"][f"pass_at_k_{fails}"])
+    out = [f"Seeds: {', '.join(str(m['seeds'][0]) for m in metrics)}. Test questions: half where the expert's order "
+           "(the question's) works, half where it is a dead end.", "",
+           f"| model | avg@n | avg@n, expert's order works | avg@n, expert's order fails "
+           f"| pass@{k_max}, expert's order fails | first-number entropy (nats) | P(expert's first number) "
+           "| P(negative put off), expert's fails |",
+           "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for name in names:
+        out.append(f"| {name} | {col(name, lambda r: r['avg'])} | {col(name, lambda r: r[f'avg_{works}'])} "
+                   f"| {col(name, lambda r: r[f'avg_{fails}'])} "
+                   f"| {col(name, lambda r: r[f'pass_at_k_{fails}'][str(k_max)])} "
+                   f"| {col(name, lambda r: r['branching']['entropy'], '{:.3f}')} "
+                   f"| {col(name, lambda r: r['branching']['p_expert'])} "
+                   f"| {col(name, lambda r: r['branching']['p_put_off'])} |")
+    for source, title in ((fails, "where the expert's order is a dead end"), (works, "where the expert's order works")):
+        out += ["", f"Samples by the order they took and how they ended (`toy.floor_solution_kind`), on the "
+                    f"questions {title}:", "",
+                "| model | " + " | ".join(toy.FLOOR_KINDS) + f" | {MISTAKE_GRADED_RIGHT} |",
+                "| --- |" + " --- |" * (len(toy.FLOOR_KINDS) + 1)]
+        for name in names:
+            out.append(f"| {name} | " + " | ".join(col(name, lambda r: r["kinds"][source][k])
+                                                for k in (*toy.FLOOR_KINDS, MISTAKE_GRADED_RIGHT))
+                       + " |")
+    steps = " / ".join(map(str, metrics[0]["sft"][SFT_LOSSES[0]]["steps"]))
+    out += ["", f"| SFT run | first-number entropy (nats) at steps {steps} | P(expert's first number), same steps "
+                "| P(negative put off), expert's fails, same steps | top-20% expert-token entropy at the end "
+                "| cross-entropy at the end | w_t at top-20% / bottom-80% teacher-entropy tokens |",
+            "| --- | --- | --- | --- | --- | --- | --- |"]
+    for loss in metrics[0]["sft"]:
+        def points(key):
+            n = len(metrics[0]["sft"][loss]["branching"])
+            return " / ".join(cell(over_seeds(metrics, lambda m: m["sft"][loss]["branching"][i][key]),
+                                   "{:.2f}" if key == "entropy" else "{:.0%}") for i in range(n))
+        sft = [m["sft"][loss] for m in metrics]
+        w = (f"{cell([s['w_top20'] for s in sft], '{:.3f}')} / {cell([s['w_bottom80'] for s in sft], '{:.3f}')}"
+             if "w_top20" in sft[0] else "–")
+        out.append(f"| {loss} | {points('entropy')} | {points('p_expert')} | {points('p_put_off')} "
+                   f"| {cell([s['top20'][-1] for s in sft], '{:.3f}')} | {cell([s['ce_end'] for s in sft], '{:.4f}')} "
+                   f"| {w} |")
+    stages = list(metrics[0]["seconds"])
+    out += ["", "Seconds per stage (stages 3-5 ran side by side, so each took longer than alone): " + ", ".join(
+        f"{stage} {cell(over_seeds(metrics, lambda m: m['seconds'].get(stage)), '{:.0f}')}" for stage in stages) + "."]
+    out += ["", "| GRPO run | mixed-reward groups (all steps) | first quarter | last quarter | reward, first quarter "
+                "| reward, last quarter |", "| --- | --- | --- | --- | --- | --- |"]
+    for name in metrics[0]["grpo"]:
+        g = [m["grpo"][name] for m in metrics]
+        out.append(f"| {name} | " + " | ".join(cell([x[k] for x in g]) for k in
+                                                ("mixed", "mixed_first", "mixed_last", "reward_first", "reward_last"))
+                   + " |")
+    return "\n".join(out) + "\n"
+
+
+def plots(metrics: list[dict], out: Path) -> list[Path]:
+    """The paper's figures for the demo: accuracy before and after RL for each SFT method (y-range zoomed on the
+    values), pass@k, the branching tokens during SFT, and the orders the samples took. Bars and points
+    are means over seeds, the error bars the min-max spread."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    out.mkdir(parents=True, exist_ok=True)
+    names = list(metrics[0]["models"])
+    works, fails = toy.EXPERT_WORKS, toy.EXPERT_FAILS
+
+    def spread(get):
+        v = over_seeds(metrics, get)
+        mean = sum(v) / len(v)
+        return mean, (mean - min(v), max(v) - mean)
+
+    written = []
+    fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+    for ax, key, title in ((axes[0], "avg", "all test questions"), (axes[1], f"avg_{fails}",
+                                                                     "where the expert's order is a dead end")):
+        lows, highs = [], []
+        for i, loss in enumerate(SFT_LOSSES):
+            for dx, name, color in ((-0.2, loss, "tab:gray"), (0.2, f"{loss}+grpo", "tab:blue")):
+                mean, err = spread(lambda m: 100 * m["models"][name][key])
+                ax.bar(i + dx, mean, width=0.4, color=color, yerr=[[err[0]], [err[1]]], capsize=3,
+                       label=("before GRPO" if dx < 0 else "after GRPO") if i == 0 else None)
+                ax.annotate(f"{mean:.1f}", (i + dx, mean + err[1]), ha="center", va="bottom", fontsize="small")
+                lows.append(mean - err[0])
+                highs.append(mean + err[1])
+        margin = max(2.0, 0.15 * (max(highs) - min(lows)))
+        ax.set_ylim(max(0.0, min(lows) - margin), min(100.0, max(highs) + 2 * margin))  # the differences, not 0-100
+        ax.set_xticks(range(len(SFT_LOSSES)), SFT_LOSSES)
+        ax.set(ylabel="avg@n (%)", title=title)
+    axes[0].legend(fontsize="small")
+    written.append(out / "accuracy_before_after_rl.png")
+
+    k_of = sorted(int(k) for k in metrics[0]["models"]["base"][f"pass_at_k_{fails}"])
+    fig2, axes2 = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
+    for ax, source in zip(axes2, (fails, works)):
+        for j, name in enumerate(names):
+            color = f"C{SFT_LOSSES.index(name.split('+')[0]) + 1 if name != 'base' else 0}"
+            ys = [spread(lambda m: 100 * m["models"][name][f"pass_at_k_{source}"][str(k)])[0] for k in k_of]
+            ax.plot(k_of, ys, marker="o", color=color, linestyle="--" if "+grpo" in name else "-", label=name)
+        ax.set_xscale("log", base=2)
+        ax.set(xlabel="k", ylabel="pass@k (%)", title=f"expert's order {'fails' if source == fails else 'works'}")
+    axes2[0].legend(fontsize="small")
+    written.append(out / "pass_at_k.png")
+
+    fig3, axes3 = plt.subplots(1, 3, figsize=(14, 3.8))
+    for i, loss in enumerate(SFT_LOSSES):
+        s0 = metrics[0]["sft"][loss]
+        for ax, key in ((axes3[0], "entropy"), (axes3[1], "p_expert"), (axes3[2], "p_put_off")):
+            pts = [spread(lambda m: m["sft"][loss]["branching"][p][key]) for p in range(len(s0["steps"]))]
+            ax.errorbar(s0["steps"], [p[0] for p in pts], yerr=[[p[1][0] for p in pts], [p[1][1] for p in pts]],
+                        marker="o", capsize=3, color=f"C{i + 1}", label=loss)
+    axes3[0].axhline(1.2, color="gray", linestyle=":", label="Eq. 7's pivot")
+    axes3[0].set(xlabel="SFT step", ylabel="nats", title="first-number entropy (test questions)")
+    axes3[1].set(xlabel="SFT step", ylabel="probability", title="P(expert's first number)")
+    axes3[2].set(xlabel="SFT step", ylabel="probability", title="P(negative put off), expert's order fails")
+    axes3[0].legend(fontsize="small")
+    written.append(out / "entropy_during_sft.png")
+
+    fig4, axes4 = plt.subplots(1, 2, figsize=(11, 3.8), sharey=True)
+    for ax, source in zip(axes4, (fails, works)):
+        bottom = [0.0] * len(names)
+        for j, kind in enumerate(toy.FLOOR_KINDS):
+            shares = [spread(lambda m: 100 * m["models"][name]["kinds"][source][kind])[0] for name in names]
+            ax.bar(range(len(names)), shares, bottom=bottom, color=f"C{j}", label=kind)
+            bottom = [b + s for b, s in zip(bottom, shares)]
+        ax.set_xticks(range(len(names)), names, rotation=30, fontsize="small")
+        ax.set(ylabel="% of samples", title=f"expert's order {'fails' if source == fails else 'works'}")
+    axes4[1].legend(fontsize="small", loc="center left", bbox_to_anchor=(1.0, 0.5))
+    written.append(out / "strategy_shares.png")
+
+    for f, path in zip((fig, fig2, fig3, fig4), written):
+        f.tight_layout()
+        f.savefig(path, dpi=110)
+        plt.close(f)
+    return written
+
+
+def report(metrics: list[dict], out: Path) -> None:
+    table = tables(metrics)
+    (out / "summary.md").write_text(table)
+    written = plots(metrics, out / "plots")
+    print(table + f"\nplots: {', '.join(str(p) for p in written)}", flush=True)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", choices=sorted(SIZES), default="full")
-    ap.add_argument("--out", default="out/demo", help="everything goes here: world/, runs/, eval/, logs/")
+    ap.add_argument("--out", default="out/demo", help="everything goes here: world/, runs/, eval/, logs/, plots/")
     ap.add_argument("--seed", type=int, default=0, help="of the data, the initial weights, the batches and sampling")
+    ap.add_argument("--seeds", type=int, nargs="+", help="run these seeds one after another, each into OUT/seed_S, "
+                                                         "then tabulate the mean and the min-max spread")
+    ap.add_argument("--jobs", type=int, default=4, help="stages 3-5 run this many at a time (one thread each)")
     a = ap.parse_args()
-    size, out, seed = SIZES[a.size], Path(a.out).resolve(), ["--seed", str(a.seed)]
-    world, runs, evals, logs = out / "world", out / "runs", out / "eval", out / "logs"
-    t_start = time.time()
-    # Finished stages are reused, so an --out must not mix seeds (nor hold a run from before seeds were recorded).
-    seed_file = out / "seed"
-    if seed_file.exists() or world.exists():
-        recorded = seed_file.read_text().strip() if seed_file.exists() else None
-        if recorded != str(a.seed):
-            held = f"--seed {recorded}" if recorded else "an unrecorded --seed"
-            raise SystemExit(f"{out} holds a run with {held}: use another --out")
-    out.mkdir(parents=True, exist_ok=True)
-    seed_file.write_text(f"{a.seed}\n")
-
-    print("\n== 1. the toy world: data, tokenizer, model config")
-    if not (world / "model" / "config.json").exists():
-        run([PY, "data.py", "toy", "--out", world, *seed, *size["data"]], logs / "data.log")
-        make_model_dir(world, size["model"])
-    diverse, canonical, test = world / "train_diverse.jsonl", world / "train_canonical.jsonl", world / "test.jsonl"
-
-    def sft(name: str, model: Path, train_file: Path, loss: str, extra: list) -> Path:
-        if checkpoints.latest(runs / name) is None:
-            run([PY, "sft.py", "config/sft_tiny.py", "--model", model, "--train_file", train_file, "--loss", loss,
-                 "--out_dir", runs / name, "--system_prompt", "row", *seed, *extra], logs / f"{name}.log")
-        return last_checkpoint(runs / name)
-
-    print("\n== 2. pre-train the base model from scratch on diverse solutions")
-    base = sft("base", world / "model", diverse, "sft", ["--scratch", *size["pretrain"]])
-
-    print("\n== 3. SFT on the canonical expert style: cross-entropy, CurioSFT, entropy loss")
-    models = {"base": base}
-    for loss in SFT_LOSSES:
-        models[loss] = sft(loss, base, canonical, loss, size["sft"])
-
-    def evaluate(name: str, ckpt: Path) -> dict:
-        result = evals / name / "results.json"
-        if not result.exists():
-            run([PY, "evaluate.py", "--model", ckpt, "--data", test, "--out", evals / name, "--name", name,
-                 "--engine", "hf", "--sft_data", canonical, "--grader_workers", "1", "--system_prompt", "row",
-                 *seed, *size["eval"]],
-                logs / f"eval_{name}.log")
-        return json.loads(result.read_text())
-
-    print("\n== 4. evaluate: accuracy, pass@k, entropy")
-    results = {name: evaluate(name, ckpt) for name, ckpt in models.items()}
-
-    print("\n== 5. GRPO from the SFT and the CurioSFT checkpoints, then evaluate")
-    for loss in RL_FROM:
-        name = f"{loss}+grpo"
-        if checkpoints.latest(runs / name) is None:
-            run([PY, "rl.py", "config/rl_tiny.py", "--model", models[loss], "--train_file", canonical,
-                 "--out_dir", runs / name, "--save_every", "0", "--grader_workers", "1", "--system_prompt", "row",
-                 *seed, *size["rl"]],
-                logs / f"{name}.log")
-        results[name] = evaluate(name, last_checkpoint(runs / name))
-
-    print("\n== 6. plots and summary")
-    sft_logs = {loss: runs / loss / "log.jsonl" for loss in SFT_LOSSES}
-    run([PY, "evaluate.py", "plot", "--results", *(evals / name / "results.json" for name in results),
-         "--logs", *sft_logs.values(), "--log_keys", "student_entropy_top20", "student_entropy_bottom80", "ce",
-         "--out", out / "plots"], logs / "plot.log")
-    table = (summary_table(results) + "\n" + solution_kinds_table({name: evals / name / "samples.jsonl" for name in results})
-             + "\n" + sft_curve_table(sft_logs))
-    (out / "summary.md").write_text(table)
-    print(table + f"\n{a.size} demo: {time.time() - t_start:.0f}s; plots in {out / 'plots'}")
+    t0, out = time.time(), Path(a.out).resolve()
+    if a.seeds:
+        metrics = [run_seed(SIZES[a.size], out / f"seed_{s}", s, a.jobs) for s in a.seeds]
+    else:
+        metrics = [run_seed(SIZES[a.size], out, a.seed, a.jobs)]
+    report(metrics, out)
+    print(f"{a.size} demo: {time.time() - t0:.0f}s", flush=True)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ whatever the targets say, and 1 when a part crashed (its log is in OUT/logs/).
    memory planner's prediction, and the CurioSFT / SFT step-time ratios.
 2. The teacher side of the loss (curio_loss.teacher_log_prob) against one logsumexp pass over the same logits,
    4096 x 151936, bf16 on CUDA.
-3. evaluate.py and rl.py (HF engine, bf16) on the toy task (data.py toy) with a small random model: they run, and how
+3. evaluate.py and rl.py (HF engine, bf16) on the demo's toy task (toy.py) with a small random model: they run, and how
    long they take. Both import math-verify, which the GPU image lacks: bench/gpu_check.sh installs it from .whl/.
 4. A summary table of every figure with PASS/MISS per target: printed, and written to OUT/summary.md and summary.json.
 """
@@ -37,7 +37,7 @@ TARGETS = {"mfu": 0.40, "curio": 1.25, "curio_self_teacher": 1.05, "planner": 0.
 # The toy part's sizes: enough work on a GPU to time, seconds on a CPU.
 TOY = {
     "smoke": dict(
-        data=["--n_pretrain", "8", "--n_sft", "16", "--n_test", "4", "--vocab_labels", "50", "--vocab_size", "512"],
+        data=["--n_pretrain", "8", "--n_sft", "16", "--n_rl", "8", "--n_test", "4", "--vocab_labels", "50", "--vocab_size", "512"],
         model=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                    intermediate_size=128),
         eval=["--n", "2", "--limit", "4", "--max_new_tokens", "16", "--batch_size", "4", "--grader_workers", "1"],
@@ -45,7 +45,7 @@ TOY = {
             "--max_response_len", "16", "--gen_batch_size", "2", "--grader_workers", "1"],
     ),
     "gpu": dict(
-        data=["--n_pretrain", "8", "--n_sft", "256", "--n_test", "64"],
+        data=["--n_pretrain", "8", "--n_sft", "16", "--n_rl", "256", "--n_test", "64"],
         model=dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=768),
         eval=["--n", "4", "--limit", "64", "--max_new_tokens", "256", "--batch_size", "64", "--grader_workers", "4"],
@@ -215,7 +215,7 @@ def toy_stages(size: dict, out: Path, summary: Summary):
         summary.fail("rl.py", RL_FIGURES, "skipped", note)
         return
     world, logs = out / "toy", out / "logs"
-    if stage([PY, "data.py", "toy", "--out", world, *size["data"]], logs / "toy_data.log", summary, "evaluate.py",
+    if stage([PY, "toy.py", "--out", world, *size["data"]], logs / "toy_data.log", summary, "evaluate.py",
              EVAL_FIGURES) is None:
         summary.fail("rl.py", RL_FIGURES, "skipped", "the toy data could not be built")
         return
@@ -234,7 +234,7 @@ def toy_stages(size: dict, out: Path, summary: Summary):
                     note="over the wall time")
 
     wall = stage([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "rl.py",
-                  "config/rl_tiny.py", "--model", model_dir, "--train_file", world / "train_canonical.jsonl",
+                  "config/rl_tiny.py", "--model", model_dir, "--train_file", world / "train_rl.jsonl",
                   "--out_dir", out / "rl", "--engine", "hf", "--bf16", "--system_prompt", "row", *size["rl"]],
                  logs / "rl.log", summary, "rl.py", RL_FIGURES)
     if wall is not None:

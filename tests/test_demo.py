@@ -1,83 +1,31 @@
-"""The CPU demo end to end (demo.py --size ci), and the toy task it is built on."""
+"""The CPU demo end to end (demo.py --size ci), and its progress lines and table cells."""
 import json
-import re
+import math
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
 import data
-import evaluate
+import demo
+import toy
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_toy_task_schema_styles_and_grading(tmp_path):
-    diverse = data.make_toy_task(64, seed=3, style="diverse")
-    canonical = data.make_toy_task(64, seed=3, style="canonical")
-    # Same questions and answers in both styles; only the order of the additions differs.
-    assert [r["prompt"] for r in diverse] == [r["prompt"] for r in canonical]
-    assert [r["reward_model"] for r in diverse] == [r["reward_model"] for r in canonical]
-    assert any(d["target"] != c["target"] for d, c in zip(diverse, canonical))
-    assert data.make_toy_task(8, seed=3) == data.make_toy_task(8, seed=3)  # deterministic
-
-    def added(text):  # the operands in the order the response adds them
-        lines = data.toy_additions(text)
-        return [lines[0][0]] + [b for _, b, _ in lines]
-
-    for d, c in zip(diverse, canonical):
-        operands = [int(v) for v in re.findall(r"\d+", c["prompt"][1]["content"])]
-        assert 3 <= len(operands) == len(set(operands)) <= 4 and all(1 <= v <= 9 for v in operands)
-        assert added(c["target"][0]["content"]) == operands  # canonical: the question's order
-        assert sorted(added(d["target"][0]["content"])) == sorted(operands)  # diverse: a permutation of it
-        # Every line's sum is right, and the boxed answer is the total.
-        for a, b, total in data.toy_additions(d["target"][0]["content"]):
-            assert a + b == total
-        assert d["reward_model"]["ground_truth"] == str(sum(operands))
-    assert len({tuple(added(d["target"][0]["content"])) for d in diverse}) > 32  # many orders, not one
-    # toy_solution_kind tells the expert's order from another valid one, and each kind of mistake
-    for d, c in zip(diverse, canonical):
-        question, expert, other = c["prompt"][1]["content"], c["target"][0]["content"], d["target"][0]["content"]
-        assert data.toy_solution_kind(question, expert) == "expert order"
-        assert data.toy_solution_kind(question, other) == ("expert order" if other == expert else "other order")
-    q = "What is the total of 2, 9, 3?"
-    for response, kind in [("9 + 3 = 12\n12 + 2 = 14\n</think>\n\\boxed{14}", "other order"),
-                           ("2 + 9 = 11\n11 + 2 = 13\n</think>", "wrong operand"),   # 2 twice, 3 never
-                           ("2 + 6 = 8\n8 + 3 = 11\n</think>", "wrong operand"),     # 6 is not in the question
-                           ("2 + 9 = 12\n12 + 3 = 15\n</think>", "wrong sum"),
-                           ("2 + 9 = 12\n11 + 3 = 14\n</think>", "wrong sum"),       # not "malformed"
-                           ("2 + 9 = 11\n11 + 3 = 14\n14 + 7 =\n</think>", "malformed"),  # a line of another form
-                           ("2 + 9 = 11\n11 + 3 = 14 + 1\n</think>", "malformed"),  # a whole line, not a prefix
-                           ("2 + 9 = 11\n</think>\n11 + 3 = 14\n</think>", "malformed"),  # up to the last </think>
-                           ("2 + 9 = 11\n12 + 3 = 15\n</think>", "malformed"),       # does not go on from 11
-                           ("2 + 9 = 11\n11 + 3 = 14", "malformed"),                  # no </think>
-                           ("</think>\\boxed{14}", "malformed")]:
-        assert data.toy_solution_kind(q, response) == kind, response
-    # Rows round-trip through load_examples, and the expert response grades correct (math-verify).
-    examples = data.load_examples(data.write_jsonl(diverse + canonical, tmp_path / "toy.jsonl"), require_response=True)
-    assert all(ex.response.rstrip().endswith(f"\\boxed{{{ex.ground_truth}}}.") for ex in examples)
-    assert all("</think>" in ex.response and ex.system == data.TOY_SYSTEM for ex in examples)
-    responses, truths = [ex.response for ex in examples[:16]], [ex.ground_truth for ex in examples[:16]]
-    wrong = [r.replace(f"{{{t}}}", f"{{{int(t) + 1}}}") for r, t in zip(responses, truths)]
-    scores, failures = evaluate.grade(responses + wrong, truths + truths, ["math"] * 32, workers=1)
-    assert scores == [1.0] * 16 + [0.0] * 16 and failures == 0
-    with pytest.raises(ValueError, match="style"):
-        data.make_toy_task(1, seed=0, style="other")
-    with pytest.raises(ValueError, match="distinct"):
-        data.make_toy_task(1, seed=0, k=(3, 4), max_operand=3)
+def test_progress_text_shows_the_step_and_an_eta():
+    line = "step 10 epoch 0 loss 0.3125 grad_norm 1.2 lr 0.001 ce 0.31 reward_mean 0.25 zero_var_frac 0.5"
+    assert demo.progress_text(line, 40, 20.0) == "step 10/40, loss 0.3125, reward_mean 0.25, zero_var_frac 0.5, ETA 60s"
+    assert demo.progress_text(line, None, 20.0) == line[:110]  # no step count known: the line as it is
+    tqdm = "generating (hf):  50%|#####     | 2/4 [00:03<00:03,  1.50s/it]"
+    assert demo.progress_text(tqdm, 40, 5.0) == tqdm  # tqdm's own ETA
 
 
-def test_toy_tokenizer_has_a_vocabulary_tail():
-    rows = data.make_toy_task(100, seed=0, style="diverse")
-    tok = data.build_toy_tokenizer(data.toy_tokenizer_texts(rows, n_labels=1000), vocab_size=2048)
-    # (almost) every pseudo-word is one token: a vocabulary far beyond the digits and words the task uses
-    assert len(tok) > 1000 and sum(len(tok.tokenize(" " + w)) == 1 for w in data.TOY_LABELS[:1000]) >= 990
-    assert tok.tokenize("<think>\n")[0] == "<think>"
-    # With the row's one-line system prompt a toy prompt is under a third of its Table 7 length: the demo's speed.
-    ex = data.Example("What is the total of 7, 1, 3?", "11", None, "toy", 0, data.TOY_SYSTEM)
-    row, paper = (len(tok.encode(data.example_prompt(ex, tok, p))) for p in ("row", "paper"))
-    assert 3 * row < paper
+def test_cells_show_one_seed_as_is_and_several_as_mean_and_spread():
+    assert demo.cell([0.5]) == "50.0%"
+    assert demo.cell([0.25, 0.5, 0.75]) == "50.0% (25.0%–75.0%)"
+    assert demo.cell([1.0, 2.0], "{:.2f}") == "1.50 (1.00–2.00)"
+    assert demo.cell([]) == "–"
+    assert demo.over_seeds([{"x": 1}, {"x": None}, {"x": 3}], lambda m: m["x"]) == [1, 3]
 
 
 def test_demo_ci_runs_every_stage(tmp_path):
@@ -85,45 +33,97 @@ def test_demo_ci_runs_every_stage(tmp_path):
 
     out = tmp_path / "demo"
     proc = subprocess.run([sys.executable, "demo.py", "--size", "ci", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    for name in ("train_diverse", "train_canonical", "test"):
-        assert data.load_examples(out / "world" / f"{name}.jsonl")
-    assert (out / "world" / "model" / "config.json").exists()
-    names = ["base", "sft", "curio", "entropy", "sft+grpo", "curio+grpo"]
+    world = out / "world"
+    for name in ("train_pretrain", "train_expert", "train_rl", "test"):
+        assert data.load_examples(world / f"{name}.jsonl")
+    test_sources = [json.loads(line)["data_source"] for line in (world / "test.jsonl").read_text().splitlines()]
+    assert test_sources.count(toy.EXPERT_FAILS) == test_sources.count(toy.EXPERT_WORKS) == 4  # --expert_fails 0.5
+    assert (world / "model" / "config.json").exists()
+    names = ["base", "sft", "curio", "entropy", "sft+grpo", "curio+grpo", "entropy+grpo"]
     for name in names:
         ckpts = sorted((out / "runs" / name).glob("step_*"))
         assert ckpts, f"no checkpoint for {name}"
         model = AutoModelForCausalLM.from_pretrained(ckpts[-1])
         assert model.config.vocab_size == len(AutoTokenizer.from_pretrained(ckpts[-1]))
         result = json.loads((out / "eval" / name / "results.json").read_text())
-        assert result["summary"]["avg"] is not None and result["expert_entropy"]["tokens"] > 0
+        assert set(result["benchmarks"]) == {toy.EXPERT_FAILS, toy.EXPERT_WORKS}
     assert (out / "runs" / "curio" / "log.jsonl").read_text().count("w_mean") >= 1
-    assert "== 6. plots and summary" in proc.stdout and all(f"| {name} |" in proc.stdout for name in names)
+
+    metrics = json.loads((out / "metrics.json").read_text())
+    assert list(metrics["models"]) == names and metrics["seeds"] == [0]
+    vocab = len(AutoTokenizer.from_pretrained(world / "model"))
+    for m in metrics["models"].values():
+        assert 0 <= m["branching"]["entropy"] <= math.log(vocab) + 1e-4
+        assert 0 <= m["branching"]["p_expert"] <= 1 and 0 <= m["branching"]["p_put_off"] <= 1
+        for shares in m["kinds"].values():  # every sample has one kind; the mistakes graded right are some mistakes
+            assert list(shares) == [*toy.FLOOR_KINDS, demo.MISTAKE_GRADED_RIGHT]
+            assert math.isclose(sum(shares[k] for k in toy.FLOOR_KINDS), 1.0)
+            assert 0 <= shares[demo.MISTAKE_GRADED_RIGHT] <= shares["mistake"]
+    for loss in ("sft", "curio", "entropy"):  # the base, then a checkpoint every --save_every 2 of 4 batches
+        assert metrics["sft"][loss]["steps"] == [0, 2, 4] and len(metrics["sft"][loss]["branching"]) == 3
+    assert set(metrics["grpo"]) == {"sft+grpo", "curio+grpo", "entropy+grpo"}
+    assert {"data", "base", "curio", "eval base", "curio+grpo"} <= set(metrics["seconds"])
+
+    # branching_stats batches right-padded prompts: the same numbers as one prompt at a time. At the floor: after
+    # the expert's lines that come before its dead-end line, the probability of "+" (a positive number first).
+    import torch
+
+    rows = [json.loads(line) for line in (world / "test.jsonl").read_text().splitlines()]
+    ckpt = sorted((out / "runs" / "sft").glob("step_*"))[-1]
+    model, tok = AutoModelForCausalLM.from_pretrained(ckpt), AutoTokenizer.from_pretrained(ckpt)
+
+    def next_token_probs(text):
+        with torch.no_grad():
+            return model(torch.tensor([tok.encode(text)])).logits[0, -1].softmax(-1)
+
+    p_expert, p_put_off = [], []
+    for r in rows:
+        prompt, numbers = data.build_prompt(r["prompt"][1]["content"], tok, toy.FLOOR_SYSTEM), toy.parse_floor(
+            r["prompt"][1]["content"])
+        p_expert.append(next_token_probs(prompt)[tok.convert_tokens_to_ids(str(numbers[0]))].item())
+        expert = toy.floor_response(numbers)
+        if expert.endswith(toy.FLOOR_STUCK):
+            before = expert.removeprefix(data.THINK).partition(f"\n{min(numbers)}: stuck")[0]
+            p_put_off.append(next_token_probs(prompt + before + "\n")[tok.convert_tokens_to_ids("+")].item())
+    stats = demo.branching_stats(ckpt, rows)
+    assert math.isclose(stats["p_expert"], sum(p_expert) / len(p_expert), rel_tol=1e-4)
+    assert len(p_put_off) == 4 and math.isclose(stats["p_put_off"], sum(p_put_off) / len(p_put_off), rel_tol=1e-4)
+
     summary = (out / "summary.md").read_text()
-    assert "top-20% expert-token entropy at 0 / 25 / 50 / 75 / 100%" in summary
-    # CurioSFT's weight on CE at branching / factual tokens; plain CE has none
-    assert re.search(r"^\| curio \|.*\| -?\d+\.\d{3} / -?\d+\.\d{3} \|$", summary, re.M)
-    assert re.search(r"^\| sft \|.*\| – \|$", summary, re.M)
-    assert "| model | expert order | other order | wrong operand | wrong sum | malformed |" in summary
-    for plot in ("pass_at_k.png", "accuracy_vs_entropy_diversity.png", "over_training.png",
-                 "accuracy_before_after_rl.png"):
+    assert summary in proc.stdout and all(f"| {name} |" in summary for name in names)
+    assert "| model | " + " | ".join(toy.FLOOR_KINDS) + " | mistake, graded right |" in summary
+    assert "first-number entropy (nats) at steps 0 / 2 / 4 |" in summary
+    for stage in ("== 1.", "== 2.", "== 3-5.", "== 6."):
+        assert stage in proc.stdout
+    plots = ("accuracy_before_after_rl.png", "pass_at_k.png", "entropy_during_sft.png", "strategy_shares.png")
+    for plot in plots:
         assert (out / "plots" / plot).stat().st_size > 0
+    # --seeds: the same tables and plots over several seeds' metrics, as mean (min-max)
+    other = json.loads(json.dumps(metrics))
+    other["seeds"], other["models"]["curio"]["avg"] = [1], metrics["models"]["curio"]["avg"] + 0.5
+    table = demo.tables([metrics, other])
+    assert table.startswith("Seeds: 0, 1.")
+    assert f"| curio | {demo.cell([metrics['models']['curio']['avg'], other['models']['curio']['avg']])} |" in table
+    assert [p.name for p in demo.plots([metrics, other], tmp_path / "seeds")] == list(plots)
 
     # Finished stages are reused, so another seed into the same --out must stop, not mix two runs.
     proc = subprocess.run([sys.executable, "demo.py", "--size", "ci", "--out", str(out), "--seed", "1"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "holds a run with --seed 0" in proc.stderr
     (out / "seed").unlink()  # as in an --out written before seeds were recorded
     proc = subprocess.run([sys.executable, "demo.py", "--size", "ci", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "holds a run with an unrecorded --seed" in proc.stderr
 
 
 def test_a_running_stage_prints_its_progress(tmp_path, capsys):
     import demo
 
-    code = "import time; print('step 1 loss 0.5 eta 0:00:02', flush=True); time.sleep(1.5); print('step 2', flush=True)"
-    demo.run([sys.executable, "-c", code], tmp_path / "stage.log", every_s=0.5)
+    code = "import time; print('step 1 loss 0.5', flush=True); time.sleep(1.5); print('step 2 loss 0.4', flush=True)"
+    demo.run([sys.executable, "-c", code], tmp_path / "stage.log", steps=4, name="sft", every_s=0.5)
     out = capsys.readouterr().out
-    assert "step 1 loss 0.5 eta 0:00:02" in out and "done in" in out
+    assert "[sft]" in out and "step 2/4, loss 0.4, ETA" in out and "[sft] done in" in out
+    assert "step 1/4" not in out  # within every_s of the start: only in the log
+    assert "step 1 loss 0.5" in (tmp_path / "stage.log").read_text()

@@ -15,7 +15,8 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import common
 import evaluate as ev  # noqa: E402
-from data import Example, build_prompt, build_toy_tokenizer  # noqa: E402
+from data import Example, build_prompt  # noqa: E402
+from toy import build_toy_tokenizer  # noqa: E402
 
 
 # ---------------------------------------------------------------------------------------------------------

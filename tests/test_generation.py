@@ -8,7 +8,8 @@ import torch
 import transformers
 
 import evaluate as ev
-from data import build_prompt, build_toy_tokenizer
+from data import build_prompt
+from toy import build_toy_tokenizer
 from fake_vllm import install
 
 QUESTIONS = ["What is 2+3?", "Compute 7*6.", "What is 10-4?"]

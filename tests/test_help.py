@@ -17,7 +17,8 @@ CASES = {
               "--policy_loss {ppo_clip,custom_loss_rl}", "--engine {auto,hf,vllm}"],
     "evaluate.py": ["usage: evaluate.py [config/PRESET.py ...]", "--grading {paper,authors}"],
     "evaluate.py plot": ["usage: evaluate.py plot", "--results"],
-    "data.py": ["usage: python data.py {toy,download}", "download:"],
+    "data.py": ["usage: python data.py download"],
+    "toy.py": ["usage: toy.py", "--expert_fails"],
     "data.py download": ["usage: data.py download", "(default: data)"],
     "bench/memory.py": ["--model", "--stage"],
 }
