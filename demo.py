@@ -20,6 +20,7 @@ A stage whose output already exists is skipped, so an interrupted demo continues
 import argparse
 import collections
 import concurrent.futures
+import functools
 import json
 import os
 import re
@@ -154,6 +155,7 @@ def branching_stats(ckpt: Path, rows: list[dict]) -> dict:
     transformers.utils.logging.disable_progress_bar()  # one "Loading weights" bar per checkpoint: noise here
     tok = transformers.AutoTokenizer.from_pretrained(ckpt)
     model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+
     def next_token_logits(texts: list[str]) -> torch.Tensor:  # [len(texts), V], float32
         ids = [tok.encode(t) for t in texts]
         batch = torch.full((len(ids), max(map(len, ids))), tok.pad_token_id)
@@ -203,13 +205,14 @@ def model_metrics(result: dict, samples_file: Path, branching: dict) -> dict:
             "branching": branching, "kinds": kind_shares(samples_file)}
 
 
-def sft_metrics(run_dir: Path, base: Path, rows: list[dict]) -> dict:
-    """Over one SFT run: the branching token's statistics at the base and at every saved checkpoint, the top-20%
-    expert-token entropy and cross-entropy from its log, and for CurioSFT its mean w_t where it acts."""
+def sft_metrics(run_dir: Path, base: Path, branching) -> dict:
+    """Over one SFT run: branching(checkpoint), the branching tokens' statistics, at the base and at every saved
+    checkpoint; the top-20% expert-token entropy and cross-entropy from its log, and for CurioSFT its mean w_t where
+    it acts."""
     log = [r for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines()) if "ce" in r]
     points = [(0, base)] + [(json.loads((c / "state.json").read_text())["step"], c)
                             for c in checkpoints.complete(run_dir)]
-    out = {"steps": [s for s, _ in points], "branching": [branching_stats(c, rows) for _, c in points],
+    out = {"steps": [s for s, _ in points], "branching": [branching(c) for _, c in points],
            "log_steps": [r["step"] for r in log], "top20": [r.get("student_entropy_top20") for r in log],
            "ce_end": log[-1]["ce"]}
     if "w_top20" in log[0]:
@@ -307,12 +310,14 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
     timings = json.loads((out / "seconds.json").read_text()) if (out / "seconds.json").exists() else {}
     timings |= seconds  # stages skipped this time keep the time of the run that did them
     (out / "seconds.json").write_text(json.dumps(timings, indent=1))
+    # Once per checkpoint: the base starts every SFT curve, and each SFT run's last checkpoint is also a model.
+    branching = functools.cache(lambda ckpt: branching_stats(ckpt, test_rows))
     metrics = {
         "seeds": [seed], "seconds": timings,
         "models": {name: model_metrics(json.loads((evals / name / "results.json").read_text()),
-                                       evals / name / "samples.jsonl", branching_stats(ckpt, test_rows))
+                                       evals / name / "samples.jsonl", branching(ckpt))
                    for name, ckpt in ckpts.items()},
-        "sft": {loss: sft_metrics(runs / loss, ckpts["base"], test_rows) for loss in SFT_LOSSES},
+        "sft": {loss: sft_metrics(runs / loss, ckpts["base"], branching) for loss in SFT_LOSSES},
         "grpo": {f"{loss}+grpo": grpo_metrics(runs / f"{loss}+grpo") for loss in SFT_LOSSES},
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
