@@ -190,11 +190,11 @@ def make_floor_task(n: int, seed: int, style: str, expert_fails: float | None = 
         fail = not add_in_order(numbers)[1]
         if n_fails is not None and (fails == n_fails if fail else len(questions) - fails == n - n_fails):
             continue  # this kind is full
-        questions.append(numbers)
+        questions.append((numbers, fail))
         fails += fail
     rows = []
-    for numbers in questions:
-        rows.append({"data_source": EXPERT_WORKS if add_in_order(numbers)[1] else EXPERT_FAILS,
+    for numbers, fail in questions:
+        rows.append({"data_source": EXPERT_FAILS if fail else EXPERT_WORKS,
                      "prompt": [{"role": "system", "content": FLOOR_SYSTEM},
                                 {"role": "user", "content": floor_question(numbers)}],
                      "reward_model": {"ground_truth": str(sum(numbers)), "style": "rule"}})
