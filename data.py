@@ -1,11 +1,12 @@
-"""Text to tensors for CurioSFT: the training prompt (paper Table 7), loaders for the authors' parquet/JSONL
-schema, tokenisation with a response-only loss mask, length-grouped micro-batches, the hub download.
+"""Text to tensors for CurioSFT: the training prompt (paper Table 7), loaders for the authors'
+parquet/JSONL schema, tokenisation with a response-only loss mask, length-grouped micro-batches,
+and the download of the paper's data (python data.py download).
 
-Row schema (the authors' and LUFFY's files, e.g. OpenR1-Math-46K and the eval sets):
+Row schema (the authors' and LUFFY's files, e.g. OpenR1-Math-46K and the benchmarks):
     data_source: str
     prompt: [{role: system, content}, {role: user, content: <question>}]
     reward_model: {ground_truth: str, style: "rule"}
-    target: [{role: assistant, content: "<think>\\n..."}]   (training files only: the expert response)
+    target: [{role: assistant, content: "<think>\\n..."}]   (training files: the expert response)
 """
 import json
 from dataclasses import dataclass
@@ -14,60 +15,63 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Prompt (paper Table 7)
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 SYSTEM_PROMPT = (
-    "You are an exceptional mathematician. Your task is to solve mathematical questions through a systematic "
-    "and thorough reasoning process. This involves careful analysis, exploration of possible approaches, "
-    "verification of intermediate steps, critical reassessment, and iterative refinement of your reasoning "
-    "process.\n\n"
+    "You are an exceptional mathematician. Your task is to solve mathematical questions through a "
+    "systematic and thorough reasoning process. This involves careful analysis, exploration of "
+    "possible approaches, verification of intermediate steps, critical reassessment, and iterative "
+    "refinement of your reasoning process.\n\n"
     'Structure your response in two distinct sections: "Thought" and "Solution".\n'
     'In the "Thought" section, present your detailed reasoning process in the following format:\n'
     "<think>\n"
-    "{Your detailed reasoning, including brainstorming, logical deductions, verification, and refinement of ideas.}\n"
+    "{Your detailed reasoning, including brainstorming, logical deductions, verification, and "
+    "refinement of ideas.}\n"
     "</think>\n"
-    'This section must conclude with "</think>", and should reflect deep, reflective, and self-correcting '
-    "thinking process.\n"
-    'In the "Solution" section, following the "</think>", concisely draw the final, logical, and accurate '
-    "answer from your reasoning.\n\n"
+    'This section must conclude with "</think>", and should reflect deep, reflective, and '
+    "self-correcting thinking process.\n"
+    'In the "Solution" section, following the "</think>", concisely draw the final, logical, and '
+    "accurate answer from your reasoning.\n\n"
     "Please output your final answer within \\boxed{}."
 )
 USER_PREFIX = "Here is the question:"  # Table 7: no space before {question}
-THINK = "<think>\n"  # Table 7 opens the assistant turn with it, so the model only writes the reasoning onwards
+THINK = "<think>\n"  # Table 7 opens the assistant turn with it; the model writes from there
 
 
 def _chatml(messages: list[dict]) -> str:
-    """Qwen's ChatML, ending with an opened assistant turn (what add_generation_prompt=True gives)."""
+    """Qwen's ChatML, ending with an opened assistant turn (add_generation_prompt=True)."""
     turns = "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
     return turns + "<|im_start|>assistant\n"
 
 
 def chat_prompt(messages: list[dict], tokenizer=None) -> str:
-    """The tokenizer's chat template applied to `messages`, ending with an opened assistant turn (Qwen's ChatML
-    when the tokenizer has no template)."""
+    """The tokenizer's chat template applied to `messages`, ending with an opened assistant turn
+    (Qwen's ChatML when the tokenizer has no template)."""
     if tokenizer is not None and tokenizer.chat_template:
         return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
     return _chatml(messages)
 
 
 def build_prompt(question: str, tokenizer=None, system: str = SYSTEM_PROMPT) -> str:
-    """Table 7 prompt, ending with "<|im_start|>assistant\\n<think>\\n". A question that already starts with
-    Table 7's "Here is the question:" (a row that stores Table 7's user turn) is not prefixed twice."""
+    """Table 7 prompt, ending with "<|im_start|>assistant\\n<think>\\n". A question that already
+    starts with Table 7's "Here is the question:" (a row that stores Table 7's user turn) is not
+    prefixed twice."""
     user = USER_PREFIX + question.removeprefix(USER_PREFIX)
-    text = chat_prompt([{"role": "system", "content": system}, {"role": "user", "content": user}], tokenizer)
+    messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+    text = chat_prompt(messages, tokenizer)
     # Some templates (e.g. DeepSeek-R1 distills) already open the think block; never open it twice.
     return text if text.endswith(THINK) else text + THINK
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Loaders: .parquet, .jsonl, .json; a bad row is an error naming file, row and field, never skipped
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 @dataclass
 class Example:
     question: str  # content of the last user message in `prompt`
     ground_truth: str  # reward_model.ground_truth, numbers converted with str()
-    response: str | None  # target[0].content without its leading "<think>\n"; None when the file has no target
+    response: str | None  # target[0].content without its leading "<think>\n"; None: no target
     data_source: str
     row: int  # 0-based row in the file, for error messages and de-duplication
     system: str | None = None  # content of the row's system message, if it has one
@@ -78,37 +82,42 @@ SYSTEM_PROMPT_MODES = ("paper", "row", "messages")
 
 
 def example_prompt(ex: Example, tokenizer=None, system_prompt: str = "paper") -> str:
-    """The prompt of one example, by mode (SYSTEM_PROMPT_MODES):
+    """The prompt of one example, by mode (the stage scripts' --system_prompt):
     paper: Table 7 around the row's question (every stage's default; App. E uses it for SFT and RL).
-    row: Table 7 with the row's own system message (the toy demo's one-liner: ~3x shorter sequences on a CPU).
-    messages: the row's prompt messages exactly as stored, through the tokenizer's chat template, nothing added: what
-    the authors' code trains and evaluates on (train_dataset.py line 295, custom_loop.py lines 83-88). Whether the
-    assistant turn opens with "<think>" is then up to the template."""
+    row: Table 7 with the row's own system message (the toy demo's one-liner: 3x shorter sequences).
+    messages: the row's prompt messages exactly as stored, through the tokenizer's chat template,
+    nothing added: what the authors' code trains and evaluates on. Whether the assistant turn then
+    opens with "<think>" is up to the template."""
     if system_prompt == "paper":
         return build_prompt(ex.question, tokenizer)
     if system_prompt == "row":
         if ex.system is None:
-            raise ValueError(f"row {ex.row}: field 'prompt' has no system message, which system_prompt='row' needs")
+            raise ValueError(f"row {ex.row}: field 'prompt' has no system message, "
+                             f"which system_prompt='row' needs")
         return build_prompt(ex.question, tokenizer, ex.system)
     if system_prompt == "messages":
         for k, m in enumerate(ex.messages or [None]):
-            if not (isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)):
-                raise ValueError(f"row {ex.row}: field 'prompt[{k}]' is not a {{role, content}} message of strings, "
-                                 f"which system_prompt='messages' needs")
-        return chat_prompt([{"role": m["role"], "content": m["content"]} for m in ex.messages], tokenizer)
-    raise ValueError(f"system_prompt {system_prompt!r}: expected one of {', '.join(SYSTEM_PROMPT_MODES)}")
+            if not (isinstance(m, dict) and isinstance(m.get("role"), str)
+                    and isinstance(m.get("content"), str)):
+                raise ValueError(f"row {ex.row}: field 'prompt[{k}]' is not a {{role, content}} "
+                                 f"message of strings, which system_prompt='messages' needs")
+        messages = [{"role": m["role"], "content": m["content"]} for m in ex.messages]
+        return chat_prompt(messages, tokenizer)
+    modes = ", ".join(SYSTEM_PROMPT_MODES)
+    raise ValueError(f"system_prompt {system_prompt!r}: expected one of {modes}")
 
 
 def _read_rows(path: Path) -> list:
     if path.suffix == ".parquet":
-        return pq.read_table(path).to_pylist()  # plain dicts and lists, not numpy arrays as pandas gives
+        return pq.read_table(path).to_pylist()  # plain dicts and lists, not pandas' numpy arrays
     if path.suffix == ".jsonl":
         rows = []
         for i, line in enumerate(path.read_bytes().splitlines()):
             try:
                 rows.append(json.loads(line.decode("utf-8")))
             except UnicodeDecodeError as e:
-                raise ValueError(f"{path} row {i}: not UTF-8 (byte {e.start} of the line)") from None
+                raise ValueError(f"{path} row {i}: not UTF-8 (byte {e.start} of the line)") \
+                    from None
             except json.JSONDecodeError as e:
                 raise ValueError(f"{path} row {i}: invalid JSON ({e})") from None
         return rows
@@ -120,7 +129,7 @@ def _read_rows(path: Path) -> list:
         if not isinstance(rows, list):
             raise ValueError(f"{path}: expected a JSON list of rows, got {type(rows).__name__}")
         return rows
-    raise ValueError(f"{path}: unknown extension {path.suffix!r} (expected .parquet, .jsonl or .json)")
+    raise ValueError(f"{path}: unknown extension {path.suffix!r} (.parquet, .jsonl or .json)")
 
 
 def _parse_row(row, i: int, path: Path, require_response: bool) -> Example:
@@ -147,15 +156,19 @@ def _parse_row(row, i: int, path: Path, require_response: bool) -> Example:
     data_source = get(row, "data_source", "data_source", str)
 
     messages = get(row, "prompt", "prompt", list)
-    users = [k for k, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "user"]
+    roles = [m.get("role") if isinstance(m, dict) else None for m in messages]
+    users = [k for k, role in enumerate(roles) if role == "user"]
     if not users:
         raise bad("prompt", "has no user message")
     question = text(messages[users[-1]], "content", f"prompt[{users[-1]}].content")
-    systems = [k for k, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "system"]
-    system = text(messages[systems[0]], "content", f"prompt[{systems[0]}].content") if systems else None
+    systems = [k for k, role in enumerate(roles) if role == "system"]
+    system = None
+    if systems:
+        system = text(messages[systems[0]], "content", f"prompt[{systems[0]}].content")
 
     reward_model = get(row, "reward_model", "reward_model", dict)
-    ground_truth = str(get(reward_model, "ground_truth", "reward_model.ground_truth", (str, int, float)))
+    truth = get(reward_model, "ground_truth", "reward_model.ground_truth", (str, int, float))
+    ground_truth = str(truth)
     if not ground_truth.strip():
         raise bad("reward_model.ground_truth", "is empty")
 
@@ -172,8 +185,9 @@ def _parse_row(row, i: int, path: Path, require_response: bool) -> Example:
 
 def load_examples(path, require_response: bool = False) -> list[Example]:
     """Every row of a .parquet, .jsonl or .json (list of rows) file in the schema above.
-    Raises ValueError naming the file (and the row and field) for a missing file, an unknown extension,
-    an empty file or any bad row. require_response=True makes `target` mandatory (SFT files)."""
+    Raises ValueError naming the file (and the row and field) for a missing file, an unknown
+    extension, an empty file or any bad row. require_response=True makes `target` mandatory
+    (SFT files)."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: file not found")
@@ -183,18 +197,19 @@ def load_examples(path, require_response: bool = False) -> list[Example]:
     return [_parse_row(row, i, path, require_response) for i, row in enumerate(rows)]
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Tokenisation: prompt tokens are context, the response and its EOS are targets
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def _eos_id(tokenizer) -> int:
     if tokenizer.eos_token_id is None:
         raise ValueError("tokenizer has no eos_token_id: the expert response must end with EOS")
     return tokenizer.eos_token_id
 
 
-def _join(prompt_ids: list[int], response_ids: list[int], eos_id: int) -> tuple[list[int], list[int]]:
-    # Unlike verl's SFT dataset (off by one: it trains the last prompt token and not EOS), the mask is 1 on
-    # exactly the response tokens and EOS, so the model learns to stop.
+def _join(prompt_ids: list[int], response_ids: list[int], eos_id: int):
+    """(input_ids, loss_mask). The mask is 1 on exactly the response tokens and EOS, so the model
+    learns to stop. (The SFT dataset of verl, the framework the authors' code forks, is off by one
+    here: it trains the last prompt token and not EOS.)"""
     input_ids = prompt_ids + response_ids + [eos_id]
     loss_mask = [0] * len(prompt_ids) + [1] * (len(response_ids) + 1)
     return input_ids, loss_mask
@@ -208,43 +223,46 @@ def tokenize_sft(tokenizer, prompt: str, response: str) -> tuple[list[int], list
     return _join(prompt_ids, response_ids, _eos_id(tokenizer))
 
 
-def build_sft_data(tokenizer, examples: list[Example], max_prompt_len: int = 1024, max_response_len: int = 8192,
-                   system_prompt: str = "paper"):
-    """[(input_ids, loss_mask)] (int32 tensors) for every example that fits, and stats {"kept", "dropped_prompt",
-    "dropped_response"} for the caller to print: an over-long example is dropped, never truncated
-    (a truncated response would teach the model to stop without an answer)."""
+def build_sft_data(tokenizer, examples: list[Example], max_prompt_len: int = 1024,
+                   max_response_len: int = 8192, system_prompt: str = "paper"):
+    """[(input_ids, loss_mask)] (int32 tensors) for every example that fits, and stats {"kept",
+    "dropped_prompt", "dropped_response"} for the caller to print: an over-long example is dropped,
+    never truncated (a truncated response would teach the model to stop without an answer)."""
     eos_id = _eos_id(tokenizer)
     for ex in examples:
         if ex.response is None:
-            raise ValueError(f"row {ex.row}: no expert response (load the file with require_response=True)")
+            raise ValueError(f"row {ex.row}: no expert response (load with require_response=True)")
     data, stats = [], {"kept": 0, "dropped_prompt": 0, "dropped_response": 0}
-    chunk = 512  # batched encoding is much faster (Rust threads); chunks bound the memory of one call
+    chunk = 512  # batched encoding is faster (Rust threads); chunks bound the memory of one call
     for start in range(0, len(examples), chunk):
         part = examples[start : start + chunk]
-        prompts = tokenizer([example_prompt(ex, tokenizer, system_prompt) for ex in part], add_special_tokens=False)
+        prompts = tokenizer([example_prompt(ex, tokenizer, system_prompt) for ex in part],
+                            add_special_tokens=False)
         responses = tokenizer([ex.response for ex in part], add_special_tokens=False)
         for p_ids, r_ids in zip(prompts["input_ids"], responses["input_ids"]):
             if len(p_ids) > max_prompt_len:
                 stats["dropped_prompt"] += 1
             elif len(r_ids) + 1 > max_response_len:  # +1: the EOS is part of the response
                 stats["dropped_response"] += 1
-            else:  # int32 tensors: ~5 bytes a token instead of ~40 as Python lists (46k x 4k tokens per rank)
+            else:  # int32 tensors: ~5 bytes a token, Python lists ~40 (46k x 4k tokens per rank)
                 ids, mask = _join(p_ids, r_ids, eos_id)
-                data.append((torch.tensor(ids, dtype=torch.int32), torch.tensor(mask, dtype=torch.int32)))
+                data.append((torch.tensor(ids, dtype=torch.int32),
+                             torch.tensor(mask, dtype=torch.int32)))
                 stats["kept"] += 1
     return data, stats
 
 
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 # Batching: one optimiser step = `global_batch` examples, split into length-grouped micro-batches
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
 def _padded(mb: list[int], lengths: list[int]) -> int:
     return max(lengths[i] for i in mb) * len(mb)
 
 
 def _pack(step: list[int], lengths: list[int], token_budget: int) -> list[list[int]]:
-    """Greedy packing, longest first: the first sequence of a micro-batch sets its padded length, so a
-    sequence joins while (n + 1) * that length fits. A sequence over the budget alone forms a micro-batch."""
+    """Greedy packing, longest first: the first sequence of a micro-batch sets its padded length,
+    so a sequence joins while (n + 1) * that length fits. A sequence over the budget forms a
+    micro-batch alone."""
     mbs = []
     for i in sorted(step, key=lambda i: (-lengths[i], i)):
         if mbs and lengths[mbs[-1][0]] * (len(mbs[-1]) + 1) <= token_budget:
@@ -255,8 +273,9 @@ def _pack(step: list[int], lengths: list[int], token_budget: int) -> list[list[i
 
 
 def _deal(mbs: list[list[int]], lengths: list[int], world_size: int) -> list[list[list[int]]]:
-    """Equal micro-batch counts per rank, padded tokens balanced: costliest first, dealt in snake order
-    (0..w-1, w-1..0, ...). Each rank then also runs its largest micro-batch first, so an OOM shows at once."""
+    """Equal micro-batch counts per rank, padded tokens balanced: costliest first, dealt in snake
+    order (0..w-1, w-1..0, ...). Each rank then runs its largest micro-batch first, so an OOM shows
+    at once."""
     ranks = [[] for _ in range(world_size)]
     for k, mb in enumerate(sorted(mbs, key=lambda mb: -_padded(mb, lengths))):
         r = k % world_size
@@ -264,27 +283,29 @@ def _deal(mbs: list[list[int]], lengths: list[int], world_size: int) -> list[lis
     return ranks
 
 
-def plan_micro_batches(lengths: list[int], global_batch: int, token_budget: int, world_size: int, seed: int,
-                       epoch: int) -> list[list[list[list[int]]]]:
+def plan_micro_batches(lengths: list[int], global_batch: int, token_budget: int, world_size: int,
+                       seed: int, epoch: int) -> list[list[list[list[int]]]]:
     """The epoch's plan: plan[step][rank] = micro-batches (lists of example indices) that rank runs.
 
     A pure function of its arguments, so every rank computes the same plan without communicating.
     Like DistributedSampler(drop_last=True): shuffled with seed + epoch, and the last len(lengths) %
-    global_batch examples of the shuffled order are left out of this epoch. Within a step every example
-    appears exactly once, ranks are disjoint, and every rank runs the same number of micro-batches (FSDP's
-    collectives hang otherwise). Padded size (longest * count) stays <= token_budget except for a single
-    sequence longer than it."""
+    global_batch examples of the shuffled order are left out of this epoch. Within a step every
+    example appears exactly once, ranks are disjoint, and every rank runs the same number of
+    micro-batches (FSDP's collectives hang otherwise). Padded size (longest * count) stays <=
+    token_budget except for a single sequence longer than it."""
     if global_batch % world_size != 0:
         raise ValueError(f"global_batch {global_batch} is not divisible by world_size {world_size}")
     n_steps = len(lengths) // global_batch
     if n_steps == 0:
-        raise ValueError(f"{len(lengths)} examples are fewer than one global batch of {global_batch}")
-    order = torch.randperm(len(lengths), generator=torch.Generator().manual_seed(seed + epoch)).tolist()
+        raise ValueError(f"{len(lengths)} examples are fewer than one global batch of "
+                         f"{global_batch}")
+    shuffle = torch.Generator().manual_seed(seed + epoch)
+    order = torch.randperm(len(lengths), generator=shuffle).tolist()
     plan = []
     for s in range(n_steps):
         mbs = _pack(order[s * global_batch : (s + 1) * global_batch], lengths, token_budget)
-        # Split the fullest micro-batch until ranks can get equal counts. This ends: all singletons would
-        # give global_batch micro-batches, a multiple of world_size. Halves of a packed batch still fit.
+        # Split the fullest micro-batch until ranks can get equal counts. This ends: all singletons
+        # give global_batch micro-batches, a multiple of world_size. Halves of a packed batch fit.
         while len(mbs) % world_size:
             mb = mbs.pop(max(range(len(mbs)), key=lambda j: len(mbs[j])))
             mbs += [mb[: len(mb) // 2], mb[len(mb) // 2 :]]
@@ -295,13 +316,14 @@ def plan_micro_batches(lengths: list[int], global_batch: int, token_budget: int,
 def collate(batch: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
     """Right-pads a micro-batch to its longest sequence.
 
-    loss_mask is aligned with input_ids: loss_mask[b, t] = 1 when token input_ids[b, t] is a trained target,
-    predicted from positions < t. The trainer therefore scores logits[:, :-1] against input_ids[:, 1:] and
-    weights with loss_mask[:, 1:] (position 0 is never a target). Padding has attention_mask = loss_mask = 0."""
+    loss_mask is aligned with input_ids: loss_mask[b, t] = 1 when token input_ids[b, t] is a trained
+    target, predicted from positions < t. The trainer therefore scores logits[:, :-1] against
+    input_ids[:, 1:] and weights with loss_mask[:, 1:] (position 0 is never a target). Padding has
+    attention_mask = loss_mask = 0."""
     T = max(len(ids) for ids, _ in batch)
     input_ids = torch.full((len(batch), T), pad_id, dtype=torch.long)  # [B, T]
-    attention_mask = torch.zeros(len(batch), T, dtype=torch.long)  # [B, T]
-    loss_mask = torch.zeros(len(batch), T, dtype=torch.float32)  # [B, T], float: multiplies per-token losses
+    attention_mask = torch.zeros(len(batch), T, dtype=torch.long)     # [B, T]
+    loss_mask = torch.zeros(len(batch), T, dtype=torch.float32)       # [B, T], float: weighs losses
     for b, (ids, mask) in enumerate(batch):
         if len(ids) != len(mask):
             raise ValueError(f"batch item {b}: {len(ids)} ids but {len(mask)} mask entries")
@@ -317,9 +339,9 @@ def padding_efficiency(lengths: list[int], micro_batches: list[list[int]]) -> fl
     return real / sum(_padded(mb, lengths) for mb in micro_batches)
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Writing rows (toy.py, tests)
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# Writing rows (the demo's toy task, tests)
+# --------------------------------------------------------------------------------------------------
 def write_jsonl(rows: list[dict], path) -> Path:
     """One JSON row per line (what load_examples reads back); creates the parent directory."""
     path = Path(path)
@@ -328,32 +350,35 @@ def write_jsonl(rows: list[dict], path) -> Path:
     return path
 
 
-# ---------------------------------------------------------------------------------------------------------
-# Download of the paper's data and model (needs a machine that can reach the Hugging Face hub)
-# ---------------------------------------------------------------------------------------------------------
+# --------------------------------------------------------------------------------------------------
+# The paper's benchmarks, data and model (the download needs a machine online)
+# --------------------------------------------------------------------------------------------------
+ID_BENCHMARKS = ["aime", "aime25", "amc", "math", "minerva", "olympiad_bench"]  # Table 2, left
+OOD_BENCHMARKS = ["gpqa", "mmlu_pro", "arc_c"]  # Table 2, right: multiple choice
 HUB_DATASETS = {  # local folder name -> hub dataset
-    # The authors' data (their scripts/0_prepare_data_and_models.sh line 4): train.parquet, OpenR1-Math-46K with the
-    # questions rewritten by DeepSeek-V3 (App. E, "Dataset Processing") and R1's responses, the training file of both
-    # stages in both recipes; validation.parquet; and the benchmark files test.{math,gpqa,arc_c,mmlu_pro}.parquet.
+    # The authors' data: train.parquet (OpenR1-Math-46K with the questions rewritten by DeepSeek-V3,
+    # App. E, and R1's responses: the training file of both stages in both recipes),
+    # validation.parquet, and the benchmark files test.{math,gpqa,arc_c,mmlu_pro}.parquet.
     "curiosft": "Hao0oWang/CurioSFT_Data",
-    "openr1_46k": "Elliott/Openr1-Math-46k-8192",  # LUFFY's OpenR1-Math-46K: the original, unrewritten questions
+    "openr1_46k": "Elliott/Openr1-Math-46k-8192",  # LUFFY's OpenR1-Math-46K: the original questions
 }
-BENCHMARK_FILES = "test.*.parquet"  # in the authors' data: what their 3_eval_math.sh and 4_eval_ood_*.sh evaluate
-HUB_MODELS = {  # --models name -> Qwen2.5-Math-7B with its 4k context extended to 16k, so 8192-token responses fit
-    "authors": "Hao0oWang/Qwen2.5-Math-7B-16k-think",  # what the authors' download script fetches (line 5)
+BENCHMARK_FILES = "test.*.parquet"  # in the authors' data: what their evaluation scripts evaluate
+HUB_MODELS = {  # --models name -> Qwen2.5-Math-7B with its 4k context extended to 16k
+    "authors": "Hao0oWang/Qwen2.5-Math-7B-16k-think",  # what the authors' download script fetches
     "luffy": "Elliott/Qwen2.5-Math-7B-16k-think",  # LUFFY's model of the same kind
 }
 
 
 def _download_main(argv: list[str] | None = None) -> None:
-    """python data.py download --out data [--model_out models [--models authors luffy]]: the datasets (and the 7B
-    base models), each parquet file checked to load in the schema above."""
+    """python data.py download --out data [--model_out models [--models authors luffy]]: the
+    datasets (and the 7B base models), each parquet file checked to load in the schema above."""
     import argparse
 
     p = argparse.ArgumentParser(prog="data.py download", description=_download_main.__doc__,
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--out", default="data", help="datasets go to OUT/<name>/")
-    p.add_argument("--model_out", default="", help="also download base models (~15 GB each) to MODEL_OUT/<hub name>/")
+    p.add_argument("--model_out", default="",
+                   help="also download base models (~15 GB each) to MODEL_OUT/<hub name>/")
     p.add_argument("--models", nargs="+", choices=sorted(HUB_MODELS), default=["authors", "luffy"],
                    help="which base models --model_out downloads")
     a = p.parse_args(argv)
@@ -366,25 +391,29 @@ def _download_main(argv: list[str] | None = None) -> None:
         try:
             snapshot_download(repo, repo_type=kind, local_dir=local)
         except Exception as e:  # offline, DNS, proxy, 401, ...: the hub library raises many types
-            raise SystemExit(f"data.py download: could not download {kind} {repo} from the Hugging Face hub "
-                             f"({type(e).__name__}: {e}). This needs a machine online; or copy the files to {local}.")
+            raise SystemExit(f"data.py download: could not download {kind} {repo} from the Hugging "
+                             f"Face hub ({type(e).__name__}: {e}). This needs a machine online; or "
+                             f"copy the files to {local}.")
         for f in sorted(local.rglob("*.parquet")) if kind == "dataset" else []:
-            print(f"{f}: {len(load_examples(f))} rows")  # raises, naming the row, on a file not in the schema
+            print(f"{f}: {len(load_examples(f))} rows")  # raises, naming the row, off the schema
         print(f"{local}: {repo}")
-    authors, benchmarks = Path(a.out) / "curiosft", sorted((Path(a.out) / "curiosft").glob(BENCHMARK_FILES))
+    authors = Path(a.out) / "curiosft"
+    benchmarks = sorted(authors.glob(BENCHMARK_FILES))
     if not (authors / "train.parquet").is_file() or not benchmarks:
-        raise SystemExit(f"data.py download: {HUB_DATASETS['curiosft']} gave no train.parquet or no {BENCHMARK_FILES} "
-                         f"in {authors}: the repository's layout changed; see the files listed above")
-    print(f"training file: {authors / 'train.parquet'}; benchmark files: {', '.join(map(str, benchmarks))}")
+        raise SystemExit(f"data.py download: {HUB_DATASETS['curiosft']} gave no train.parquet or "
+                         f"no {BENCHMARK_FILES} in {authors}: the repository's layout changed; see "
+                         f"the files listed above")
+    print(f"training file: {authors / 'train.parquet'}; benchmark files: "
+          + ", ".join(map(str, benchmarks)))
 
 
 if __name__ == "__main__":
     import sys
 
+    usage = "usage: python data.py download [flags] (the demo's toy task: python demo/toy.py)"
     if sys.argv[1:2] in (["-h"], ["--help"]):
-        print("usage: python data.py download [flags]  (python data.py download --help lists them; the demo's toy "
-              "task: python toy.py)")
+        print(usage + "; python data.py download --help lists the flags")
     elif sys.argv[1:2] != ["download"]:
-        raise SystemExit("usage: python data.py download [flags] (the demo's toy task: python toy.py)")
+        raise SystemExit(usage)
     else:
         _download_main(sys.argv[2:])

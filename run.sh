@@ -9,7 +9,7 @@ venv=${VENV:-.venv}
 "$venv/bin/python" -m pip install -q -r requirements.txt
 case "${1:-demo}" in
   test) shift || true; exec "$venv/bin/python" -m pytest -q "$@" ;;
-  demo) exec "$venv/bin/python" demo.py --size full --out out/demo ;;
-  bench) exec "$venv/bin/python" curio_loss.py ;;
+  demo) exec "$venv/bin/python" demo/run.py --size full --out out/demo ;;
+  bench) exec "$venv/bin/python" bench/loss_speed.py ;;
   *) echo "usage: bash run.sh [demo|test [pytest args]|bench]" >&2; exit 2 ;;
 esac

@@ -10,7 +10,7 @@ whatever the targets say, and 1 when a part crashed (its log is in OUT/logs/).
    memory planner's prediction, and the CurioSFT / SFT step-time ratios.
 2. The teacher side of the loss (curio_loss.teacher_log_prob) against one logsumexp pass over the same logits,
    4096 x 151936, bf16 on CUDA.
-3. evaluate.py and rl.py (HF engine, bf16) on the demo's toy task (toy.py) with a small random model: they run, and how
+3. evaluate.py and rl.py (HF engine, bf16) on the demo's toy task (demo/toy.py) with a small random model: they run, and how
    long they take. Both import math-verify, which the GPU image lacks: bench/gpu_check.sh installs it from .whl/.
 4. A summary table of every figure with PASS/MISS per target: printed, and written to OUT/summary.md and summary.json.
 """
@@ -27,10 +27,11 @@ from pathlib import Path
 
 import torch
 
-import sft_step  # bench/, this file's folder; it puts the repository root on sys.path for the next two
+import sft_step  # bench/, this file's folder; it puts the repository root on sys.path for the next ones
 
 import curio_loss as cl  # noqa: E402
-import demo  # noqa: E402
+from bench.loss_speed import llm_like_logits  # noqa: E402
+from demo import run as demo  # noqa: E402
 
 PY = sys.executable
 TARGETS = {"mfu": 0.40, "curio": 1.25, "curio_self_teacher": 1.05, "planner": 0.15, "teacher_side": 3.0}
@@ -90,11 +91,11 @@ class Summary:
 
 
 def stage(cmd: list, log: Path, summary: Summary, section: str, figures: list) -> float | None:
-    """Run one command (demo.run: echoed, output to `log`, its tail shown on failure); its wall seconds, or None
+    """Run one command (demo/run.py's run_stage: echoed, output to `log`, its tail shown on failure); its wall seconds, or None
     after recording a crash."""
     t0 = time.perf_counter()
     try:
-        demo.run(cmd, log)
+        demo.run_stage(cmd, log)
     except SystemExit:
         summary.fail(section, figures, "CRASH", f"see {log}")
         return None
@@ -154,7 +155,7 @@ TEACHER_FIGURES = [("logsumexp pass", "ms"), ("teacher_log_prob (bisection)", "m
 def teacher_side(tokens: int, vocab: int, reps: int, device, summary: Summary):
     """teacher_log_prob (bisection, and Newton) and torch.logsumexp on the same logits, timed interleaved."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
-    logits = cl.llm_like_logits(tokens, vocab, seed=1).to(device, dtype)          # [N, V]
+    logits = llm_like_logits(tokens, vocab, seed=1).to(device, dtype)          # [N, V]
     targets = torch.distributions.Categorical(logits=logits.float()).sample()      # [N]
     runs = {"logsumexp": lambda: torch.logsumexp(logits, -1),
             "bisection": lambda: cl.teacher_log_prob(logits, targets, cl.LossConfig()),
@@ -215,7 +216,7 @@ def toy_stages(size: dict, out: Path, summary: Summary):
         summary.fail("rl.py", RL_FIGURES, "skipped", note)
         return
     world, logs = out / "toy", out / "logs"
-    if stage([PY, "toy.py", "--out", world, *size["data"]], logs / "toy_data.log", summary, "evaluate.py",
+    if stage([PY, "demo/toy.py", "--out", world, *size["data"]], logs / "toy_data.log", summary, "evaluate.py",
              EVAL_FIGURES) is None:
         summary.fail("rl.py", RL_FIGURES, "skipped", "the toy data could not be built")
         return

@@ -63,9 +63,9 @@ from torch.utils._pytree import tree_flatten
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import chunked_logits  # noqa: E402
-import common  # noqa: E402
 import curio_loss as cl  # noqa: E402
 import sft  # noqa: E402
+from plumbing.cli import parse_config  # noqa: E402
 
 GIB = 2**30
 
@@ -362,7 +362,7 @@ def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy:
              "loss_mask": torch.cat([torch.zeros(1, 1), torch.ones(1, n)], 1)}
     model = OneWideLM(vocab, dtype, n + 1, seed=1)
     tracker = LiveTensorBytes()
-    old_logp = stage == "rl" or cl.LOSSES[loss][1] == "old_logp"        # RL, and PSFT's batch of old log-probs
+    old_logp = stage == "rl" or loss == "psft"        # RL, and PSFT's batch of old log-probs
     in_backward, no_grad_phase = False, "old_logp" if old_logp else "teacher"
 
     def on_head(module, args):       # the student's lm_head; without grad: RL's old log-probs, or the self-teacher
@@ -374,21 +374,21 @@ def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy:
         import rl          # imported here: rl.py needs math-verify, which a GPU image planning SFT may lack
 
         args = rl.Args(loss_chunk=n)
-        adv = torch.randn(n, generator=g)
+        mb = rl.MicroBatch(batch, torch.randn(n, generator=g))
         with tracker, torch.no_grad():
             tracker.set_phase("old_logp")
-            old_lp, _ = chunked_logits.token_log_probs(model, batch, n, args.temperature)
+            mb.old_lp, _ = chunked_logits.token_log_probs(model, batch, n, args.temperature)
         with tracker:
             tracker.set_phase("forward")
-            total, _ = rl.micro_batch_loss(model, batch, old_lp, adv, args)
+            total, _ = rl.micro_batch_loss(model, mb, args)
             in_backward = True
             tracker.set_phase("backward")
             total.backward()
     else:
-        args, cfg, needs = sft.Args(loss=loss, loss_chunk=n), cl.LossConfig(), cl.LOSSES[loss][1]
+        args, cfg, second = sft.Args(loss=loss, loss_chunk=n), cl.LossConfig(), cl.second_model(loss)
         other = OneWideLM(vocab, dtype, n + 1, seed=2, trainable=False)
-        teacher = other if needs == "teacher_lq" and loss != "curio_self_teacher" else None
-        base = other if needs == "base" else None
+        teacher = other if second == "teacher" else None
+        base = other if second == "base" else None
         if teacher is not None:
             teacher.lm_head.register_forward_pre_hook(lambda m, a: tracker.set_phase("teacher"))
         with tracker:
@@ -513,11 +513,10 @@ def plan(config: dict, **run) -> dict:
     s, r, micro_batches = _resolve(config, run)
     gpu = r.gpu_gib * GIB
     if r.stage == "sft":
-        needs = cl.LOSSES[r.loss][1]
         self_teacher = r.loss == "curio_self_teacher"
-        second = "base" if needs == "base" else ("teacher" if needs == "teacher_lq" and not self_teacher else None)
+        second = cl.second_model(r.loss)
         lb = loss_chunk_bytes("sft", r.loss, s.vocab, r.bf16, r.log_entropy)
-        old_logp = _old_logp_moments(s, r, lb) if needs == "old_logp" else []     # PSFT, before its updates
+        old_logp = _old_logp_moments(s, r, lb) if r.loss == "psft" else []     # PSFT, before its updates
         phases = {"sft step": old_logp + _step_moments(s, r, micro_batches, lb, second, self_teacher)}
     else:
         lb = loss_chunk_bytes("rl", "rl", s.vocab, r.bf16, False)
@@ -602,7 +601,7 @@ def main(argv=None):
     probe = argparse.ArgumentParser(add_help=False)
     probe.add_argument("--stage")
     stage_given = probe.parse_known_args(argv)[0].stage
-    (r,) = common.parse_config(Run, argv=preset_flags(presets, stage_given) + argv, prog="bench/memory.py")
+    (r,) = parse_config(Run, argv=preset_flags(presets, stage_given) + argv, prog="bench/memory.py")
     run = {k: v for k, v in asdict(r).items() if k != "json"}
     try:
         result = plan(load_model_config(r.model), **run)

@@ -39,9 +39,10 @@ from torch.distributed.tensor import DTensor
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import common  # noqa: E402
 import curio_loss as cl  # noqa: E402
 import sft  # noqa: E402
+from plumbing.distributed import setup_distributed, shutdown  # noqa: E402
+from plumbing.models import shard_model  # noqa: E402
 
 # Real shapes (the models' HF config.json); "smoke" and "cpu" are small stand-ins for tests and CPU runs.
 SHAPES = {
@@ -160,8 +161,8 @@ def build(shape: dict, run: dict, device, bf16: bool, grad_ckpt: bool):
 
     torch.manual_seed(0)
     full = Qwen2ForCausalLM(qwen2_config(shape, run["seq"]))
-    teacher = common.shard_model(copy.deepcopy(full), device, bf16, grad_ckpt=False, trainable=False)
-    model = common.shard_model(full, device, bf16, grad_ckpt)
+    teacher = shard_model(copy.deepcopy(full), device, bf16, grad_ckpt=False, trainable=False)
+    model = shard_model(full, device, bf16, grad_ckpt)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01, fused=device.type == "cuda")
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, shape["vocab"], (run["batch"], run["seq"]), generator=g)
@@ -263,7 +264,7 @@ def main():
     shape = SHAPES[a.shape] | ({"layers": a.layers} if a.layers else {})
     run = {k: getattr(a, k) or v for k, v in RUN_DEFAULTS.get(a.shape, GPU_RUN).items()}
 
-    _, world, device = common.setup_distributed()
+    _, world, device = setup_distributed()
     if world != 1:
         raise SystemExit("bench/sft_step.py times one process: run it with --nproc_per_node 1")
     bf16 = a.bf16 and device.type == "cuda"
@@ -283,7 +284,7 @@ def main():
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
         Path(a.json).write_text(json.dumps(result, indent=1))
-    common.shutdown()
+    shutdown()
 
 
 if __name__ == "__main__":

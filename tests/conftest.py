@@ -30,7 +30,7 @@ def tiny_model_dir(tmp_path_factory):
     import transformers
 
     import data
-    import toy
+    from demo import toy
 
     out = tmp_path_factory.mktemp("tiny_model")
     rows = toy_rows(64)
@@ -56,10 +56,10 @@ def toy_sft_file(tmp_path_factory):
 @pytest.fixture(scope="session")
 def world_of_one():
     """A process group of one (gloo), as the stage scripts create when run without torchrun."""
-    import common
+    from plumbing import distributed
 
     if not torch.distributed.is_initialized():
-        common.setup_distributed()
+        distributed.setup_distributed()
     return torch.device("cpu")
 
 

@@ -1,6 +1,6 @@
 """A stand-in for the `vllm` package that records what the code asks of it, for tests on machines without CUDA.
 Each behaviour it mimics is read from vLLM 0.32.0's source (the file and function are named next to it); none of
-it is verified against vLLM itself. `install(monkeypatch)` puts it in sys.modules and makes evaluate see vLLM."""
+it is verified against vLLM itself. `install(monkeypatch)` puts it in sys.modules and makes plumbing/generation.py see vLLM."""
 import sys
 import types
 from dataclasses import dataclass
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import torch
 import transformers
 
-import evaluate
+from plumbing import generation
 
 
 @dataclass
@@ -122,5 +122,5 @@ def install(monkeypatch):
 
     module.LLM, module.SamplingParams = LLM, SamplingParams
     monkeypatch.setitem(sys.modules, "vllm", module)
-    monkeypatch.setattr(evaluate, "vllm_available", lambda: True)
+    monkeypatch.setattr(generation, "vllm_available", lambda: True)
     return module

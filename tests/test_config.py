@@ -1,10 +1,10 @@
-"""common.parse_config: presets and flags, with one-line errors that name the preset, setting or flag."""
+"""cli.parse_config: presets and flags, with one-line errors that name the preset, setting or flag."""
 from dataclasses import dataclass
 from typing import Literal
 
 import pytest
 
-import common
+from plumbing import cli, models
 
 
 @dataclass
@@ -27,11 +27,11 @@ class Demo:
     """tags"""
 
     def __post_init__(self):
-        common.check_settings(self, positive=["lr", "cap"], at_least_one=["epochs"])
+        cli.check_settings(self, positive=["lr", "cap"], at_least_one=["epochs"])
 
 
 def parse(argv):
-    return common.parse_config(Demo, argv=argv, prog="demo.py")[0]
+    return cli.parse_config(Demo, argv=argv, prog="demo.py")[0]
 
 
 def test_flags_presets_and_negative_numbers(tmp_path):
@@ -82,15 +82,15 @@ def test_choices_required_and_help(capsys):
 
 def test_model_directory_errors_name_the_problem(tmp_path, tiny_model_dir):
     with pytest.raises(SystemExit, match="--model 'Qwen/Qwen2.5-Math-7B': no such directory"):
-        common.check_model_dir("Qwen/Qwen2.5-Math-7B")             # never a hub lookup
+        models.check_model_dir("Qwen/Qwen2.5-Math-7B")             # never a hub lookup
     with pytest.raises(SystemExit, match="no config.json"):
-        common.check_model_dir(str(tmp_path))
+        models.check_model_dir(str(tmp_path))
     (tmp_path / "config.json").write_text((tiny_model_dir / "config.json").read_text())
     with pytest.raises(SystemExit, match="no tokenizer files"):
-        common.check_model_dir(str(tmp_path))
-    common.check_model_dir(str(tiny_model_dir), weights=False)
+        models.check_model_dir(str(tmp_path))
+    models.check_model_dir(str(tiny_model_dir), weights=False)
     with pytest.raises(SystemExit, match=r"no \*.safetensors weights"):
-        common.check_model_dir(str(tiny_model_dir))
+        models.check_model_dir(str(tiny_model_dir))
 
 
 def test_a_vocabulary_smaller_than_the_tokenizer_is_refused(tmp_path, tiny_model_dir):
@@ -101,8 +101,8 @@ def test_a_vocabulary_smaller_than_the_tokenizer_is_refused(tmp_path, tiny_model
     config = json.loads((tmp_path / "m" / "config.json").read_text())
     (tmp_path / "m" / "config.json").write_text(json.dumps({**config, "vocab_size": 100}))
     with pytest.raises(SystemExit, match=r"the tokenizer has \d+ tokens but config.json's vocab_size is 100"):
-        common.load_tokenizer(str(tmp_path / "m"))
-    assert len(common.load_tokenizer(str(tiny_model_dir))) <= config["vocab_size"]
+        models.load_tokenizer(str(tmp_path / "m"))
+    assert len(models.load_tokenizer(str(tiny_model_dir))) <= config["vocab_size"]
 
 
 def test_user_errors_print_one_line_and_debug_shows_the_traceback(tmp_path, tiny_model_dir):
@@ -129,13 +129,13 @@ def test_loss_settings_out_of_range_name_the_flag(flag, value):
     import curio_loss as cl
 
     with pytest.raises(ValueError, match=f"--{flag} .*: out of range"):
-        common.parse_config(cl.LossConfig, argv=[f"--{flag}", value])
-    common.parse_config(cl.LossConfig, argv=[])            # the defaults pass
+        cli.parse_config(cl.LossConfig, argv=[f"--{flag}", value])
+    cli.parse_config(cl.LossConfig, argv=[])            # the defaults pass
 
 
 def test_loss_solver_lists_its_choices(capsys):
     import curio_loss as cl
 
     with pytest.raises(SystemExit):
-        common.parse_config(cl.LossConfig, argv=["--solver", "secant"])
+        cli.parse_config(cl.LossConfig, argv=["--solver", "secant"])
     assert "--solver: invalid choice: 'secant'" in capsys.readouterr().err

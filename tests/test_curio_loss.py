@@ -5,7 +5,17 @@ import pytest
 import torch
 
 import curio_loss as cl
+from bench.loss_speed import llm_like_logits
 from curio_loss import LossConfig
+
+
+def curio(student, targets, teacher=None, cfg=LossConfig()):
+    """CurioSFT from both sides' logits, as sft.py composes it: the teacher side (teacher_log_prob, Alg. 1 lines
+    6-11), then curio_sft_loss (lines 12-13). teacher None: the student's own logits (the self-teacher)."""
+    lq, diag = cl.teacher_log_prob(student if teacher is None else teacher, targets, cfg)
+    loss, student_diag = cl.curio_sft_loss(student, targets, lq, cfg)
+    return loss, diag | student_diag
+
 
 V_BIG = 151936  # Qwen2.5 vocabulary
 
@@ -66,7 +76,7 @@ def test_appB_dH_dtau_is_variance_over_tau_cubed(kind, v):
 
 
 def test_appB_entropy_is_monotone_in_temperature():
-    z = cl.llm_like_logits(8, 4096, seed=3).double()
+    z = llm_like_logits(8, 4096, seed=3).double()
     taus = torch.linspace(0.5, 3.0, 60, dtype=torch.float64)
     h = torch.stack([cl.entropy(z, t) for t in taus])            # [60, 8]
     assert (h.diff(dim=0) >= -1e-6).all()
@@ -158,7 +168,7 @@ def test_vectorized_matches_reference_when_k_is_the_vocabulary(cfg):
     student = (teacher + torch.randn(n, v)).masked_fill(torch.isneginf(teacher), float("-inf")).requires_grad_()
     targets = torch.distributions.Categorical(logits=teacher).sample()
     ref = cl.curio_loss_reference(student, teacher, targets, cfg)
-    vec, diag = cl.curio_sft_loss(student, targets, teacher, cfg)
+    vec, diag = curio(student, targets, teacher, cfg)
     torch.testing.assert_close(vec, ref, rtol=1e-5, atol=1e-5)
     g_ref, = torch.autograd.grad(ref.sum(), student)
     g_vec, = torch.autograd.grad(vec.sum(), student)
@@ -175,7 +185,7 @@ def test_self_teacher_ablation_matches_reference_with_detached_student():
     cfg = LossConfig(top_k=v)
     student = mixed_logits(n, v, seed=2).requires_grad_()
     targets = torch.distributions.Categorical(logits=student.detach()).sample()
-    vec, _ = cl.curio_sft_loss(student, targets, None, cfg)
+    vec, _ = curio(student, targets, None, cfg)
     ref = cl.curio_loss_reference(student, student.detach(), targets, cfg)
     torch.testing.assert_close(vec, ref, rtol=1e-5, atol=1e-5)
     # the teacher is detached: the gradient is CE's times w_t, no path through the teacher's log-prob
@@ -195,10 +205,10 @@ def test_top512_approximation_on_llm_like_logits():
     picks a lower tau. In float64, so that this measures App. D's approximation: in float32 on a CPU, sums over
     152k logits alone put the median at 0.2% (AVX2) or 0.1% (AVX-512)."""
     n = 48
-    teacher = cl.llm_like_logits(n, V_BIG, seed=5).double()
+    teacher = llm_like_logits(n, V_BIG, seed=5).double()
     student = (teacher + 0.3 * torch.randn(n, V_BIG, dtype=torch.float64)).requires_grad_()
     targets = torch.distributions.Categorical(logits=teacher).sample()
-    vec, diag = cl.curio_sft_loss(student, targets, teacher)
+    vec, diag = curio(student, targets, teacher)
     ref = cl.curio_loss_reference(student, teacher, targets)
     rel = ((vec - ref).abs() / ref.abs()).detach()
     assert rel.median() < 1e-6 and rel.quantile(0.9) < 2e-2 and rel.max() < 0.25
@@ -208,12 +218,12 @@ def test_top512_approximation_on_llm_like_logits():
     g_ce, = torch.autograd.grad(cl.ce_loss(student, targets)[0].sum(), student)
     dw = (g_vec - g_ref).norm(dim=-1) / g_ce.norm(dim=-1)
     assert dw.median() < 0.01 and dw.quantile(0.9) < 0.25
-    _, full_diag = cl.curio_sft_loss(student, targets, teacher, LossConfig(top_k=V_BIG))
+    _, full_diag = curio(student, targets, teacher, LossConfig(top_k=V_BIG))
     assert (diag["tau"] - full_diag["tau"]).abs().median() < 0.01
 
 
 def test_newton_matches_bisection_to_1e4():
-    top = cl.llm_like_logits(512, V_BIG, seed=9).topk(512, -1).values
+    top = llm_like_logits(512, V_BIG, seed=9).topk(512, -1).values
     target = cl.entropy(top) + cl.entropy_increment(cl.entropy(top), LossConfig())
     tau_b, lo_b, hi_b = cl.solve_temperature(top, target, LossConfig())
     tau_n, lo_n, hi_n = cl.solve_temperature(top, target, LossConfig(solver="newton"))
@@ -227,12 +237,12 @@ def test_newton_matches_bisection_to_1e4():
 @pytest.mark.parametrize("alpha", [1.0, 0.3])
 def test_gradient_is_weighted_cross_entropy_and_teacher_gets_none(alpha):
     n, v = 40, 1000
-    teacher = cl.llm_like_logits(n, v, seed=11).requires_grad_()
+    teacher = llm_like_logits(n, v, seed=11).requires_grad_()
     student = (teacher.detach() + torch.randn(n, v)).requires_grad_()
     # half the expert tokens are the teacher's likely ones, half are unfamiliar
     targets = torch.where(torch.arange(n) % 2 == 0, teacher.detach().argmax(-1), torch.randint(0, v, (n,)))
     cfg = LossConfig(alpha=alpha)
-    loss, diag = cl.curio_sft_loss(student, targets, teacher, cfg)
+    loss, diag = curio(student, targets, teacher, cfg)
     loss.sum().backward()
     g_ce, = torch.autograd.grad(cl.ce_loss(student, targets)[0].sum(), student)
     w = 1 - alpha * (diag["lp"] - diag["lq"])
@@ -243,10 +253,10 @@ def test_gradient_is_weighted_cross_entropy_and_teacher_gets_none(alpha):
 
 
 def test_bf16_inputs_are_computed_in_float32():
-    z = cl.llm_like_logits(16, 4096, seed=4)
+    z = llm_like_logits(16, 4096, seed=4)
     targets = torch.randint(0, 4096, (16,))
-    loss16, diag16 = cl.curio_sft_loss(z.bfloat16(), targets, z.bfloat16())
-    loss32, diag32 = cl.curio_sft_loss(z.bfloat16().float(), targets, z.bfloat16().float())
+    loss16, diag16 = curio(z.bfloat16(), targets, z.bfloat16())
+    loss32, diag32 = curio(z.bfloat16().float(), targets, z.bfloat16().float())
     assert loss16.dtype == torch.float32
     torch.testing.assert_close(loss16, loss32)
     # the teacher's top-k is taken on the bf16 logits themselves (no float32 copy of [N, V]): the same tau
@@ -257,7 +267,7 @@ def test_bf16_inputs_are_computed_in_float32():
 def test_log_sum_exp_blockwise_is_logsumexp(dtype):
     """Several blocks of rows (27 float32 rows of 152k logits per block), a partial last block, a subset of the
     rows in any order, per-row temperatures and -inf entries."""
-    z = cl.llm_like_logits(40, V_BIG, seed=8).to(dtype)
+    z = llm_like_logits(40, V_BIG, seed=8).to(dtype)
     z[3, 100:] = float("-inf")
     inv_tau = 1 / (1.1 + 0.4 * torch.rand(40, dtype=torch.float64))
     rows = torch.randperm(40)[:29]
@@ -303,7 +313,7 @@ def authors_compute_tau(logits, tau_min=1.1, tau_max=1.5, topk=512, iters=20):
 def test_bisection_is_the_authors_search_bit_for_bit():
     """Default config, Qwen-sized vocabulary: the same tau_hat as the authors' code to the last bit, with their
     low-entropy rule (full-vocabulary entropy at tau=1 <= 0.03 forces tau_min) and without it."""
-    z = cl.llm_like_logits(48, V_BIG, seed=12)
+    z = llm_like_logits(48, V_BIG, seed=12)
     z[:16] = z[:16].scatter_add(1, z[:16].argmax(-1, keepdim=True), torch.full((16, 1), 12.0))  # near one-hot
     y = torch.zeros(48, dtype=torch.long)
     want = authors_compute_tau(z)
@@ -321,7 +331,7 @@ def test_uniform_logits():
     v = 1000
     z = torch.zeros(4, v, requires_grad=True)
     targets = torch.tensor([0, 1, 2, 3])
-    loss, diag = cl.curio_sft_loss(z, targets, z.detach() + 0)
+    loss, diag = curio(z, targets, z.detach() + 0)
     # H(tau) is flat, so any target above log V clamps to tau_max; every tau gives the same uniform teacher
     assert torch.equal(diag["clamped_high"], torch.ones(4))
     torch.testing.assert_close(diag["lq"], torch.full((4,), -math.log(v)))
@@ -334,11 +344,11 @@ def test_near_one_hot_is_forced_to_tau_min_only_with_the_authors_rule():
     z = torch.full((2, 5000), -30.0)
     z[:, 7] = 0.0
     targets = torch.tensor([7, 3])
-    _, diag = cl.curio_sft_loss(z, targets, z)
+    _, diag = curio(z, targets, z)
     assert torch.equal(diag["tau"], torch.full((2,), 1.1))
     assert torch.equal(diag["forced_tau_min"], torch.ones(2))
     assert not diag["clamped_high"].any() and not diag["clamped_low"].any()  # forced, so not counted as clamped
-    _, diag_paper = cl.curio_sft_loss(z, targets, z, LossConfig(low_entropy_threshold=None))
+    _, diag_paper = curio(z, targets, z, LossConfig(low_entropy_threshold=None))
     assert "forced_tau_min" not in diag_paper
     assert torch.equal(diag_paper["clamped_high"], torch.ones(2))  # H(1.5) is still below H + Delta
 
@@ -437,7 +447,7 @@ def test_low_entropy_rule_is_exact_and_skips_v_where_the_top_k_decides(monkeypat
 
 
 def test_solver_clamps_targets_outside_the_bracket():
-    top = cl.llm_like_logits(3, 512, seed=1)
+    top = llm_like_logits(3, 512, seed=1)
     h_lo, _ = cl._entropy_and_variance(top, torch.full((3,), 1.1))
     h_hi, _ = cl._entropy_and_variance(top, torch.full((3,), 1.5))
     target = torch.stack([h_lo[0] - 0.1, h_hi[1] + 0.1, (h_lo[2] + h_hi[2]) / 2])
@@ -449,11 +459,31 @@ def test_solver_clamps_targets_outside_the_bracket():
         assert abs(h_mid.item() - target[2].item()) < 1e-4
 
 
+def loss_by_name(name, z, y, lq, base_logits, old_logp):
+    """Each --loss as a call of its curio_loss function with the input it needs (sft.micro_batch_loss
+    dispatches the same way; tests/test_sft.py runs every loss through it)."""
+    cfg = cl.config_for(name, LossConfig())
+    if name in cl.CURIO_LOSSES:
+        return cl.curio_sft_loss(z, y, lq, cfg)
+    if name == "kl":
+        return cl.kl_to_base_loss(z, y, base_logits, cfg)
+    if name == "psft":
+        return cl.psft_loss(z, y, old_logp, cfg=cfg)
+    return cl.STUDENT_ONLY_LOSSES[name](z, y, cfg=cfg)
+
+
+def test_every_loss_name_has_one_loss():
+    assert set(cl.LOSSES) == {*cl.CURIO_LOSSES, "kl", "psft", *cl.STUDENT_ONLY_LOSSES}
+    assert len(cl.LOSSES) == 10 and cl.second_model("curio_self_teacher") is None
+    assert [cl.second_model(n) for n in ("curio", "curio_fixed_tau", "kl", "sft")] == ["teacher", "teacher", "base",
+                                                                                       None]
+
+
 @pytest.mark.parametrize("name", sorted(cl.LOSSES))
 def test_every_loss_handles_zero_tokens(name):
     z = torch.zeros(0, 50, requires_grad=True)
-    extra = {"teacher_lq": torch.zeros(0), "base": torch.zeros(0, 50), "old_logp": torch.zeros(0), None: None}
-    loss, diag = cl.per_token_loss(name, z, torch.zeros(0, dtype=torch.long), extra=extra[cl.LOSSES[name][1]])
+    y = torch.zeros(0, dtype=torch.long)
+    loss, diag = loss_by_name(name, z, y, torch.zeros(0), torch.zeros(0, 50), torch.zeros(0))
     assert loss.shape == (0,)
     loss.sum().backward()  # a micro-batch without response tokens still runs backward (FSDP needs it)
     assert z.grad is not None and z.grad.shape == (0, 50)
@@ -463,10 +493,13 @@ def test_nan_input_raises_a_clear_error():
     z = torch.randn(4, 50)
     z[2, 3] = float("nan")
     y = torch.zeros(4, dtype=torch.long)
+    lq = cl.teacher_log_prob(torch.randn(4, 50), y)[0]
     with pytest.raises(FloatingPointError, match="student logits contain NaN"):
-        cl.per_token_loss("curio", z, y, extra=cl.teacher_log_prob(torch.randn(4, 50), y)[0])
+        cl.check_finite(cl.curio_sft_loss(z, y, lq)[0], z, y, lq)
+    clean, lq_nan = torch.randn(4, 50), cl.teacher_log_prob(z, y)[0]
     with pytest.raises(FloatingPointError, match="teacher"):
-        cl.per_token_loss("curio", torch.randn(4, 50), y, extra=cl.teacher_log_prob(z, y)[0])
+        cl.check_finite(cl.curio_sft_loss(clean, y, lq_nan)[0], clean, y, lq_nan)
+    cl.check_finite(cl.curio_sft_loss(clean, y, lq)[0], clean, y, lq)      # finite: no error
 
 
 def test_neg_inf_vocabulary_entries_keep_every_loss_finite():
@@ -475,9 +508,8 @@ def test_neg_inf_vocabulary_entries_keep_every_loss_finite():
     z.requires_grad_()
     targets = torch.randint(0, 50, (6,))
     lq = cl.teacher_log_prob(z.detach() + 0.1, targets)[0]
-    extra = {"teacher_lq": lq, "base": z.detach(), "old_logp": torch.full((6,), -3.0), None: None}
-    for name, (_, needs) in cl.LOSSES.items():
-        loss, _ = cl.per_token_loss(name, z, targets, extra=extra[needs])
+    for name in cl.LOSSES:
+        loss, _ = loss_by_name(name, z, targets, lq, z.detach(), torch.full((6,), -3.0))
         g, = torch.autograd.grad(loss.sum(), z)
         assert torch.isfinite(loss).all() and torch.isfinite(g).all(), name
 
@@ -533,27 +565,24 @@ def test_psft_clip_on_both_sides():
     torch.testing.assert_close(g_psft, g_ce)
 
 
-def test_dispatch_names_and_unknown_loss():
+def test_loss_names_and_the_fixed_temperature_ablation():
     with pytest.raises(ValueError, match="unknown loss 'ce'"):
-        cl.per_token_loss("ce", torch.randn(2, 5), torch.zeros(2, dtype=torch.long))
-    z = cl.llm_like_logits(8, 2000, seed=2)
+        cl.second_model("ce")
+    with pytest.raises(ValueError, match="unknown loss 'ce'"):
+        cl.config_for("ce", LossConfig())
+    z = llm_like_logits(8, 2000, seed=2)
     y = torch.randint(0, 2000, (8,))
     assert cl.config_for("curio_fixed_tau", LossConfig()).fixed_tau == 1.3
     assert cl.config_for("curio", LossConfig()).fixed_tau is None
-    # the dispatched CurioSFT loss is the one-call loss, given the teacher side
-    lq, _ = cl.teacher_log_prob(z, y)
-    student = z + torch.randn_like(z)
-    got, _ = cl.per_token_loss("curio", student, y, extra=lq)
-    torch.testing.assert_close(got, cl.curio_sft_loss(student, y, z)[0])
-    top, _ = cl.per_token_loss("entropy_top20", z, y)
-    every, _ = cl.per_token_loss("entropy", z, y)
+    top, _ = cl.STUDENT_ONLY_LOSSES["entropy_top20"](z, y)
+    every, _ = cl.STUDENT_ONLY_LOSSES["entropy"](z, y)
     assert (top > every).sum() == 6 and torch.isclose(top, every).sum() == 2   # the bonus on 2 of 8 tokens only
 
 
 def test_summarize_reports_the_logged_statistics():
-    z = cl.llm_like_logits(200, 3000, seed=6)
+    z = llm_like_logits(200, 3000, seed=6)
     y = torch.distributions.Categorical(logits=z).sample()
-    _, diag = cl.curio_sft_loss(z + 0.5 * torch.randn_like(z), y, z)
+    _, diag = curio(z + 0.5 * torch.randn_like(z), y, z)
     diag["student_entropy"] = cl.entropy(z)
     s = cl.summarize(diag)
     for key in ("ce", "distill", "tau_mean", "tau_min", "tau_max", "frac_clamped_low", "frac_clamped_high",
@@ -592,7 +621,7 @@ def test_one_token_by_hand():
     tau = grid[(h_grid - target).abs().argmin()].item()
     lq = torch.log_softmax(z[0] / tau, -1)[1].item()
     lp = math.log(p[1].item())
-    loss, diag = cl.curio_sft_loss(z, y, z, LossConfig(top_k=3))
+    loss, diag = curio(z, y, z, LossConfig(top_k=3))
     assert diag["tau"].item() == pytest.approx(tau, abs=2e-6)
     assert loss.item() == pytest.approx(-lp + 0.5 * (lp - lq) ** 2, abs=1e-9)
 

@@ -9,7 +9,7 @@ import torch
 import transformers
 
 import data
-import toy
+from demo import toy
 
 QUESTION = "What is $12 + 34$?"
 RESPONSE = "Add the units: 2 + 4 = 6.\nThen the tens.\n</think>\nThe answer is \\boxed{46}."

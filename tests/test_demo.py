@@ -6,15 +6,15 @@ import sys
 from pathlib import Path
 
 import data
-import demo
-import toy
+from demo import run as demo
+from demo import toy
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def test_progress_text_shows_the_step_and_an_eta():
-    line = "step 10 epoch 0 loss 0.3125 grad_norm 1.2 lr 0.001 ce 0.31 reward_mean 0.25 zero_var_frac 0.5"
-    assert demo.progress_text(line, 40, 20.0) == "step 10/40, loss 0.3125, reward_mean 0.25, zero_var_frac 0.5, ETA 60s"
+    line = "step 10 epoch 0 loss 0.3125 grad_norm 1.2 lr 0.001 ce 0.31 reward_mean 0.25 zero_std_frac 0.5"
+    assert demo.progress_text(line, 40, 20.0) == "step 10/40, loss 0.3125, reward_mean 0.25, zero_std_frac 0.5, ETA 60s"
     assert demo.progress_text(line, None, 20.0) == line[:110]  # no step count known: the line as it is
     tqdm = "generating (hf):  50%|#####     | 2/4 [00:03<00:03,  1.50s/it]"
     assert demo.progress_text(tqdm, 40, 5.0) == tqdm  # tqdm's own ETA
@@ -32,7 +32,7 @@ def test_demo_ci_runs_every_stage(tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     out = tmp_path / "demo"
-    proc = subprocess.run([sys.executable, "demo.py", "--size", "ci", "--out", str(out)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "demo/run.py", "--size", "ci", "--out", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     world = out / "world"
@@ -109,20 +109,18 @@ def test_demo_ci_runs_every_stage(tmp_path):
     assert [p.name for p in demo.plots([metrics, other], tmp_path / "seeds")] == list(plots)
 
     # Finished stages are reused, so another seed into the same --out must stop, not mix two runs.
-    proc = subprocess.run([sys.executable, "demo.py", "--size", "ci", "--out", str(out), "--seed", "1"], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "demo/run.py", "--size", "ci", "--out", str(out), "--seed", "1"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "holds a run with --seed 0" in proc.stderr
     (out / "seed").unlink()  # as in an --out written before seeds were recorded
-    proc = subprocess.run([sys.executable, "demo.py", "--size", "ci", "--out", str(out)], cwd=ROOT,
+    proc = subprocess.run([sys.executable, "demo/run.py", "--size", "ci", "--out", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "holds a run with an unrecorded --seed" in proc.stderr
 
 
 def test_a_running_stage_prints_its_progress(tmp_path, capsys):
-    import demo
-
     code = "import time; print('step 1 loss 0.5', flush=True); time.sleep(1.5); print('step 2 loss 0.4', flush=True)"
-    demo.run([sys.executable, "-c", code], tmp_path / "stage.log", steps=4, name="sft", every_s=0.5)
+    demo.run_stage([sys.executable, "-c", code], tmp_path / "stage.log", steps=4, name="sft", every_s=0.5)
     out = capsys.readouterr().out
     assert "[sft]" in out and "step 2/4, loss 0.4, ETA" in out and "[sft] done in" in out
     assert "step 1/4" not in out  # within every_s of the start: only in the log

@@ -13,10 +13,10 @@ import torch
 import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-import common
 import evaluate as ev  # noqa: E402
 from data import Example, build_prompt  # noqa: E402
-from toy import build_toy_tokenizer  # noqa: E402
+from demo.toy import build_toy_tokenizer  # noqa: E402
+from plumbing import cli, generation, report
 
 
 # ---------------------------------------------------------------------------------------------------------
@@ -38,7 +38,7 @@ def test_pass_at_k_large_n_is_stable():
 
 
 def _sample(ids, entropy=0.5, finish="stop"):
-    return ev.Sample(ids, "", [-1.0] * len(ids), [entropy] * len(ids), finish)
+    return generation.Sample(ids, "", [-1.0] * len(ids), [entropy] * len(ids), finish)
 
 
 def test_benchmark_metrics_avg_pass_length_entropy():
@@ -90,24 +90,24 @@ def checkpoint(tmp_path_factory):
 
 
 def test_hf_generation_samples(checkpoint):
-    engine, tok = ev.load_engine(checkpoint, "hf")
+    engine, tok = generation.load_engine(checkpoint, "hf")
     prompts = [build_prompt(q, tok) for q in QUESTIONS[:2]]
-    out = ev.generate(engine, tok, prompts, n=3, max_new_tokens=12, seed=1)
+    out = generation.generate(engine, tok, prompts, n=3, max_new_tokens=12, seed=1)
     assert [len(q) for q in out] == [3, 3]
     for s in (s for q in out for s in q):
         assert 1 <= len(s.token_ids) <= 12 and len(s.logprobs) == len(s.entropy) == len(s.token_ids)
         assert all(lp <= 1e-6 for lp in s.logprobs) and all(0 <= h <= math.log(len(tok)) + 1e-4 for h in s.entropy)
         assert (s.finish_reason == "stop") == (s.token_ids[-1] == tok.eos_token_id)
-    again = ev.generate(engine, tok, prompts, n=3, max_new_tokens=12, seed=1)
+    again = generation.generate(engine, tok, prompts, n=3, max_new_tokens=12, seed=1)
     assert [[s.token_ids for s in q] for q in again] == [[s.token_ids for s in q] for q in out]  # seeded
     # A tiny nucleus keeps only the top token: the sampling distribution is one-hot, entropy 0, log-prob 0.
-    greedy = ev.generate(engine.model, tok, prompts[:1], n=2, top_p=1e-6, max_new_tokens=8)[0]
+    greedy = generation.generate(engine.model, tok, prompts[:1], n=2, top_p=1e-6, max_new_tokens=8)[0]
     assert greedy[0].token_ids == greedy[1].token_ids
     assert max(map(abs, greedy[0].entropy + greedy[0].logprobs)) < 1e-5
 
 
 def test_expert_token_entropy(checkpoint):
-    engine, tok = ev.load_engine(checkpoint, "hf")
+    engine, tok = generation.load_engine(checkpoint, "hf")
     examples = [Example(q, "5", f"Step {i}. </think> \\boxed{{5}}", "toy", i) for i, q in enumerate(QUESTIONS)]
     e = ev.expert_token_entropy(engine.model, tok, examples)
     assert e["tokens"] == sum(len(tok(ex.response, add_special_tokens=False)["input_ids"]) + 1 for ex in examples)
@@ -150,7 +150,7 @@ def test_stage_pairs_match_names_and_skip_missing_accuracy():
 
     results = [result("sft"), result("curio", None), result("sft+grpo"), result("curio+grpo"), result("dft+grpo"),
                result("sft+grpo+grpo"), result("base")]
-    pairs = [(b["name"], a["name"]) for b, a in ev.stage_pairs(results, "avg")]
+    pairs = [(b["name"], a["name"]) for b, a in report.stage_pairs(results, "avg")]
     # curio has no accuracy, dft was not evaluated, base has no later stage; "+" nests
     assert pairs == [("sft", "sft+grpo"), ("sft+grpo", "sft+grpo+grpo")]
 
@@ -166,7 +166,7 @@ def test_evaluate_wiring_with_canned_responses(tmp_path, monkeypatch):
         for p in prompts:
             picks = next(v for k, v in answers.items() if k in p)
             texts = [T + (f"ANSWER: {a}" if a.isalpha() else f"\\boxed{{{a}}}") for a in picks]
-            out.append([ev.Sample(list(range(j, j + 5)), t, [-1.0] * 5, [0.1] * 5, "stop")
+            out.append([generation.Sample(list(range(j, j + 5)), t, [-1.0] * 5, [0.1] * 5, "stop")
                         for j, t in enumerate(texts)])
         return out
 
@@ -239,12 +239,12 @@ def result_vocab(checkpoint):
 # Command line and bad input
 # ---------------------------------------------------------------------------------------------------------
 def test_cli_is_generated_from_the_dataclass():
-    docs = common.field_docs(ev.Args)
+    docs = cli.field_docs(ev.Args)
     assert set(docs) == {f.name for f in dataclasses.fields(ev.Args)} and all(docs.values())
-    args, = common.parse_config(ev.Args, argv=["--model", "m", "--data", "d", "--n", "4", "--top-p", "0.9",
+    args, = cli.parse_config(ev.Args, argv=["--model", "m", "--data", "d", "--n", "4", "--top-p", "0.9",
                                                "--no-save-samples"])
     assert (args.n, args.top_p, args.save_samples, args.temperature) == (4, 0.9, False, 0.6)
-    plot, = common.parse_config(ev.PlotArgs, argv=["--results", "a.json", "b.json"])
+    plot, = cli.parse_config(ev.PlotArgs, argv=["--results", "a.json", "b.json"])
     assert plot.results == ["a.json", "b.json"] and plot.logs == []
 
 
@@ -261,7 +261,7 @@ def test_bad_input_gives_clear_errors(checkpoint, tmp_path, capsys):
         (["--model", checkpoint, "--data", str(not_model)], "no .parquet, .jsonl or .json files"),
         (["--model", checkpoint, "--data", str(bad)], "x.jsonl row 0"),
         (["--model", str(tmp_path / "nope"), "--data", str(bench)], "no such directory"),
-        (["--model", str(not_model), "--data", str(bench)], "not a checkpoint directory"),
+        (["--model", str(not_model), "--data", str(bench)], "no config.json, not a model directory"),
         (["--model", checkpoint, "--data", str(bench), "--engine", "tpu"], "--engine: invalid choice: 'tpu'"),
         (["--model", checkpoint, "--data", str(bench), "--dtype", "fp8"], "--dtype: invalid choice: 'fp8'"),
         (["--model", checkpoint, "--data", str(bench), "--grading", "oat"], "--grading: invalid choice: 'oat'"),
@@ -290,20 +290,20 @@ def test_rl_logs_get_the_mixed_reward_plot_and_sft_logs_the_entropy_plot(tmp_pat
               "summary": {"id_avg": None, "ood_avg": None, "avg": 0.9, "entropy": 0.1, "diversity": 0.2}}
     (tmp_path / "grpo").mkdir()
     (tmp_path / "grpo" / "log.jsonl").write_text("".join(
-        json.dumps({"step": i, "zero_var_frac": 0.25 * i, "reward_mean": 0.5, "entropy": 0.1}) + "\n" for i in (1, 2)))
+        json.dumps({"step": i, "zero_std_frac": 0.25 * i, "reward_mean": 0.5, "entropy": 0.1}) + "\n" for i in (1, 2)))
     (tmp_path / "sft").mkdir()
     (tmp_path / "sft" / "log.jsonl").write_text(json.dumps({"step": 1, "student_entropy_top20": 0.3}) + "\n")
     seen = []
-    original = ev._curves
-    ev._curves = lambda runs, panels, title, path: seen.append((runs, panels, path.name)) or original(runs, panels,
+    original = report._curves
+    report._curves = lambda runs, panels, title, path: seen.append((runs, panels, path.name)) or original(runs, panels,
                                                                                                        title, path)
     try:
-        written = ev.plot_results([result], str(tmp_path / "out"), [str(tmp_path / "sft" / "log.jsonl"),
+        written = report.plot_results([result], str(tmp_path / "out"), [str(tmp_path / "sft" / "log.jsonl"),
                                                                     str(tmp_path / "grpo" / "log.jsonl")])
     finally:
-        ev._curves = original
+        report._curves = original
     assert {Path(p).name for p in written} >= {"over_training.png", "rl_over_training.png"}
     (sft_runs, sft_panels, _), (rl_runs, rl_panels, _) = seen
     assert [name for name, _ in sft_runs] == ["sft"] and sft_panels[0][0] == "student_entropy_top20"
-    assert [row["mixed_reward_groups"] for row in rl_runs[0][1]] == [75.0, 50.0]      # 100 (1 - zero_var_frac)
+    assert [row["mixed_reward_groups"] for row in rl_runs[0][1]] == [75.0, 50.0]      # 100 (1 - zero_std_frac)
     plt.close("all")

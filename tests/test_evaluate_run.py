@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 import evaluate as ev
+from plumbing import generation, run_dir
 from test_evaluate import QUESTIONS, _write_benchmarks, _write_sft_data, checkpoint  # noqa: F401 (a fixture)
 from test_paper_scale import REPO, torchrun
 
@@ -25,17 +26,17 @@ def test_rank_blocks_are_contiguous_whole_batches():
 
 
 def test_hf_samples_do_not_depend_on_the_split(checkpoint):
-    engine, tok = ev.load_engine(checkpoint, "hf")
+    engine, tok = generation.load_engine(checkpoint, "hf")
     prompts = [ev.example_prompt(ev.Example(q, "5", "", "math", i), tok, "paper") for i, q in enumerate(QUESTIONS)]
-    whole = ev.generate(engine, tok, prompts, n=2, max_new_tokens=8, seed=3, batch_size=2)
-    tail = ev.generate(engine, tok, prompts[2:], n=2, max_new_tokens=8, seed=3, batch_size=2, offset=2)
+    whole = generation.generate(engine, tok, prompts, n=2, max_new_tokens=8, seed=3, batch_size=2)
+    tail = generation.generate(engine, tok, prompts[2:], n=2, max_new_tokens=8, seed=3, batch_size=2, offset=2)
     assert [[s.token_ids for s in q] for q in tail] == [[s.token_ids for s in q] for q in whole[2:]]
     assert whole[0][0].token_ids != whole[2][0].token_ids or whole[0][1].token_ids != whole[2][1].token_ids
 
 
 def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatch):
     target = tmp_path / "results.json"
-    ev._write_atomic(target, "old")
+    run_dir.write_atomic(target, "old")
     real_write = Path.write_text
 
     def full_disk(self, text):
@@ -44,7 +45,7 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatc
 
     monkeypatch.setattr(Path, "write_text", full_disk)
     with pytest.raises(OSError):
-        ev._write_atomic(target, "new contents")
+        run_dir.write_atomic(target, "new contents")
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
 
 
@@ -82,7 +83,7 @@ def test_a_rerun_after_a_crash_keeps_the_finished_benchmarks(checkpoint, tmp_pat
     argv = ["--model", checkpoint, "--data", str(bench), "--n", "2", *TINY]
     ev.main(argv + ["--out", str(tmp_path / "clean")])
 
-    calls, real_generate = [], ev.generate
+    calls, real_generate = [], generation.generate
 
     def crash_on(k):
         def generate(*args, **kwargs):

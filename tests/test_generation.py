@@ -9,8 +9,9 @@ import transformers
 
 import evaluate as ev
 from data import build_prompt
-from toy import build_toy_tokenizer
+from demo.toy import build_toy_tokenizer
 from fake_vllm import install
+from plumbing import generation
 
 QUESTIONS = ["What is 2+3?", "Compute 7*6.", "What is 10-4?"]
 LONG = "Add up the following numbers one after another and report the total: " + " + ".join(map(str, range(40)))
@@ -40,15 +41,15 @@ def qwen_eos(tok):
 
 
 def test_eos_ids_add_every_qwen_eos_token(chat_checkpoint):
-    engine, tok = ev.load_engine(chat_checkpoint, "hf")
+    engine, tok = generation.load_engine(chat_checkpoint, "hf")
     im_end, endoftext = qwen_eos(tok)
     assert tok.eos_token_id == engine.model.generation_config.eos_token_id == im_end != endoftext   # names one
-    assert ev._eos_ids(engine.model, tok) == [im_end, endoftext]
-    assert ev._eos_ids(None, tok) == [im_end, endoftext]                    # vLLM: no generation_config here
+    assert generation._eos_ids(engine.model, tok) == [im_end, endoftext]
+    assert generation._eos_ids(None, tok) == [im_end, endoftext]                    # vLLM: no generation_config here
 
 
 def test_hf_generation_stops_on_endoftext_that_the_checkpoint_does_not_name(chat_checkpoint):
-    engine, tok = ev.load_engine(chat_checkpoint, "hf")
+    engine, tok = generation.load_engine(chat_checkpoint, "hf")
     _, endoftext = qwen_eos(tok)
 
     def force_endoftext(module, inputs, logits):          # the model wants to end with <|endoftext|>
@@ -56,14 +57,14 @@ def test_hf_generation_stops_on_endoftext_that_the_checkpoint_does_not_name(chat
         return logits
 
     engine.model.lm_head.register_forward_hook(force_endoftext)
-    out = ev.generate(engine, tok, [build_prompt(q, tok) for q in QUESTIONS[:2]], n=2, max_new_tokens=5)
+    out = generation.generate(engine, tok, [build_prompt(q, tok) for q in QUESTIONS[:2]], n=2, max_new_tokens=5)
     for s in (s for q in out for s in q):
         assert (s.token_ids, s.text, s.finish_reason) == ([endoftext], "", "stop")
         assert len(s.logprobs) == len(s.entropy) == 1
 
 
 def test_hf_generation_without_logprobs_samples_the_same_tokens(chat_checkpoint):
-    engine, tok = ev.load_engine(chat_checkpoint, "hf")
+    engine, tok = generation.load_engine(chat_checkpoint, "hf")
     calls = []
     real_generate = engine.model.generate
 
@@ -73,8 +74,8 @@ def test_hf_generation_without_logprobs_samples_the_same_tokens(chat_checkpoint)
 
     engine.model.generate = spy
     prompts = [build_prompt(q, tok) for q in QUESTIONS]
-    full = ev.generate(engine, tok, prompts, n=3, max_new_tokens=10, seed=5, batch_size=2)
-    lean = ev.generate(engine, tok, prompts, n=3, max_new_tokens=10, seed=5, batch_size=2, logprobs=False)
+    full = generation.generate(engine, tok, prompts, n=3, max_new_tokens=10, seed=5, batch_size=2)
+    lean = generation.generate(engine, tok, prompts, n=3, max_new_tokens=10, seed=5, batch_size=2, logprobs=False)
     assert calls == [True, True, False, False]                  # no per-step [B * n, V] scores kept
     assert [[(s.token_ids, s.finish_reason) for s in q] for q in lean] == \
            [[(s.token_ids, s.finish_reason) for s in q] for q in full]
@@ -84,14 +85,14 @@ def test_hf_generation_without_logprobs_samples_the_same_tokens(chat_checkpoint)
 
 def test_vllm_sampling_params_finish_reasons_and_lean_engine(chat_checkpoint, monkeypatch):
     vllm = install(monkeypatch)
-    engine, tok = ev.load_engine(chat_checkpoint, "vllm", "bfloat16", seed=3, max_model_len=64)
+    engine, tok = generation.load_engine(chat_checkpoint, "vllm", "bfloat16", seed=3, max_model_len=64)
     llm = vllm.engines[-1]
     assert llm.kwargs["logprobs_mode"] == "processed_logprobs" and llm.kwargs["max_model_len"] == 64
     im_end, endoftext = qwen_eos(tok)
     body = tok.encode(" The answer is 5.", add_special_tokens=False)
     llm.scripted = [[(body + [endoftext], "stop"), (body, "length")], [(body, "abort"), (body, "repetition")]]
     prompts = [build_prompt(q, tok) for q in QUESTIONS[:2]]
-    out = ev.generate(engine, tok, prompts, n=2, max_new_tokens=16, seed=7)
+    out = generation.generate(engine, tok, prompts, n=2, max_new_tokens=16, seed=7)
     calls = [p.kwargs for p in vllm.sampling_params]
     assert [c["seed"] for c in calls] == [7, 9]                  # seed + i * n: no two samples share a seed
     for c in calls:
@@ -105,12 +106,12 @@ def test_vllm_sampling_params_finish_reasons_and_lean_engine(chat_checkpoint, mo
     assert ev.benchmark_metrics(out, scores)["truncated"] == 0.25    # abort and repetition are not truncations
 
     # a rollout engine: built without processed log-probs, asked for none
-    lean, _ = ev.load_engine(chat_checkpoint, "vllm", "bfloat16", logprobs=False)
+    lean, _ = generation.load_engine(chat_checkpoint, "vllm", "bfloat16", logprobs=False)
     assert "logprobs_mode" not in vllm.engines[-1].kwargs and not lean.logprobs
-    out = ev.generate(lean, tok, prompts, n=2, max_new_tokens=4, logprobs=False)
+    out = generation.generate(lean, tok, prompts, n=2, max_new_tokens=4, logprobs=False)
     assert all(s.logprobs is None and s.entropy is None and len(s.token_ids) <= 4 for q in out for s in q)
     with pytest.raises(ValueError, match="logprobs=False"):
-        ev.generate(lean, tok, prompts, n=2, max_new_tokens=4)
+        generation.generate(lean, tok, prompts, n=2, max_new_tokens=4)
 
 
 
@@ -127,7 +128,7 @@ def test_evaluation_drops_and_counts_prompts_over_max_prompt_len(chat_checkpoint
     bench = write_benchmark(tmp_path, [("math", QUESTIONS[0]), ("math", LONG), ("math", QUESTIONS[1]),
                                        ("aime", LONG + " Twice.")])
     tok = transformers.AutoTokenizer.from_pretrained(chat_checkpoint)
-    lengths = {ex.question: len(ev._encode(tok, ev.example_prompt(ex, tok, "paper")))
+    lengths = {ex.question: len(generation.encode(tok, ev.example_prompt(ex, tok, "paper")))
                for exs in ev.load_benchmarks(str(bench)).values() for ex in exs}
     limit = max(lengths[q] for q in QUESTIONS[:2])             # the short ones fit exactly, the long ones do not
     assert min(lengths[LONG], lengths[LONG + " Twice."]) > limit

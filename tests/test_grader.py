@@ -16,8 +16,8 @@ from math_verify import parse
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import grading as gr  # noqa: E402
 from data import load_examples  # noqa: E402
+from plumbing import grading as gr  # noqa: E402
 
 T = "<think>\nlet me think\n</think>\n"
 
@@ -330,7 +330,7 @@ def _python(code: str, **kwargs) -> subprocess.Popen:
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
 def test_workers_die_with_a_parent_killed_in_the_middle_of_a_hanging_grade():
     parent = _python(f"""
-        import grading
+        from plumbing import grading
         grading.grade([{T!r} + "\\\\boxed{{1}}"] * 2, ["1"] * 2, ["math"] * 2, workers=2)  # both workers ready
         print(*[w.process.pid for w in grading._POOL], flush=True)
         grading.grade([{T!r} + "\\\\boxed{{9^{{9^{{9^{{9}}}}}}}}"] * 2, ["3"] * 2, ["math"] * 2, timeout_s=600)
@@ -348,7 +348,7 @@ def test_the_portable_fallback_ends_an_orphaned_worker():
     # The watcher thread alone (no prctl): a process that only runs it exits once its parent is killed.
     parent = _python("""
         import subprocess, sys
-        child = subprocess.Popen([sys.executable, "-c", "import os, time, grading; "
+        child = subprocess.Popen([sys.executable, "-c", "import os, time; from plumbing import grading; "
                                   "grading._exit_when_orphaned(os.getppid()); print('watching', flush=True); "
                                   "time.sleep(120)"], stdout=subprocess.PIPE, text=True)
         assert child.stdout.readline().strip() == "watching"
@@ -363,10 +363,11 @@ def test_the_portable_fallback_ends_an_orphaned_worker():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc")
-@pytest.mark.parametrize("exit_call", ["sys.exit(0)", "os._exit(0)"])  # os._exit: common.shutdown, no atexit
+@pytest.mark.parametrize("exit_call", ["sys.exit(0)", "os._exit(0)"])  # os._exit: distributed.shutdown, no atexit
 def test_an_evaluation_that_ends_while_workers_start_exits_quietly(exit_call):
     done = subprocess.run([sys.executable, "-c", textwrap.dedent(f"""
-        import os, sys, grading
+        import os, sys
+        from plumbing import grading
         print(grading.grade([{T!r} + "\\\\boxed{{2}}"], ["2"], ["math"], workers=1), flush=True)
         for _ in range(3):  # still importing when this process ends
             grading._POOL.append(grading._start_worker())

@@ -9,16 +9,18 @@ REPO = Path(__file__).resolve().parents[1]
 
 CASES = {
     "sft.py": ["usage: sft.py [config/PRESET.py ...]", "torchrun --nproc_per_node 8 sft.py config/sft_paper.py",
-               "(required) HF model directory", "sft.py settings:", "loss settings (curio_loss.LossConfig):",
+               "(required) Hugging Face model directory", "sft.py settings:", "loss settings (curio_loss.LossConfig):",
                "{sft,curio,curio_fixed_tau,curio_self_teacher,",
                "--loss_norm {batch_token_mean,micro_batch_token_mean}",
                "(default: 1e-05)"],
-    "rl.py": ["usage: rl.py [config/PRESET.py ...]", "(required) HF checkpoint directory", "rl.py settings:",
+    "rl.py": ["usage: rl.py [config/PRESET.py ...]", "(required) checkpoint to start from", "rl.py settings:",
               "--policy_loss {ppo_clip,custom_loss_rl}", "--engine {auto,hf,vllm}"],
     "evaluate.py": ["usage: evaluate.py [config/PRESET.py ...]", "--grading {paper,authors}"],
     "evaluate.py plot": ["usage: evaluate.py plot", "--results"],
     "data.py": ["usage: python data.py download"],
-    "toy.py": ["usage: toy.py", "--expert_fails"],
+    "demo/toy.py": ["usage: demo/toy.py", "--expert_fails"],
+    "demo/run.py": ["python demo/run.py --seeds 0 1 2", "--size {ci,full}"],
+    "bench/loss_speed.py": ["--tokens", "--vocab"],
     "data.py download": ["usage: data.py download", "(default: data)"],
     "bench/memory.py": ["--model", "--stage"],
 }

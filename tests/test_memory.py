@@ -13,11 +13,11 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import chunked_logits
-import common
 import curio_loss as cl
 import data
 import rl
 import sft
+from plumbing import models
 
 REPO = Path(__file__).resolve().parents[1]
 _spec = importlib.util.spec_from_file_location("bench_memory", REPO / "bench" / "memory.py")
@@ -86,14 +86,14 @@ def measured_sft_peaks(config, loss, batch, chunk, grad_ckpt, bf16):
     with tracker:
         torch.manual_seed(0)
         full = Qwen2ForCausalLM(config)
-        needs = cl.LOSSES[loss][1]
-        separate = (needs == "teacher_lq" and loss != "curio_self_teacher") or needs == "base"
+        second = cl.second_model(loss)
+        separate = second is not None
         frozen = copy.deepcopy(full) if separate else None
-        model = common.shard_model(full, torch.device("cpu"), bf16, grad_ckpt)
-        other = (common.shard_model(frozen, torch.device("cpu"), bf16, grad_ckpt=False, trainable=False)
+        model = models.shard_model(full, torch.device("cpu"), bf16, grad_ckpt)
+        other = (models.shard_model(frozen, torch.device("cpu"), bf16, grad_ckpt=False, trainable=False)
                  if separate else None)
         del full, frozen
-        teacher, base = (other if needs == "teacher_lq" else None), (other if needs == "base" else None)
+        teacher, base = (other if second == "teacher" else None), (other if second == "base" else None)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), fused=False)
         args = sft.Args(loss=loss, loss_chunk=chunk)
         for layer in model.model.layers:
@@ -162,14 +162,15 @@ def test_plan_is_within_15_percent_of_a_measured_rl_step(world_of_one):
     tracker = memory.LiveTensorBytes()
     with tracker:
         torch.manual_seed(0)
-        model = common.shard_model(Qwen2ForCausalLM(config), torch.device("cpu"), True, True)
+        model = models.shard_model(Qwen2ForCausalLM(config), torch.device("cpu"), True, True)
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-6, betas=(0.9, 0.999), fused=False)
         for micro_batches in (1, 2):                   # as rl.train: old log-probs, then one optimiser step
             tracker.reset_peak()
             old = [chunked_logits.token_log_probs(model, batch, args.loss_chunk, args.temperature)
                    for _ in range(micro_batches)]
             model.reshard()
-            rl.optimiser_step(model, optimizer, [(batch, adv, lp, ent) for lp, ent in old], args)
+            rl.policy_update(model, optimizer, [rl.MicroBatch(batch, adv, lp, ent) for lp, ent in old], args,
+                             torch.device("cpu"))
             del old
     result = memory.plan(config.to_dict(), stage="rl", gpus=1, micro_batch=2, seq_len=512, trained_tokens=n,
                          loss_chunk=256, grad_ckpt=True, mini_batch=1, rollouts=4, vllm_sleep=True, device="cpu")

@@ -12,8 +12,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file
 
-import checkpoints
-import common
+from plumbing import checkpoints, distributed, models
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -40,20 +39,20 @@ def torchrun(script: str, *args, nproc: int = 2, timeout: int = 600) -> subproce
 ACCUMULATION_PROBE = r"""
 import runpy, sys, torch
 sys.path.insert(0, {repo!r})
-import common
+from plumbing import distributed, models
 
-models, backwards, leaks = [], [0], []
-shard_model = common.shard_model
+sharded, backwards, leaks = [], [0], []
+shard_model = models.shard_model
 def recording_shard_model(*args, **kwargs):
-    models.append(shard_model(*args, **kwargs))
-    return models[-1]
-common.shard_model = recording_shard_model
+    sharded.append(shard_model(*args, **kwargs))
+    return sharded[-1]
+models.shard_model = recording_shard_model
 
 backward = torch.Tensor.backward
 def checked_backward(self, *args, **kwargs):
     backward(self, *args, **kwargs)
     backwards[0] += 1
-    for model in models:
+    for model in sharded:
         for module in model.modules():
             if hasattr(module, "_get_fsdp_state"):
                 for group in module._get_fsdp_state()._fsdp_param_groups:
@@ -63,11 +62,11 @@ def checked_backward(self, *args, **kwargs):
                             leaks.append(p._param_fqn)
 torch.Tensor.backward = checked_backward
 
-shutdown = common.shutdown
+shutdown = distributed.shutdown
 def report_then_shutdown(code=0):
     print(f"PROBE backwards={{backwards[0]}} leaks={{len(leaks)}} {{sorted(set(leaks))[:3]}}", flush=True)
     shutdown(code)
-common.shutdown = report_then_shutdown
+distributed.shutdown = report_then_shutdown
 sys.argv = sys.argv[1:]
 runpy.run_path(sys.argv[0], run_name="__main__")
 """
@@ -92,10 +91,11 @@ def test_sft_accumulation_keeps_no_unsharded_gradient(tiny_model_dir, toy_sft_fi
 
 
 def test_rl_accumulation_keeps_no_unsharded_gradient(world_of_one, tiny_model_dir, tmp_path):
-    from conftest import toy_rows
     from transformers import AutoTokenizer
 
-    common.load_full_model(str(tiny_model_dir), scratch=True, seed=0).save_pretrained(tmp_path / "start")
+    from conftest import toy_rows
+
+    models.load_full_model(str(tiny_model_dir), scratch=True, seed=0).save_pretrained(tmp_path / "start")
     AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tmp_path / "start")
     (tmp_path / "prompts.jsonl").write_text("\n".join(json.dumps(r) for r in toy_rows(16)))
     probe = tmp_path / "probe.py"
@@ -109,8 +109,8 @@ def test_rl_accumulation_keeps_no_unsharded_gradient(world_of_one, tiny_model_di
 
 # ---------------------------------------------------------------- checkpoints
 def sharded_model(model_dir, seed=0):
-    full = common.load_full_model(str(model_dir), scratch=True, seed=seed)
-    return common.shard_model(full, torch.device("cpu"), bf16=False, grad_ckpt=False)
+    full = models.load_full_model(str(model_dir), scratch=True, seed=seed)
+    return models.shard_model(full, torch.device("cpu"), bf16=False, grad_ckpt=False)
 
 
 def save(model, tokenizer, out_dir, step, **kwargs):
@@ -123,7 +123,7 @@ def test_checkpoint_is_sharded_like_save_pretrained_and_reloads_bit_exactly(worl
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     model, tokenizer = sharded_model(tiny_model_dir), AutoTokenizer.from_pretrained(tiny_model_dir)
-    trained = {k: v.clone() for k, v in common.full_state_dict(model).items()}
+    trained = {k: v.clone() for k, v in models.full_state_dict(model).items()}
     path = save(model, tokenizer, tmp_path, 3, max_shard_gb=100e3 / 2**30)      # ~100 kB shards: several files
     index = json.loads((path / "model.safetensors.index.json").read_text())
     files = sorted(set(index["weight_map"].values()))
@@ -149,7 +149,7 @@ def test_checkpoint_in_training_dtype_with_tied_embeddings(world_of_one, tiny_mo
     config.save_pretrained(tied_dir)
     AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(tied_dir)
     model = sharded_model(tied_dir)
-    trained = common.full_state_dict(model)
+    trained = models.full_state_dict(model)
     path = save(model, AutoTokenizer.from_pretrained(tied_dir), tmp_path / "run", 1, dtype=torch.bfloat16)
     on_disk = load_file(path / "model.safetensors")          # one file below the default 5 GB
     assert "lm_head.weight" not in on_disk and {v.dtype for v in on_disk.values()} == {torch.bfloat16}
@@ -189,8 +189,8 @@ def test_offload_trains_like_no_offload(tiny_model_dir, toy_sft_file, tmp_path):
 
 
 def test_offload_flag_sets_fsdp_cpu_offload(world_of_one, tiny_model_dir):
-    full = common.load_full_model(str(tiny_model_dir), scratch=True, seed=0)
-    model = common.shard_model(full, torch.device("cpu"), bf16=False, grad_ckpt=False, offload=True)
+    full = models.load_full_model(str(tiny_model_dir), scratch=True, seed=0)
+    model = models.shard_model(full, torch.device("cpu"), bf16=False, grad_ckpt=False, offload=True)
     params = [p for g in model._get_fsdp_state()._fsdp_param_groups for p in g.fsdp_params]
     assert params and all(p.offload_to_cpu for p in params)
 
@@ -199,5 +199,5 @@ def test_dist_timeout_reaches_the_process_group(monkeypatch):
     seen = {}
     monkeypatch.setattr(torch.distributed, "init_process_group", lambda *a, **k: seen.update(k))
     monkeypatch.delenv("RANK", raising=False)
-    common.setup_distributed(timeout_min=90)
+    distributed.setup_distributed(timeout_min=90)
     assert seen["timeout"].total_seconds() == 90 * 60

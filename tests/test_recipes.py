@@ -11,12 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import common
 import curio_loss as cl
 import data
 import evaluate
 import rl
 import sft
+from plumbing import cli, models
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -54,10 +54,12 @@ def test_lr_schedule_is_verls_at_every_step(horizon, floor, last):
 
 
 def test_adamw_betas_are_verls():
-    optimizer = sft.make_optimizer(torch.nn.Linear(2, 2), sft.Args(), torch.device("cpu"))
+    def adamw(a):
+        return models.make_optimizer(torch.nn.Linear(2, 2), a.lr, a.weight_decay, a.adam_beta2, torch.device("cpu"),
+                                     a.offload)
+    optimizer = adamw(sft.Args())
     assert optimizer.param_groups[0]["betas"] == (0.9, 0.999) and optimizer.param_groups[0]["weight_decay"] == 0.01
-    toy = sft.make_optimizer(torch.nn.Linear(2, 2), sft.Args(adam_beta2=0.95), torch.device("cpu"))
-    assert toy.param_groups[0]["betas"] == (0.9, 0.95)
+    assert adamw(sft.Args(adam_beta2=0.95)).param_groups[0]["betas"] == (0.9, 0.95)
 
 
 N_TARGETS = {10: 1, 11: 3, 12: 2, 13: 6}          # response tokens of four examples
@@ -112,8 +114,9 @@ def test_sft_logs_the_step_loss_its_loss_norm_says(world_of_one, tiny_model_dir,
     (before the update) against cross-entropy computed here: the token weights reach the right tokens."""
     import shutil
 
-    from conftest import toy_rows
     from transformers import AutoTokenizer
+
+    from conftest import toy_rows
 
     rows = toy_rows(8, seed=5)
     for k, r in enumerate(rows):
@@ -129,7 +132,7 @@ def test_sft_logs_the_step_loss_its_loss_norm_says(world_of_one, tiny_model_dir,
     items, stats = data.build_sft_data(tok, data.load_examples(train_file, require_response=True), 512, 256)
     n_targets = [int(mask[1:].sum()) for _, mask in items]
     assert stats["kept"] == 8 and n_targets[-1] > 5 * n_targets[0]
-    model = common.load_full_model(str(model_dir), scratch=True, seed=0)
+    model = models.load_full_model(str(model_dir), scratch=True, seed=0)
     with torch.no_grad():                                          # [token losses] of each example
         per_example = [torch.nn.functional.cross_entropy(model(ids[None].long()).logits[0, :-1], ids[1:].long(),
                                                          reduction="none")[mask[1:].bool()] for ids, mask in items]
@@ -182,7 +185,7 @@ DIFFERENCES = {"sft": {"lr_horizon", "min_lr_ratio", "loss_norm", "system_prompt
 def parse_preset(preset):
     classes, _ = PRESETS[preset]
     required = [a for c in classes for name in getattr(c, "REQUIRED", ()) for a in (f"--{name}", "x")]
-    parsed = common.parse_config(*classes, argv=[str(REPO / preset), *required])
+    parsed = cli.parse_config(*classes, argv=[str(REPO / preset), *required])
     return {f.name: getattr(p, f.name) for p in parsed for f in fields(p)}
 
 

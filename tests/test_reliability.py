@@ -8,16 +8,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import checkpoints
-import common
+from plumbing import checkpoints, models
 
 
 @pytest.fixture()
 def model_and_tokenizer(world_of_one, tiny_model_dir):
     from transformers import AutoTokenizer
 
-    full = common.load_full_model(str(tiny_model_dir), scratch=True, seed=0)
-    model = common.shard_model(full, torch.device("cpu"), bf16=False, grad_ckpt=False)
+    full = models.load_full_model(str(tiny_model_dir), scratch=True, seed=0)
+    model = models.shard_model(full, torch.device("cpu"), bf16=False, grad_ckpt=False)
     return model, AutoTokenizer.from_pretrained(tiny_model_dir)
 
 

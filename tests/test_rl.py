@@ -11,13 +11,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import common
+import chunked_logits
 import data
 import evaluate
-import rl
-import chunked_logits
-import checkpoints
 import fake_vllm
+import rl
+from plumbing import checkpoints, distributed, generation, models
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -30,13 +29,13 @@ def checkpoint(world_of_one, tiny_model_dir, tmp_path_factory):
     from transformers import AutoTokenizer
 
     out = tmp_path_factory.mktemp("start")
-    common.load_full_model(str(tiny_model_dir), scratch=True, seed=0).save_pretrained(out)
+    models.load_full_model(str(tiny_model_dir), scratch=True, seed=0).save_pretrained(out)
     AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(out)
     return out
 
 
 def fsdp_model(path):
-    return common.shard_model(common.load_full_model(str(path), scratch=False, seed=0), torch.device("cpu"),
+    return models.shard_model(models.load_full_model(str(path), scratch=False, seed=0), torch.device("cpu"),
                               bf16=False, grad_ckpt=False)
 
 
@@ -144,21 +143,21 @@ def test_token_losses_ignore_padding_and_first_update_is_on_policy(checkpoint, w
     # padding contributes nothing: the padded micro-batch sums exactly the two sequences' losses, whatever the pad id
     adv = torch.cat([torch.full((n[0],), 1.5), torch.full((n[1],), -0.7)])
     shifted = old + torch.linspace(-0.5, 0.5, len(old))                # ratios on both sides of the clip range
-    total, diag = rl.micro_batch_loss(model, batch, shifted, adv, args)
+    total, diag = rl.micro_batch_loss(model, rl.MicroBatch(batch, adv, shifted), args)
     singles = []
     for k, item in enumerate(items):
         one = data.collate([item], tok.pad_token_id)
         part = slice(sum(n[:k]), sum(n[: k + 1]))
-        singles.append(rl.micro_batch_loss(model, one, shifted[part], adv[part], args)[0])
+        singles.append(rl.micro_batch_loss(model, rl.MicroBatch(one, adv[part], shifted[part]), args)[0])
     torch.testing.assert_close(total, sum(singles), rtol=1e-5, atol=1e-6)
     other_pad = dict(batch, input_ids=batch["input_ids"].masked_fill(batch["attention_mask"] == 0, 7))
-    again, _ = rl.micro_batch_loss(model, other_pad, shifted, adv, args)
+    again, _ = rl.micro_batch_loss(model, rl.MicroBatch(other_pad, adv, shifted), args)
     torch.testing.assert_close(again, total, rtol=1e-6, atol=1e-6)
     assert len(diag["kl"]) == sum(n) and diag["clip_low"].sum() + diag["clip_high"].sum() > 0
 
     # the first update of a step is on-policy: ratio 1, loss -sum(A), no clipping, zero KL; its gradient is the
     # policy gradient -sum_t A_t grad log pi(y_t)
-    total, diag = rl.micro_batch_loss(model, batch, old, adv, args)
+    total, diag = rl.micro_batch_loss(model, rl.MicroBatch(batch, adv, old), args)
     torch.testing.assert_close(total, -adv.sum(), rtol=1e-5, atol=1e-5)
     assert diag["clip_low"].sum() == 0 and diag["clip_high"].sum() == 0 and diag["kl"].abs().max() < 1e-5
     total.backward()
@@ -185,7 +184,7 @@ class GradCapture:
 
 @pytest.mark.parametrize("policy_loss,loss_agg,divisor", [("ppo_clip", "token_mean", 8),
                                                            ("custom_loss_rl", "seq_sum_over_max_len", 3 * 16)])
-def test_optimiser_step_combines_its_micro_batches_as_loss_agg_says(checkpoint, world_of_one, policy_loss, loss_agg,
+def test_policy_update_combines_its_micro_batches_as_loss_agg_says(checkpoint, world_of_one, policy_loss, loss_agg,
                                                                     divisor):
     """Micro-batches of 7 and 1 response tokens in 3 sequences. token_mean: each token weighs 1/8 (a mean over
     sequences or micro-batches would not). seq_sum_over_max_len: each weighs 1/(3 sequences x max_response_len 16),
@@ -201,7 +200,7 @@ def test_optimiser_step_combines_its_micro_batches_as_loss_agg_says(checkpoint, 
         adv = torch.full((sum(map(len, responses)),), a)
         old, ent = chunked_logits.token_log_probs(model, batch, args.loss_chunk, args.temperature)
         old = old + torch.linspace(-0.4, 0.4, len(old))                  # off-policy: some tokens clipped
-        mbs.append((batch, adv, old, ent))
+        mbs.append(rl.MicroBatch(batch, adv, old, ent))
         sel = batch["loss_mask"][:, 1:].bool()
         lp = model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].log_softmax(-1)
         reference = reference + rl.clipped_loss(lp.gather(-1, batch["input_ids"][:, 1:, None])[..., 0][sel], old, adv,
@@ -210,7 +209,7 @@ def test_optimiser_step_combines_its_micro_batches_as_loss_agg_says(checkpoint, 
     want = [p.grad.full_tensor().clone() for p in model.parameters()]
     model.zero_grad()
     capture = GradCapture(model.parameters())
-    sums, grad_norm = rl.optimiser_step(model, capture, mbs, args)
+    sums, grad_norm = rl.policy_update(model, capture, mbs, args, torch.device("cpu"))
     assert sums[4] == 8 and sums[0].item() == pytest.approx(reference.item(), rel=1e-5)
     for got, w in zip(capture.grads, want):
         torch.testing.assert_close(got, w, rtol=1e-4, atol=1e-7)
@@ -221,7 +220,7 @@ def test_micro_batches_give_every_response_token_its_group_advantage(world_of_on
     G, n = 4, 3
     prompt_ids = [[1, 2, 3], [1, 2], [4, 5, 6, 7], [1]]
     # response tokens 100 + n*i + j identify their (prompt i, rollout j); lengths vary, to need padding
-    samples = [[evaluate.Sample([100 + n * i + j] * (1 + (i + 2 * j) % 4), "", [], [], "stop") for j in range(n)]
+    samples = [[generation.Sample([100 + n * i + j] * (1 + (i + 2 * j) % 4), "", [], [], "stop") for j in range(n)]
                for i in range(G)]
     adv = torch.arange(G * n, dtype=torch.float32).view(G, n) / 10 - 0.5
     args = rl.Args(mini_batch=2, micro_batch=2)
@@ -230,7 +229,7 @@ def test_micro_batches_give_every_response_token_its_group_advantage(world_of_on
     seen = []
     for mbs in minis:
         assert len(mbs) == args.mini_batch * n // args.micro_batch
-        for batch, adv_tok in mbs:
+        for batch, adv_tok in ((mb.batch, mb.adv) for mb in mbs):
             hidden = torch.zeros(*batch["input_ids"].shape, 1)
             _, y = chunked_logits.select_targets(hidden, batch)
             i, j = (y - 100) // n, (y - 100) % n
@@ -263,17 +262,17 @@ def test_rollout_seeds_differ_across_ranks_and_steps():
 
 # ---------------------------------------------------------------- weight sync
 def test_sync_weights_moves_the_trainers_weights_into_the_hf_engine(checkpoint, world_of_one):
-    engine, tok = evaluate.load_engine(str(checkpoint), "hf", "float32")
+    engine, tok = generation.load_engine(str(checkpoint), "hf", "float32")
     model = fsdp_model(checkpoint)
     batch, _ = padded_batch(tok, [[5, 6, 7, tok.eos_token_id]])
     old, _ = chunked_logits.token_log_probs(model, batch, rl.Args().loss_chunk, rl.Args().temperature)
-    total, _ = rl.micro_batch_loss(model, batch, old, torch.tensor([1.0, -1.0, 2.0, 0.5]), rl.Args())
+    total, _ = rl.micro_batch_loss(model, rl.MicroBatch(batch, torch.tensor([1.0, -1.0, 2.0, 0.5]), old), rl.Args())
     total.backward()
     torch.optim.AdamW(model.parameters(), lr=1e-2).step()
-    trainer = {k: v.clone() for k, v in common.full_state_dict(model).items()}
+    trainer = {k: v.clone() for k, v in models.full_state_dict(model).items()}
     before = {k: v.clone() for k, v in engine.model.state_dict().items()}
     assert all(not torch.equal(trainer[k], before[k]) for k in trainer)     # the step moved every tensor
-    rl.sync_weights(model, engine)
+    generation.sync_weights(model, engine)
     after = engine.model.state_dict()
     assert after.keys() == trainer.keys()
     assert all(torch.equal(after[k], trainer[k]) for k in trainer)
@@ -287,13 +286,13 @@ def test_sync_weights_casts_to_the_engine_dtype_one_bucket_at_a_time(checkpoint,
     """Into a (fake) vLLM engine in bf16: every weight once, cast to bf16 before it is handed over, in buckets of at
     least bucket_bytes, then the prefix cache reset. An engine parameter left without a weight stops the sync."""
     vllm = fake_vllm.install(monkeypatch)
-    engine, _ = evaluate.load_engine(str(checkpoint), "vllm", "bfloat16", logprobs=False)
+    engine, _ = generation.load_engine(str(checkpoint), "vllm", "bfloat16", logprobs=False)
     llm = vllm.engines[-1]
     model = fsdp_model(checkpoint)
     for p in model.parameters():                                     # stands in for an optimiser step
         p.data.add_(0.01)
-    trainer = common.full_state_dict(model)
-    rl.sync_weights(model, engine, bucket_bytes=64 << 10)
+    trainer = models.full_state_dict(model)
+    generation.sync_weights(model, engine, bucket_bytes=64 << 10)
     sizes = [sum(t.nbytes for t in load.values()) for load in llm.loads]
     assert len(sizes) >= 3 and min(sizes[:-1]) >= 64 << 10
     assert sum(sizes) == sum(t.nbytes for t in trainer.values()) // 2               # bf16: half of float32
@@ -304,10 +303,10 @@ def test_sync_weights_casts_to_the_engine_dtype_one_bucket_at_a_time(checkpoint,
 
     llm.skip_on_load = "model.norm.weight"     # after a level-2 sleep it would keep garbage
     with pytest.raises(RuntimeError, match="1 engine parameters got no weight, e.g. 'model.norm.weight'"):
-        rl.sync_weights(model, engine)
+        generation.sync_weights(model, engine)
 
-    hf, _ = evaluate.load_engine(str(checkpoint), "hf", "bfloat16")   # the HF engine casts the same way
-    rl.sync_weights(model, hf)
+    hf, _ = generation.load_engine(str(checkpoint), "hf", "bfloat16")   # the HF engine casts the same way
+    generation.sync_weights(model, hf)
     assert all(torch.equal(v, trainer[k].to(torch.bfloat16)) for k, v in hf.model.state_dict().items())
 
 
@@ -318,8 +317,8 @@ def test_weight_buckets_leave_out_a_tied_lm_head(world_of_one):
 
     cfg = transformers.Qwen2Config(vocab_size=96, hidden_size=64, num_hidden_layers=1, num_attention_heads=2,
                                    num_key_value_heads=1, intermediate_size=128, tie_word_embeddings=True)
-    model = common.shard_model(transformers.Qwen2ForCausalLM(cfg), torch.device("cpu"), bf16=False, grad_ckpt=False)
-    names = [name for bucket in rl.full_weight_buckets(model, torch.float32, 1) for name, _ in bucket]
+    model = models.shard_model(transformers.Qwen2ForCausalLM(cfg), torch.device("cpu"), bf16=False, grad_ckpt=False)
+    names = [name for bucket in generation.full_weight_buckets(model, torch.float32, 1) for name, _ in bucket]
     assert "lm_head.weight" in model.state_dict() and names == [n for n in model.state_dict() if n != "lm_head.weight"]
 
 
@@ -338,9 +337,9 @@ def test_vllm_sleeps_whenever_the_trainer_works(checkpoint, toy_sft_file, world_
             return fn(*args, **kwargs)
         return spy
 
-    monkeypatch.setattr(common, "shard_model", while_asleep("build trainer", common.shard_model))
+    monkeypatch.setattr(rl, "shard_model", while_asleep("build trainer", rl.shard_model))
     monkeypatch.setattr(rl, "token_log_probs", while_asleep("old log-probs", rl.token_log_probs))
-    monkeypatch.setattr(rl, "optimiser_step", while_asleep("optimiser step", rl.optimiser_step))
+    monkeypatch.setattr(rl, "policy_update", while_asleep("optimiser step", rl.policy_update))
     args = rl.Args(model=str(checkpoint), train_file=str(toy_sft_file), out_dir=str(tmp_path), steps=2,
                    prompts_per_step=2, rollouts=4, mini_batch=1, micro_batch=8, max_prompt_len=512, max_response_len=6,
                    bf16=False, grad_ckpt=False, loss_chunk=512, engine="vllm", save_every=1, seed=0)
@@ -372,16 +371,17 @@ def test_vllm_sleeps_whenever_the_trainer_works(checkpoint, toy_sft_file, world_
 VLLM_SYNC_SCRIPT = r"""
 import sys, torch
 sys.path.insert(0, {repo!r})
-import common, evaluate, rl
-rank, world, device = common.setup_distributed()
-engine, tok = evaluate.load_engine({ckpt!r}, "vllm", dtype="bfloat16", seed=rank, tensor_parallel_size=1,
+import rl
+from plumbing import distributed, generation, models
+rank, world, device = distributed.setup_distributed()
+engine, tok = generation.load_engine({ckpt!r}, "vllm", dtype="bfloat16", seed=rank, tensor_parallel_size=1,
                                    distributed_executor_backend="external_launcher", gpu_memory_utilization=0.2,
                                    max_model_len=1024)
-model = common.shard_model(common.load_full_model({ckpt!r}, scratch=False, seed=0), device, bf16=True, grad_ckpt=False)
+model = models.shard_model(models.load_full_model({ckpt!r}, scratch=False, seed=0), device, bf16=True, grad_ckpt=False)
 for p in model.parameters():                                        # stands in for an optimiser step
     p.data.add_(0.01)
-rl.sync_weights(model, engine)
-full = {{k: v.to(device, torch.bfloat16) for k, v in common.full_state_dict(model).items()}}
+generation.sync_weights(model, engine)
+full = {{k: v.to(device, torch.bfloat16) for k, v in models.full_state_dict(model).items()}}
 got = engine.model.apply_model(lambda m: {{k: v.detach().clone() for k, v in m.named_parameters()}})[0]
 for i in range(model.config.num_hidden_layers):
     a = f"model.layers.{{i}}.self_attn."
@@ -393,7 +393,7 @@ for i in range(model.config.num_hidden_layers):
 for k in ("model.embed_tokens.weight", "model.norm.weight", "lm_head.weight"):
     assert torch.equal(got[k][: len(full[k])], full[k]), k   # vLLM pads the vocabulary to a multiple of 64
 print("VLLM SYNC OK")
-common.shutdown()
+distributed.shutdown()
 """
 
 
@@ -410,11 +410,12 @@ def test_sync_weights_moves_the_trainers_weights_into_vllm(checkpoint, tmp_path)
 STEP_SCRIPT = r"""
 import json, sys, torch
 sys.path.insert(0, {repo!r})
-import chunked_logits, common, data, evaluate, rl
+import chunked_logits, data, rl
+from plumbing import distributed, generation, models
 from safetensors.torch import save_file
-rank, world, device = common.setup_distributed()
+rank, world, device = distributed.setup_distributed()
 ckpt, out = sys.argv[1], sys.argv[2]
-model = common.shard_model(common.load_full_model(ckpt, scratch=False, seed=0), device, bf16=False, grad_ckpt=False)
+model = models.shard_model(models.load_full_model(ckpt, scratch=False, seed=0), device, bf16=False, grad_ckpt=False)
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2)
 args = rl.Args(micro_batch=2, loss_chunk=4)
 g = torch.Generator().manual_seed(0)
@@ -430,19 +431,19 @@ for k in range(0, len(mine), args.micro_batch):
     batch = data.collate([(ids, mask) for ids, mask, _ in part], 0)
     adv = torch.tensor([a for _, mask, a in part for _ in range(sum(mask))])
     old, ent = chunked_logits.token_log_probs(model, batch, args.loss_chunk, args.temperature)
-    mbs.append((batch, adv, old + torch.linspace(-0.4, 0.4, len(old)), ent))   # ratios on both sides of the clip
+    mbs.append(rl.MicroBatch(batch, adv, old + torch.linspace(-0.4, 0.4, len(old)), ent))   # both sides of the clip
 model.reshard()
-sums, grad_norm = rl.optimiser_step(model, optimizer, mbs, args)
+sums, grad_norm = rl.policy_update(model, optimizer, mbs, args, device)
 torch.distributed.all_reduce(sums)
-full = common.full_state_dict(model)
-engine, _ = evaluate.load_engine(ckpt, "hf", "float32")     # each rank's own engine, synced from the shards
-rl.sync_weights(model, engine)
+full = models.full_state_dict(model)
+engine, _ = generation.load_engine(ckpt, "hf", "float32")     # each rank's own engine, synced from the shards
+generation.sync_weights(model, engine)
 everyone = {{k: v.full_tensor() for k, v in model.state_dict().items()}}
 assert all(torch.equal(engine.model.state_dict()[k], v) for k, v in everyone.items()), rank
 if rank == 0:
     save_file({{k: v.contiguous() for k, v in full.items()}}, out + "/weights.safetensors")
     open(out + "/step.json", "w").write(json.dumps({{"sums": sums.tolist(), "grad_norm": grad_norm}}))
-common.shutdown()
+distributed.shutdown()
 """
 
 
@@ -490,9 +491,9 @@ def in_lower_quarter(samples, examples):
 
 def toy_reward_of(path):
     """Mean toy reward of 128 samples (16 prompts x 8) from a checkpoint, fixed seed."""
-    engine, tok = evaluate.load_engine(str(path), "hf", "float32")
+    engine, tok = generation.load_engine(str(path), "hf", "float32")
     prompts = [data.build_prompt(f"What is {i}+{2 * i}?", tok) for i in range(16)]
-    out = evaluate.generate(engine, tok, prompts, 8, 1.0, 1.0, 8, seed=123, batch_size=16)
+    out = generation.generate(engine, tok, prompts, 8, 1.0, 1.0, 8, seed=123, batch_size=16)
     return sum(in_lower_quarter([s for g in out for s in g], None)[0]) / 128
 
 
@@ -509,7 +510,7 @@ def test_grpo_raises_a_toy_reward_and_resumes_exactly(checkpoint, toy_sft_file, 
     assert after > before + 0.15, (before, after)
     for r in records:          # the logged diagnostics exist and are sane
         assert 0 <= r["clip_frac_low"] <= 1 and 0 <= r["clip_frac_high"] <= 1 and r["approx_kl"] >= 0
-        assert r["entropy"] > 0 and r["response_length"] <= 8 and r["zero_var_frac"] == 0.0
+        assert r["entropy"] > 0 and r["response_length"] <= 8 and r["zero_std_frac"] == 0.0
     assert any(r["clip_frac_low"] + r["clip_frac_high"] > 0 for r in records)
     logged = [json.loads(line) for line in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 6]
@@ -539,7 +540,7 @@ def test_command_line_run_writes_its_log_and_an_hf_checkpoint(checkpoint, toy_sf
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2]
-    for key in ("reward_mean", "accuracy", "zero_var_frac", "response_length", "entropy", "clip_frac_low",
+    for key in ("reward_mean", "accuracy", "zero_std_frac", "response_length", "entropy", "clip_frac_low",
                 "clip_frac_high", "approx_kl", "grad_norm", "gen_s", "train_s"):
         assert key in log[0], key
     assert json.loads((out / "run_config.json").read_text())["prompts_per_step"] == 8       # from config/rl_tiny.py

@@ -5,7 +5,7 @@ import types
 
 import pytest
 
-import run_dir
+from plumbing import run_dir
 
 pytestmark = pytest.mark.usefixtures("world_of_one")
 

@@ -1,11 +1,11 @@
-"""toy.py: the floor task (questions, responses, the stated share of dead ends, the classifier) and the tokenizer."""
+"""demo/toy.py: the floor task (questions, responses, the stated share of dead ends, the classifier) and the tokenizer."""
 import collections
 
 import pytest
 
 import data
 import evaluate
-import toy
+from demo import toy
 
 
 def question_of(row):
@@ -48,7 +48,7 @@ def test_excluded_questions_are_never_drawn(tmp_path):
     rows = toy.make_floor_task(3000, seed=8, style="pretrain", exclude=exclude)
     assert not exclude & {question_of(r) for r in rows}
     assert exclude & {question_of(r) for r in toy.make_floor_task(3000, seed=8, style="pretrain")}  # else vacuous
-    # python toy.py: the test questions are in no training split
+    # python demo/toy.py: the test questions are in no training split
     toy._main(["--out", str(tmp_path), "--n_pretrain", "2000", "--n_sft", "500", "--n_rl", "300", "--n_test", "64",
                "--vocab_labels", "10", "--vocab_size", "300"])
     questions = {name: {ex.question for ex in data.load_examples(tmp_path / f"{name}.jsonl")}

@@ -1,9 +1,10 @@
-"""A training run's output directory, shared by sft.py and rl.py: one run per directory (a lock, and the settings
+"""Plumbing (a reader of the method may skip this file): a training run's output directory, shared by sft.py and rl.py: one run per directory (a lock, and the settings
 that define the run recorded and checked on resume), stale partial checkpoints removed, and the run's log:
 log.jsonl always (cut back to the resumed step), a console line or a progress bar on rank 0, and optionally
 Weights & Biases and TensorBoard (imported only when asked for; neither is in requirements.txt)."""
 import fcntl
 import json
+import os
 import shutil
 import sys
 import time
@@ -156,3 +157,14 @@ def settings_of(*configs) -> dict:
     for c in configs:
         out |= asdict(c)
     return out
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write to a temporary name, then rename: a crash or a full disk never leaves a partial file under `path`
+    (the demo takes an existing results.json as a finished stage)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)

@@ -1,6 +1,6 @@
 """The CPU demo's toy world: a task in which exploration has value, and a small tokenizer in Qwen2's format.
 
-    python toy.py --out out/demo/world --seed 0     # the four data splits (.jsonl) and tokenizer/
+    python demo/toy.py --out out/demo/world --seed 0     # the four data splits (.jsonl) and tokenizer/
 
 The floor task. "Add: 2,-5,6,3,7" asks for the total of the numbers, added one at a time in any order the solver
 likes, and the running total may never go below 0 (the floor):
@@ -33,9 +33,11 @@ on 2 cores grew one on some seeds and not on others. Choosing any number not yet
 import argparse
 import random
 import re
+import sys
 from pathlib import Path
 
-import data
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
+import data  # noqa: E402
 
 # ---------------------------------------------------------------------------------------------------------
 # Toy tokenizer for the CPU demo and tests: byte-level BPE in Qwen2's format
@@ -240,8 +242,8 @@ def floor_solution_kind(question: str, response: str) -> str:
 
 
 def _main(argv: list[str] | None = None) -> None:
-    """python toy.py --out DIR: the floor task's four splits (.jsonl) and a tokenizer/ for them."""
-    p = argparse.ArgumentParser(prog="toy.py", description=_main.__doc__)
+    """python demo/toy.py --out DIR: the floor task's four splits (.jsonl) and a tokenizer/ for them."""
+    p = argparse.ArgumentParser(prog="demo/toy.py", description=_main.__doc__)
     p.add_argument("--out", required=True, help="output directory")
     p.add_argument("--n_pretrain", type=int, default=6000, help="pre-training rows: random orders")
     p.add_argument("--n_sft", type=int, default=1024, help="expert rows: the question's order, where it works")

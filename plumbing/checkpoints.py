@@ -1,4 +1,4 @@
-"""Checkpoints: a Hugging Face directory that evaluate.py, rl.py and vLLM load, plus the sharded trainer state
+"""Plumbing (a reader of the method may skip this file): checkpoints. A Hugging Face directory that evaluate.py, rl.py and vLLM load, plus the sharded trainer state
 (model, optimiser, teacher) and each rank's RNG for an exact resume, and a SHA-256 digest of every file, checked
 before a resume. Every function here is collective: every rank calls it.
 
@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 from safetensors.torch import save_file
 
-from common import full_tensors, print0
+from plumbing.distributed import print0
+from plumbing.models import full_tensors
 
 
 def save(out_dir: Path, step: int, model, tokenizer, trainer_state: dict, extra_state: dict,

@@ -1,13 +1,13 @@
-"""The CPU demo: does an SFT stage that keeps exploring give RL more to win? The whole pipeline on toy.py's floor
-task, one stage command after another.
+"""The CPU demo: does an SFT stage that keeps exploring give RL more to win? The whole pipeline on demo/toy.py's
+floor task, one stage command after another.
 
-    python demo.py --size ci --out out/demo_ci          # every stage, tiny: about a minute (tests/test_demo.py)
-    python demo.py --out out/demo                       # the demo proper, seed 0 (bash run.sh)
-    python demo.py --seeds 0 1 2 --out out/demo_seeds   # seed after seed into OUT/seed_S, then mean and spread
+    python demo/run.py --size ci --out out/demo_ci          # every stage, tiny: about a minute (tests/test_demo.py)
+    python demo/run.py --out out/demo                       # the demo proper, seed 0 (bash run.sh)
+    python demo/run.py --seeds 0 1 2 --out out/demo_seeds   # seed after seed into OUT/seed_S, then mean and spread
 
 Stages (each is the stage's own command line, printed before it runs, so it can be copied and re-run; its output
 goes to OUT/logs/ and the demo prints a progress line every few seconds):
-  1. toy.py         the floor task's splits and tokenizer; then a tiny Qwen2 config beside it (the "model directory")
+  1. demo/toy.py    the floor task's splits and tokenizer; then a tiny Qwen2 config beside it (the "model directory")
   2. sft.py --scratch --loss sft on the pre-training rows: the base model, from random weights
   3. sft.py --loss sft | curio | entropy from the base on the expert rows (a checkpoint every 32 steps)
   4. evaluate.py    avg@8 and pass@k on the test questions, those where the expert's order works and those where
@@ -29,11 +29,11 @@ import sys
 import time
 from pathlib import Path
 
-import checkpoints
-import data
-import toy
-
-ROOT = Path(__file__).resolve().parent
+ROOT = Path(__file__).resolve().parents[1]  # the repository root: the stage scripts run from there
+sys.path.insert(0, str(ROOT))
+import data  # noqa: E402
+from demo import toy  # noqa: E402
+from plumbing import checkpoints  # noqa: E402
 PY = sys.executable
 
 # Everything that differs between the CI smoke run and the demo proper.
@@ -50,7 +50,7 @@ SIZES = {
             "--max_response_len", "40"],
     ),
     "full": dict(
-        data=[],  # toy.py's defaults
+        data=[],  # demo/toy.py's defaults
         model=dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=384),
         # 2250 steps, about 4 min on two threads: a base that adds in many orders, dead ends included, with mistakes
@@ -80,7 +80,7 @@ PROGRESS_EVERY_S = 5.0
 # ---------------------------------------------------------------------------------------------------------
 # Running the stages
 # ---------------------------------------------------------------------------------------------------------
-def run(cmd: list, log: Path, steps: int | None = None, name: str = "", every_s: float = PROGRESS_EVERY_S,
+def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "", every_s: float = PROGRESS_EVERY_S,
         threads: int = THREADS) -> float:
     """Run one stage command from the repository root, echoing it. Its output goes to `log`; as lines arrive, one at
     most every every_s seconds is printed after the stage's name, for a run of `steps` steps as progress and ETA.
@@ -115,7 +115,7 @@ def progress_text(line: str, steps: int | None, elapsed: float) -> str:
     if not (m and steps):
         return line[:110]
     done = int(m.group(1))
-    shown = [f"{k} {v}" for k, v in re.findall(r"\b(loss|reward_mean|zero_var_frac) (\S+)", line)]
+    shown = [f"{k} {v}" for k, v in re.findall(r"\b(loss|reward_mean|zero_std_frac) (\S+)", line)]
     return ", ".join([f"step {done}/{steps}", *shown, f"ETA {elapsed / max(done, 1) * (steps - done):.0f}s"])
 
 
@@ -221,7 +221,7 @@ def sft_metrics(run_dir: Path, base: Path, branching) -> dict:
 
 
 def grpo_metrics(run_dir: Path) -> dict:
-    """From rl.py's log: the share of groups with mixed rewards (1 - zero_var_frac: the only ones with a gradient)
+    """From rl.py's log: the share of groups with mixed rewards (1 - zero_std_frac: the only ones with a gradient)
     over the run and in its first and last quarter, and the mean reward in those quarters."""
     log = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
     q = max(1, len(log) // 4)
@@ -229,8 +229,8 @@ def grpo_metrics(run_dir: Path) -> dict:
     def mean(rows, key):
         return sum(r[key] for r in rows) / len(rows)
 
-    return {"mixed": 1 - mean(log, "zero_var_frac"), "mixed_first": 1 - mean(log[:q], "zero_var_frac"),
-            "mixed_last": 1 - mean(log[-q:], "zero_var_frac"), "reward_first": mean(log[:q], "reward_mean"),
+    return {"mixed": 1 - mean(log, "zero_std_frac"), "mixed_first": 1 - mean(log[:q], "zero_std_frac"),
+            "mixed_last": 1 - mean(log[-q:], "zero_std_frac"), "reward_first": mean(log[:q], "reward_mean"),
             "reward_last": mean(log[-q:], "reward_mean")}
 
 
@@ -253,7 +253,7 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
 
     print(f"\n== 1. the toy world (seed {seed}): data, tokenizer, model config", flush=True)
     if not (world / "model" / "config.json").exists():
-        seconds["data"] = run([PY, "toy.py", "--out", world, *seed_flag, *size["data"]], logs / "data.log", name="data")
+        seconds["data"] = run_stage([PY, "demo/toy.py", "--out", world, *seed_flag, *size["data"]], logs / "data.log", name="data")
         make_model_dir(world, size["model"])
     pretrain_file, expert_file = world / "train_pretrain.jsonl", world / "train_expert.jsonl"
     rl_file, test_file = world / "train_rl.jsonl", world / "test.jsonl"
@@ -263,7 +263,7 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
         if checkpoints.latest(runs / name) is None:
             n_rows = len(train_file.read_text().splitlines())
             steps = flag(extra, "--epochs", 1) * (n_rows // flag(extra, "--global_batch", 8))
-            seconds[name] = run([PY, "sft.py", "config/sft_tiny.py", "--model", model, "--train_file", train_file,
+            seconds[name] = run_stage([PY, "sft.py", "config/sft_tiny.py", "--model", model, "--train_file", train_file,
                                  "--loss", loss, "--out_dir", runs / name, "--system_prompt", "row", *seed_flag,
                                  *extra], logs / f"{name}.log", steps, name, threads=threads)
         return checkpoints.latest(runs / name)
@@ -273,7 +273,7 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
 
     def evaluate(name: str) -> None:
         if not (evals / name / "results.json").exists():
-            seconds[f"eval {name}"] = run(
+            seconds[f"eval {name}"] = run_stage(
                 [PY, "evaluate.py", "--model", ckpts[name], "--data", test_file, "--out", evals / name, "--name", name,
                  "--engine", "hf", "--sft_data", expert_file, "--grader_workers", "1", "--system_prompt", "row",
                  *seed_flag, *size["eval"]], logs / f"eval_{name}.log", name=f"eval {name}")
@@ -284,7 +284,7 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
         evaluate(loss)
         name = f"{loss}+grpo"
         if checkpoints.latest(runs / name) is None:
-            seconds[name] = run([PY, "rl.py", "config/rl_tiny.py", "--model", ckpts[loss], "--train_file", rl_file,
+            seconds[name] = run_stage([PY, "rl.py", "config/rl_tiny.py", "--model", ckpts[loss], "--train_file", rl_file,
                                  "--out_dir", runs / name, "--save_every", "0", "--grader_workers", "1",
                                  "--system_prompt", "row", *seed_flag, *size["rl"]],
                                 logs / f"{name}.log", flag(size["rl"], "--steps", 20), name)

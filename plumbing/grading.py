@@ -1,5 +1,6 @@
-# Grading of model responses for evaluate.py and the RL reward (paper Sec. 5.1, App. E). It imports no torch, so its
-# worker processes start several times faster than ones importing evaluate.py would, and take 58 MiB instead of 334.
+# Plumbing (a reader of the method may skip this file): grading of model responses for evaluate.py and the RL
+# reward (paper Sec. 5.1, App. E). It imports no torch, so its worker processes start several times faster than ones
+# importing torch would, and take 58 MiB instead of 334.
 """Is a response right? Two modes (`evaluate.py --grading`):
 
 - "paper" (default): the paper's rule, also its RL reward (App. E; the authors' training reward,

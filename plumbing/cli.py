@@ -1,0 +1,157 @@
+"""Plumbing (a reader of the method may skip this file): the stage scripts' command line and error style.
+
+Flags come from the settings dataclasses (CleanRL's habit: one field, one line of doc, one flag); presets are
+nanoGPT-style Python files of assignments (config/*.py), which run when they are read. User errors print one line.
+"""
+import argparse
+import ast
+import inspect
+import math
+import os
+import re
+import runpy
+import sys
+import types
+import typing
+from dataclasses import fields
+from pathlib import Path
+
+import torch.distributed as dist
+
+
+def field_docs(cls) -> dict[str, str]:
+    """The docstring under each dataclass field (CleanRL's convention), for --help."""
+    docs, body = {}, ast.parse(inspect.getsource(cls)).body[0].body  # the class's own source
+    for stmt, nxt in zip(body, body[1:]):
+        if isinstance(stmt, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+            docs[stmt.target.id] = " ".join(str(nxt.value.value).split())
+    return docs
+
+
+def _converter(annotation):
+    """str -> value for a field type; `X | None` fields take "none"; Literal fields take one of their values."""
+    if isinstance(annotation, types.UnionType):
+        inner = next(a for a in annotation.__args__ if a is not type(None))
+        return lambda v: None if v.lower() == "none" else _converter(inner)(v)
+    if typing.get_origin(annotation) is typing.Literal:
+        return str
+    return annotation
+
+
+def _type_ok(value, annotation) -> bool:
+    """Does a preset's value have the field's type? (runpy gives python values: "False" is a str, 1.5 no int)"""
+    if isinstance(annotation, types.UnionType):
+        return any(_type_ok(value, a) for a in annotation.__args__)
+    if annotation is type(None):
+        return value is None
+    if typing.get_origin(annotation) is typing.Literal:
+        return value in typing.get_args(annotation)
+    if isinstance(annotation, types.GenericAlias):             # list[str]
+        return isinstance(value, list) and all(_type_ok(v, annotation.__args__[0]) for v in value)
+    if annotation is float:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    return isinstance(value, annotation)
+
+
+_NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|-inf|-nan")
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """Keeps the usage examples of a script's docstring as written, and shows each flag's default."""
+
+
+def parse_config(*classes, argv=None, prog=None):
+    """Instances of the given dataclasses from `[preset.py ...] [--field value ...]`. Presets (config/*.py)
+    are python files of plain assignments, later ones win; flags win over presets. Bool fields are
+    --flag / --no-flag, list fields take several values, Literal fields list their choices; names may use - or _.
+    Unknown names, values of the wrong type and missing required flags (a class's REQUIRED) are one-line errors;
+    each class's __post_init__ checks ranges (check_settings)."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    overrides, origin = {}, {}
+    while argv and argv[0].endswith(".py"):
+        path = argv.pop(0)
+        if not Path(path).is_file():
+            raise SystemExit(f"preset {path}: no such file")
+        preset = {k: v for k, v in runpy.run_path(path).items() if not k.startswith("_")}
+        overrides |= preset
+        origin |= dict.fromkeys(preset, path)
+    # argparse reads "-1e-3" as a flag (only "-1" and "-.5" pass as numbers): glue such values to their flag
+    for i in range(len(argv) - 1, 0, -1):
+        if _NUMBER.fullmatch(argv[i]) and argv[i - 1].startswith("--") and "=" not in argv[i - 1]:
+            argv[i - 1 : i + 1] = [f"{argv[i - 1]}={argv[i]}"]
+    prog = prog or Path(sys.argv[0]).name
+    parser = argparse.ArgumentParser(prog=prog, description=sys.modules["__main__"].__doc__,
+                                     usage=f"{prog} [config/PRESET.py ...] [--flag value ...]",
+                                     formatter_class=_HelpFormatter)
+    names, required = {}, []
+    for cls in classes:
+        docs, defaults = field_docs(cls), cls()
+        doc = (cls.__doc__ or "").strip()                       # a dataclass without one gets its signature
+        group = parser.add_argument_group(cls.__name__ if doc.startswith(cls.__name__ + "(") else doc.splitlines()[0])
+        for f in fields(cls):
+            names[f.name] = f.type
+            flags = list(dict.fromkeys([f"--{f.name}", f"--{f.name.replace('_', '-')}"]))
+            need = f.name in getattr(cls, "REQUIRED", ()) and f.name not in overrides
+            required += [f.name] if need else []
+            kw = {"dest": f.name, "default": overrides.get(f.name, getattr(defaults, f.name)),
+                  "help": ("(required) " if need else "") + docs.get(f.name, "")}
+            if f.type is bool:
+                group.add_argument(*flags, action=argparse.BooleanOptionalAction, **kw)
+            elif isinstance(f.type, types.GenericAlias):  # list[str]
+                group.add_argument(*flags, nargs="*", type=_converter(f.type.__args__[0]), **kw)
+            else:
+                choices = typing.get_args(f.type) if typing.get_origin(f.type) is typing.Literal else None
+                group.add_argument(*flags, type=_converter(f.type), choices=choices, **kw)
+    for k, v in overrides.items():
+        if k not in names:
+            raise SystemExit(f"preset {origin[k]}: unknown setting {k!r}")
+        if not _type_ok(v, names[k]):
+            kind = getattr(names[k], "__name__", names[k])
+            raise SystemExit(f"preset {origin[k]}: {k} = {v!r} is not of type {kind}")
+    ns = vars(parser.parse_args(argv))
+    missing = [f"--{k}" for k in required if ns[k] in ("", None, [])]
+    if missing:
+        parser.error(f"required: {', '.join(missing)}")
+    return [cls(**{f.name: ns[f.name] for f in fields(cls)}) for cls in classes]
+
+
+def check_settings(config, positive=(), non_negative=(), fraction=(), at_least_one=()) -> None:
+    """For a settings dataclass's __post_init__: a one-line SystemExit naming the flag when a Literal field is not
+    one of its choices or a setting is out of range (NaN fails every range)."""
+    def fail(name, rule):
+        raise SystemExit(f"--{name} {getattr(config, name)!r}: {rule}")
+    for f in fields(config):
+        choices = typing.get_args(f.type) if typing.get_origin(f.type) is typing.Literal else ()
+        if choices and getattr(config, f.name) not in choices:
+            fail(f.name, f"expected one of {', '.join(map(str, choices))}")
+    for name in positive:
+        v = getattr(config, name)
+        if v is not None and not (math.isfinite(v) and v > 0):
+            fail(name, "must be a finite number > 0")
+    for name in non_negative:
+        v = getattr(config, name)
+        if v is not None and not (math.isfinite(v) and v >= 0):
+            fail(name, "must be a finite number >= 0")
+    for name in fraction:
+        v = getattr(config, name)
+        if v is not None and not 0 <= v <= 1:
+            fail(name, "must be in [0, 1]")
+    for name in at_least_one:
+        if not getattr(config, name) >= 1:
+            fail(name, "must be >= 1")
+
+
+def run_script(main) -> None:
+    """Run a stage script's main() with one error style: a user error (a SystemExit with a message, or a
+    FileNotFoundError / ValueError, which the loaders raise naming the file, row or field) prints one line and
+    exits 1. Bugs keep their traceback; CURIOSFT_DEBUG=1 shows it for user errors too."""
+    try:
+        main()
+    except (FileNotFoundError, ValueError) as e:
+        if os.environ.get("CURIOSFT_DEBUG") == "1":
+            raise
+        rank = f"[rank {dist.get_rank()}] " if dist.is_initialized() and dist.get_world_size() > 1 else ""
+        print(f"{rank}{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr, flush=True)
+        os._exit(1)        # no teardown: other ranks may be blocked in a collective (see shutdown)

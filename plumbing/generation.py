@@ -1,0 +1,308 @@
+"""Plumbing (a reader of the method may skip this file): sampling responses for evaluate.py and rl.py.
+
+One function, two engines: vLLM on a GPU (one engine per rank, in the rank's own process under torchrun), Hugging
+Face `generate` anywhere else. For GRPO the vLLM engine sleeps while the trainer works (its weights and KV cache
+freed), wakes for the rollouts and gets the trainer's current weights, one bucket of full tensors at a time.
+Notes on vLLM's behaviour cite its 0.32 source files, where they were read.
+"""
+import importlib.util
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import transformers
+from tqdm import tqdm
+
+from curio_loss import entropy
+from plumbing.models import check_model_dir, full_tensors
+
+
+@dataclass
+class Sample:
+    token_ids: list[int]  # generated tokens, the EOS included when the model stopped
+    text: str  # decoded token_ids without the EOS, special tokens kept (so "</think>" always survives)
+    # The next two only with generate(logprobs=True) (evaluate.py's entropy metric), else None: rl.py's rollouts
+    # skip them, as the trainer recomputes log-probs and entropy with its own numerics.
+    logprobs: list[float] | None  # log-prob of each token under the sampling distribution (temperature, top-p)
+    # Per-token entropy of the sampling distribution. HF: exact, from the processed scores of every step.
+    # vLLM: -logprob of the sampled token, a one-sample estimate whose token mean is a consistent estimate of the
+    # same mean entropy (E[-log p(y)] = H(p) for y ~ p); only the mean is meaningful, not single values.
+    entropy: list[float] | None
+    # HF: "stop" (an EOS) or "length". vLLM: as it reports it: also "abort", "error", "repetition", which are not
+    # truncations; the truncation metrics count "length" only.
+    finish_reason: str
+
+
+@dataclass
+class Engine:
+    kind: str  # "hf" or "vllm"
+    model: Any  # a transformers model (hf) or a vllm.LLM (vllm); rl.py loads new weights into it
+    logprobs: bool = True  # vLLM: built to return the sampling distribution's log-probs (load_engine)
+    sleeps: bool = False  # vLLM sleep mode (rl.py): asleep, weights and KV cache freed, except for rollouts
+    has_trainer_weights: bool = True  # False once the trainer has moved on (rollout_engine, wake)
+
+
+# Qwen checkpoints end a response with either of two tokens (ids 151645 and 151643 in Qwen2.5's tokenizer): chat
+# models <|im_end|>, base models and SFT on them <|endoftext|>. A checkpoint's generation_config often names only
+# one; the authors' rollouts stop on both (stop_token_ids in their agent loop), and so does generate.
+QWEN_EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
+
+
+def encode(tokenizer, text: str) -> list[int]:
+    """A prompt's token ids as both engines see them (no BOS or other added tokens)."""
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def _decode(tokenizer, token_ids: list[int], stopped: bool) -> str:
+    """Text of a response without its final EOS. Other special tokens stay: a tokenizer may mark </think> special."""
+    if stopped and token_ids and token_ids[-1] in tokenizer.all_special_ids:
+        token_ids = token_ids[:-1]
+    return tokenizer.decode(token_ids, skip_special_tokens=False)
+
+
+def _eos_ids(model, tokenizer) -> list[int]:
+    """The tokens that end a response: the tokenizer's EOS (what SFT trains), the checkpoint's generation_config
+    EOS ids (HF models; vLLM 0.32 adds them itself: SamplingParams.update_from_generation_config) and every Qwen
+    EOS token the tokenizer has."""
+    config = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    config = config if isinstance(config, list) else [config]
+    vocab = tokenizer.get_vocab()  # added tokens included; a token it lacks is skipped, never mapped to <unk>
+    qwen = [vocab.get(token) for token in QWEN_EOS_TOKENS]
+    return list(dict.fromkeys(i for i in [tokenizer.eos_token_id, *config, *qwen] if i is not None))
+
+
+def vllm_available() -> bool:
+    return torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
+
+
+ENGINES = ("auto", "hf", "vllm")
+
+
+def engine_kind(engine: str) -> str:
+    """The engine a --engine value means: auto is vLLM with CUDA and the vllm package, else HF generate."""
+    if engine not in ENGINES:
+        raise ValueError(f"unknown engine {engine!r} (auto, hf or vllm)")
+    return ("vllm" if vllm_available() else "hf") if engine == "auto" else engine
+
+
+def load_engine(path: str, engine: str = "auto", dtype: str = "auto", seed: int = 0, *, logprobs: bool = True,
+                **vllm_kwargs):
+    """(Engine, tokenizer) for a checkpoint directory. vllm_kwargs go to vllm.LLM (tensor_parallel_size,
+    gpu_memory_utilization, max_model_len, distributed_executor_backend, enable_sleep_mode, ...); the HF engine
+    ignores them. logprobs=False: a vLLM engine that never returns log-probs, with a leaner sampler (rl.py).
+    Never trust_remote_code."""
+    check_model_dir(path)
+    kind = engine_kind(engine)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(path)
+    if kind == "vllm":
+        if not vllm_available():
+            raise ValueError("engine vllm needs CUDA and the vllm package (requirements-gpu.txt)")
+        from vllm import LLM  # lazy: vLLM cannot even be imported on a CPU build of torch
+
+        if logprobs:
+            # Log-probs after temperature and top-p, i.e. of the distribution actually sampled. An engine-wide cost:
+            # with it, vLLM 0.32's TopKTopPSampler (v1/sample/ops/topk_topp_sampler.py) never takes FlashInfer's
+            # fused top-p path and its forward_native takes a [batch, vocab] log_softmax at every decoding step,
+            # whether a request asked for log-probs or not.
+            vllm_kwargs["logprobs_mode"] = "processed_logprobs"
+        return Engine("vllm", LLM(model=path, seed=seed, dtype=dtype, **vllm_kwargs), logprobs), tokenizer
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    auto = torch.bfloat16 if device == "cuda" else torch.float32  # bf16 matmuls are slow on CPU
+    torch_dtype = auto if dtype == "auto" else getattr(torch, dtype, None)
+    if not isinstance(torch_dtype, torch.dtype):
+        raise ValueError(f"unknown dtype {dtype!r}")
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, use_safetensors=True).to(device).eval()
+    return Engine("hf", model), tokenizer
+
+
+def generate(engine, tokenizer, prompts: list[str], n: int = 8, temperature: float = 0.6, top_p: float = 0.95,
+             max_new_tokens: int = 8192, seed: int = 0, batch_size: int = 8,
+             logprobs: bool = True, offset: int = 0) -> list[list[Sample]]:
+    """n samples for each prompt (prompt-major). `engine` is an Engine or a bare HF model. logprobs=False leaves
+    Sample.logprobs and Sample.entropy None and saves what they cost: vLLM builds no Python object per token, HF
+    keeps no [batch * n, vocab] scores per generated token. offset: the index of prompts[0] in the whole list a
+    caller splits over ranks; the seeds derive from global indices, so the samples do not depend on the split."""
+    if not isinstance(engine, Engine):
+        engine = Engine("hf", engine)
+    if engine.kind == "vllm":
+        if logprobs and not engine.logprobs:
+            raise ValueError("generate(logprobs=True) on a vLLM engine loaded with logprobs=False")
+        return _generate_vllm(engine.model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, logprobs,
+                              offset)
+    return _generate_hf(engine.model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size,
+                        logprobs, offset)
+
+
+def _generate_vllm(llm, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, logprobs, offset):
+    from vllm import SamplingParams
+
+    # vLLM 0.32 vllm/sampling_params.py: logprobs=0 returns the sampled token's log-prob only, None none at all.
+    # stop_token_ids end a sample as the EOS does and stay in token_ids (v1/core/sched/utils.py check_stop).
+    # detokenize=False: vLLM keeps no incremental text; _decode decodes each sample once.
+    # One seed per prompt; vLLM gives the n children of a request seed + child index (v1/engine/parallel_sampling.py),
+    # so seed + i * n is unique. (Seeded requests take the PyTorch sampler rather than FlashInfer's, which has no
+    # per-request generators: topk_topp_sampler.py forward_cuda.)
+    shared = dict(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
+                  logprobs=0 if logprobs else None, stop_token_ids=_eos_ids(llm, tokenizer), detokenize=False)
+    params = [SamplingParams(**shared, seed=seed + (offset + i) * n) for i in range(len(prompts))]
+    outputs = llm.generate([{"prompt_token_ids": encode(tokenizer, p)} for p in prompts], params,
+                           use_tqdm=sys.stderr.isatty())
+    result = []
+    for out in outputs:
+        samples = []
+        for o in out.outputs:
+            ids = list(o.token_ids)
+            lps = [step[t].logprob for step, t in zip(o.logprobs, ids)] if logprobs else None
+            # finish_reason as vLLM 0.32 names it (v1/engine/__init__.py FINISH_REASON_STRINGS): "stop" (an EOS or
+            # stop token, kept in token_ids, as SFT trains it), "length" (max_tokens or max_model_len), "abort",
+            # "error", "repetition"
+            samples.append(Sample(ids, _decode(tokenizer, ids, o.finish_reason == "stop"), lps,
+                                  None if lps is None else [-lp for lp in lps], o.finish_reason))
+        result.append(samples)
+    return result
+
+
+@torch.no_grad()
+def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size, logprobs, offset):
+    # With logprobs, HF keeps every step's scores, (batch * n, vocab) each: fine for small models; vLLM for real runs.
+    eos = _eos_ids(model, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
+    device = next(model.parameters()).device
+    result = []
+    for start in tqdm(range(0, len(prompts), batch_size), desc="generating (hf)",
+                      disable=len(prompts) <= batch_size or not sys.stderr.isatty()):
+        torch.manual_seed(seed + (offset + start) * n)  # a seed per batch from its first prompt's global index
+        encoded = [encode(tokenizer, p) for p in prompts[start : start + batch_size]]
+        width = max(map(len, encoded))
+        ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded], device=device)  # (B, P), left-padded
+        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded], device=device)  # (B, P)
+        out = model.generate(
+            input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature, top_p=top_p,
+            top_k=0, repetition_penalty=1.0,  # override checkpoint defaults: sample exactly as vLLM does
+            num_return_sequences=n, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
+            output_scores=logprobs, return_dict_in_generate=True)
+        new = out.sequences[:, width:]  # (B * n, T), rows grouped by prompt
+        if logprobs:  # out.scores: T x (B * n, V) after temperature and top-p, i.e. the sampling distribution
+            logp = torch.stack([s.float().log_softmax(-1).gather(-1, new[:, t : t + 1])[:, 0]
+                                for t, s in enumerate(out.scores)], 1)  # (B * n, T)
+            ent = torch.stack([entropy(s) for s in out.scores], 1)  # (B * n, T)
+        for row in range(new.shape[0]):
+            ids = new[row].tolist()
+            stop = next((t for t, i in enumerate(ids) if i in eos), None)
+            length = len(ids) if stop is None else stop + 1  # keep the EOS, drop the padding after it
+            stopped = stop is not None
+            sample = Sample(ids[:length], _decode(tokenizer, ids[:length], stopped),
+                            logp[row, :length].tolist() if logprobs else None,
+                            ent[row, :length].tolist() if logprobs else None, "stop" if stopped else "length")
+            if row % n == 0:
+                result.append([])
+            result[-1].append(sample)
+    return result
+
+
+# ------------------------------------------------------------------------------------------------
+# The trainer's weights into the engine (rl.py)
+# ------------------------------------------------------------------------------------------------
+@torch.no_grad()
+def full_weight_buckets(model, dtype, bucket_bytes):
+    """The trainer's weights as full tensors in `dtype`, [(hf_name, tensor)] lists of about bucket_bytes each.
+    Each DTensor shard is cast first, so its all-gather (p.full_tensor()) moves `dtype` bytes, not float32's. Every
+    rank must iterate it in step: the all-gathers run in state_dict order on every rank. Tied aliases (lm_head.weight
+    when it is the embedding) are left out: state_dict lists them, named_parameters does not."""
+    own = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+    bucket, size = [], 0
+    for name, full in full_tensors(model, dtype, skip=set(model.state_dict()) - own):
+        bucket.append((name, full))
+        size += full.nbytes
+        if size >= bucket_bytes:
+            yield bucket
+            bucket, size = [], 0
+    if bucket:
+        yield bucket
+
+
+@torch.no_grad()
+def sync_weights(model, engine, bucket_bytes=1 << 30):
+    """Load the trainer's current weights into the generation engine, in the engine's dtype, one bucket of full
+    tensors at a time; every rank calls it. Raises if an engine parameter got no weight: after vLLM's level-2
+    sleep it would hold garbage. Names are the HF checkpoint names both engines load."""
+    if engine.kind == "vllm":
+        # vLLM 0.32 with distributed_executor_backend="external_launcher" runs its engine in this process, so
+        # LLM.apply_model(fn) calls fn on this rank's nn.Module (worker_base.py apply_model, one worker per engine).
+        # Qwen2ForCausalLM.load_weights (models/qwen2.py, AutoWeightsLoader in models/utils.py) takes (hf_name,
+        # tensor) pairs, writes q/k/v and gate/up into their fused parameters, copies into the existing storage
+        # (param.data.copy_: CUDA graphs keep valid pointers), logs a warning for every tensor whose dtype is not
+        # its parameter's (hence the cast), and returns the names of the parameters it loaded. A tied lm_head.weight
+        # must not come without the embedding in the same call (AutoWeightsLoader._check_skipped_aliases raises).
+        llm = engine.model
+        dtype = llm.apply_model(lambda m: next(m.parameters()).dtype)[0]
+        params = set(llm.apply_model(lambda m: [name for name, _ in m.named_parameters()])[0])
+        loaded = set()
+        for bucket in full_weight_buckets(model, dtype, bucket_bytes):
+            loaded |= llm.apply_model(lambda m: m.load_weights(bucket))[0]
+        # cached KV blocks were computed by the old weights (vLLM's sleep also drops them: EngineCore.sleep)
+        if not llm.reset_prefix_cache():
+            raise RuntimeError("vLLM could not reset its prefix cache after the weight sync (requests in flight?)")
+        # never llm.collective_rpc("reload_weights") without weights: it re-reads the checkpoint on disk
+    else:
+        params, loaded = {name for name, _ in engine.model.named_parameters()}, set()
+        dtype = next(engine.model.parameters()).dtype
+        for bucket in full_weight_buckets(model, dtype, bucket_bytes):
+            unexpected = engine.model.load_state_dict(dict(bucket), strict=False).unexpected_keys
+            if unexpected:
+                raise RuntimeError(f"weight sync: the HF engine has no parameter {unexpected[0]!r}")
+            loaded |= {name for name, _ in bucket}
+    if params - loaded:
+        raise RuntimeError(f"weight sync: {len(params - loaded)} engine parameters got no weight, e.g. "
+                           f"{sorted(params - loaded)[0]!r}")
+
+
+# ------------------------------------------------------------------------------------------------
+# GRPO's engine: one per rank, asleep while the trainer works (rl.py)
+# ------------------------------------------------------------------------------------------------
+def rollout_engine(path: str, engine: str, dtype: str, seed: int, gpu_memory_utilization: float,
+                   max_model_len: int, sleep: bool, has_trainer_weights: bool):
+    """(Engine, tokenizer) for rl.py's rollouts, created before the trainer's model: vLLM's
+    gpu_memory_utilization is a share of TOTAL memory, which must be free at creation. No log-probs: the trainer
+    recomputes them with its own numerics. has_trainer_weights: the trainer starts from the same checkpoint (not a
+    resumed run); otherwise the first wake loads the trainer's weights."""
+    kind = engine_kind(engine)
+    if kind == "vllm" and "RANK" not in os.environ:   # external_launcher reads RANK / LOCAL_RANK
+        raise SystemExit("engine vllm: the colocated engine needs CUDA, the vllm package and torchrun, also on one "
+                         "GPU (torchrun --nproc_per_node 1 rl.py ...); --engine hf runs anywhere")
+    sleeps = kind == "vllm" and sleep
+    engine, tokenizer = load_engine(
+        path, kind, dtype=dtype, seed=seed, logprobs=False,
+        tensor_parallel_size=1, distributed_executor_backend="external_launcher",   # one engine per rank, in-process
+        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, enable_sleep_mode=sleeps)
+    engine.sleeps, engine.has_trainer_weights = sleeps, has_trainer_weights and not sleeps
+    if sleeps:
+        # vLLM 0.32 LLM.sleep (v1/worker/gpu_worker.py Worker.sleep, device_allocator/cumem.py): level 1 copies the
+        # weights to pinned CPU memory and back at every wake; level 2 discards them (and the KV cache), keeping
+        # only the model's buffers (rotary cos/sin caches, attention scales) on the CPU and restoring them on
+        # wake_up(["weights"]). Every weight is reloaded from the trainer before each rollout, so level 2.
+        engine.model.sleep(level=2)
+    return engine, tokenizer
+
+
+def wake(engine: Engine, trainer_model, bucket_bytes: int) -> None:
+    """Before the rollouts: wake the engine and give it the trainer's current weights, in the order that keeps memory
+    lowest: weights, the trainer's weights into them, then the KV cache (vLLM 0.32 LLM.wake_up(tags): the scheduler
+    runs once all is awake). Every rank calls it. Afterwards the trainer moves on: the next wake syncs again."""
+    if engine.sleeps:
+        torch.cuda.empty_cache()                 # the trainer's freed blocks (activations, grads) back to CUDA
+        engine.model.wake_up(tags=["weights"])
+    if not engine.has_trainer_weights:
+        sync_weights(trainer_model, engine, bucket_bytes)
+    if engine.sleeps:
+        torch.cuda.empty_cache()                 # the sync's buckets
+        engine.model.wake_up(tags=["kv_cache"])
+    engine.has_trainer_weights = False           # true until the trainer's next update, which follows
+
+
+def sleep(engine: Engine) -> None:
+    """After the rollouts: the trainer has the GPU until the next wake."""
+    if engine.sleeps:
+        engine.model.sleep(level=2)

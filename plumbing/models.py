@@ -1,0 +1,125 @@
+"""Plumbing (a reader of the method may skip this file): models and optimisers. Rank 0 loads the real weights, the
+other ranks build the same architecture on the meta device, and FSDP2 shards it; the full weights are gathered one
+tensor at a time for checkpoints and the generation engine. Nothing is ever fetched from a hub and no remote code
+runs."""
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def check_model_dir(path: str, weights: bool = True) -> None:
+    """A one-line error unless `path` is a local model directory: config.json, tokenizer files and (unless
+    weights=False) safetensors weights. Nothing is ever looked up on a hub: a missing directory is an error,
+    not a repository name."""
+    p = Path(path)
+    if not path or not p.is_dir():
+        raise SystemExit(f"--model {path!r}: no such directory (a local Hugging Face model directory; "
+                         f"`python data.py download` fetches the paper's)")
+    if not (p / "config.json").is_file():
+        raise SystemExit(f"--model {path}: no config.json, not a model directory")
+    if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):
+        raise SystemExit(f"--model {path}: no tokenizer files (tokenizer.json / tokenizer_config.json)")
+    if weights and not any(p.glob("*.safetensors")):
+        raise SystemExit(f"--model {path}: no *.safetensors weights (only safetensors are loaded)")
+
+
+def load_tokenizer(path: str):
+    """The model directory's tokenizer, checked against its config: every token id must have an embedding row."""
+    from transformers import AutoConfig, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    vocab = AutoConfig.from_pretrained(path).vocab_size
+    if len(tokenizer) > vocab:
+        raise SystemExit(f"--model {path}: the tokenizer has {len(tokenizer)} tokens but config.json's vocab_size is "
+                         f"{vocab}: ids past {vocab - 1} would have no embedding")
+    return tokenizer
+
+
+def load_full_model(path: str, scratch: bool, seed: int):
+    """Rank 0: the HF model at `path` in float32 (FSDP keeps float32 master weights), or a fresh one
+    from its config.json with the given seed. Other ranks: the same architecture on the meta device."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    check_model_dir(path, weights=not scratch)
+    config = AutoConfig.from_pretrained(path)  # no trust_remote_code: architectures transformers knows
+    if dist.get_rank() != 0:
+        with torch.device("meta"):
+            return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    if scratch:
+        torch.manual_seed(seed)
+        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True)
+
+
+def shard_model(model, device, bf16: bool, grad_ckpt: bool, trainable: bool = True, offload: bool = False):
+    """FSDP2 per decoder layer and at the root, weights broadcast from rank 0. bf16 compute with float32
+    master weights and float32 gradient reduction when bf16. FSDP averages gradients over ranks.
+    offload: FSDP2's CPUOffloadPolicy keeps the sharded float32 parameters, their gradients and (since the
+    optimiser is built on those parameters) the Adam states in pinned CPU memory; the GPU holds only the
+    layers being computed. The optimiser step then runs on the CPU."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+    from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+
+    full = model.state_dict() if dist.get_rank() == 0 else {}
+    if grad_ckpt:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32) if bf16 else \
+        MixedPrecisionPolicy()
+    policy = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
+    for layer in model.model.layers:
+        fully_shard(layer, mp_policy=mp, offload_policy=policy)
+    fully_shard(model, mp_policy=mp, offload_policy=policy)
+    if dist.get_rank() != 0:
+        model.to_empty(device=device)
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    for buf in model.buffers():  # non-persistent buffers (rotary inv_freq) are not in the state dict
+        buf.data = buf.data.to(device)
+        dist.broadcast(buf, src=0)
+    # from_pretrained returns eval mode, where HF skips gradient checkpointing: set the mode explicitly
+    model.train(trainable)
+    if not trainable:
+        model.requires_grad_(False)
+    return model
+
+
+def full_tensors(model, dtype=None, skip=()):
+    """(name, full tensor) for each entry of the FSDP model's state dict but `skip`, in the same order on every
+    rank, gathered one at a time (`DTensor.full_tensor()` is a collective: every rank must iterate to the end).
+    Only one full parameter exists at a time: what the HF checkpoint writer and the engine weight sync need.
+    Shards are gathered on the GPU when there is one (offloaded shards live on the CPU and would gather over
+    gloo); dtype: floating tensors are cast before the all-gather, so it moves bf16 bytes rather than float32's."""
+    from torch.distributed.tensor import DTensor
+
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else None
+
+    for name, p in model.state_dict().items():  # state_dict() gives DTensor shards even while the root is gathered
+        if name in skip:
+            continue
+        if device is not None and p.device != device:
+            p = p.to(device)
+        if dtype is not None and p.is_floating_point():
+            p = p.to(dtype)
+        yield name, p.full_tensor() if isinstance(p, DTensor) else p
+
+
+def full_state_dict(model) -> dict:
+    """The whole model's weights on rank 0's CPU (empty dict on other ranks); every rank must call it."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    return get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+
+
+def make_optimizer(model, lr: float, weight_decay: float, beta2: float, device, offload: bool):
+    """AdamW, betas (0.9, beta2), on the model's sharded float32 parameters: fused on CUDA, the plain loop where the
+    states are offloaded to the CPU."""
+    return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, beta2),
+                             fused=device.type == "cuda" and not offload)
+
+
+def clip_grad_norm(model, max_norm: float) -> float:
+    """Clip the gradient to a global norm of max_norm (over every rank's shards) and return the norm before."""
+    from torch.distributed.tensor import DTensor
+
+    norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
+    return (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()

@@ -1,0 +1,177 @@
+"""Plumbing (a reader of the method may skip this file): evaluate.py's tables (Markdown) and plots (PNG files).
+
+    results_table   one checkpoint, one row per benchmark
+    compare_table   several checkpoints in the layout of the paper's Table 2
+    plot_results    pass@k, accuracy against entropy and diversity (Figs. 1, 4), before and after RL (Table 3),
+                    curves over training from sft.py and rl.py logs (Fig. 2)
+"""
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only, no display
+import matplotlib.pyplot as plt  # noqa: E402
+
+from data import ID_BENCHMARKS, OOD_BENCHMARKS  # noqa: E402
+
+
+def percent(x) -> str:
+    """A share as a percentage with one decimal, or a dash for None."""
+    return "–" if x is None else f"{100 * x:.1f}"
+
+
+def results_table(result: dict) -> str:
+    """Markdown: one row per benchmark, then the paper's ID / OOD averages."""
+    bench = result["benchmarks"]
+    ks = sorted({int(k) for m in bench.values() for k in m["pass_at_k"]})
+    head = ["benchmark", "questions", "n", "avg@n"] + [f"pass@{k}" for k in ks] + [
+        "length", "entropy", "diversity", "truncated"]
+    lines = [f"## {result['name']}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for b, m in bench.items():
+        cells = [b, m["questions"], m["n"], percent(m["avg"])] + [percent(m["pass_at_k"].get(str(k))) for k in ks] + [
+            f"{m['response_length']:.0f}", f"{m['entropy']:.3f}",
+            "–" if m["diversity"] is None else f"{m['diversity']:.3f}", percent(m["truncated"])]
+        lines.append("| " + " | ".join(map(str, cells)) + " |")
+    s = result["summary"]
+    grading = result.get("settings", {}).get("grading", "paper")
+    lines += ["", f"ID avg {percent(s['id_avg'])} · OOD avg {percent(s['ood_avg'])} · grading {grading} · grader failures "
+                  f"{result['grader_failures']}"]
+    if result.get("expert_entropy"):
+        e = result["expert_entropy"]
+        lines.append(f"expert-token entropy (nats): top 20% {e['top20']:.3f}, bottom 80% {e['bottom80'] or 0:.3f}, "
+                     f"all {e['all']:.3f}, over {e['tokens']} positions")
+    return "\n".join(lines) + "\n"
+
+
+def compare_table(results: list[dict]) -> str:
+    """Markdown in the layout of paper Table 2: avg@n per benchmark, ID and OOD averages, entropy."""
+    present = {b for r in results for b in r["benchmarks"]}
+    names = [b for b in ID_BENCHMARKS if b in present] + ["ID avg"] + [b for b in OOD_BENCHMARKS if b in present]
+    names += ["OOD avg"] + sorted(present - set(ID_BENCHMARKS) - set(OOD_BENCHMARKS))
+    head = ["checkpoint"] + names + ["entropy", "diversity"]
+    lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
+    for r in results:
+        s = r["summary"]
+        cells = [r["name"]] + [percent(s["id_avg"]) if b == "ID avg" else percent(s["ood_avg"]) if b == "OOD avg" else
+                               percent(r["benchmarks"].get(b, {}).get("avg")) for b in names]
+        cells += ["–" if s[k] is None else f"{s[k]:.3f}" for k in ("entropy", "diversity")]
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def stage_pairs(results: list[dict], acc_key: str) -> list[tuple[dict, dict]]:
+    """(X, X+stage) for every result named "X+stage" (e.g. "curio+grpo") whose X is also there: a checkpoint before
+    and after a later stage (paper Table 3). Pairs where either accuracy is missing are left out of the plot."""
+    by_name = {r["name"]: r for r in results}
+    pairs = [(by_name[r["name"].rpartition("+")[0]], r) for r in results if r["name"].rpartition("+")[0] in by_name]
+    return [(b, a) for b, a in pairs if b["summary"][acc_key] is not None and a["summary"][acc_key] is not None]
+
+
+def plot_results(results: list[dict], out_dir: str, logs: list[str] = (), log_keys: list[str] = ()) -> list[str]:
+    """pass@k curves per benchmark, accuracy vs entropy and vs diversity across checkpoints (paper Figs. 1, 4),
+    accuracy before and after RL for each pair named X / X+grpo (`stage_pairs`, paper Table 3), `log_keys` over
+    training from sft.py logs (paper Fig. 2), and from rl.py logs the share of GRPO groups with mixed rewards (the
+    only groups with a learning signal) and the mean reward. Returns the written paths."""
+    out, written = Path(out_dir), []
+    benchmarks = list(dict.fromkeys(b for r in results for b in r["benchmarks"]))
+    cols = min(3, len(benchmarks))
+    rows = -(-len(benchmarks) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows + 0.6), squeeze=False)
+    for ax, b in zip(axes.flat, benchmarks):
+        for r in results:
+            if b in r["benchmarks"]:
+                curve = r["benchmarks"][b]["pass_at_k"]
+                ax.plot([int(k) for k in curve], [100 * v for v in curve.values()], marker="o", label=r["name"])
+        ax.set(title=b, xlabel="k (samples)", ylabel="pass@k (%)")
+        ax.set_xscale("log", base=2)
+        ks = sorted({int(k) for r in results if b in r["benchmarks"] for k in r["benchmarks"][b]["pass_at_k"]})
+        ax.set_xticks(ks, [str(k) for k in ks])
+    for ax in axes.flat[len(benchmarks):]:
+        ax.axis("off")
+    _legend(fig, axes)
+    fig.suptitle("pass@k: the chance that one of k samples is right (unbiased estimator)")
+    written.append(_save(fig, out / "pass_at_k.png"))
+
+    acc_key = "id_avg" if all(r["summary"]["id_avg"] is not None for r in results) else "avg"
+    acc_label = "in-distribution accuracy, avg@n (%)" if acc_key == "id_avg" else "accuracy, avg@n (%)"
+    fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
+    for ax, key, xlabel in zip(axes, ("entropy", "diversity"), ("sampling entropy (nats per token)",
+                                                                 "diversity (1 - 4-gram Jaccard similarity)")):
+        for r in results:
+            x, y = r["summary"][key], r["summary"][acc_key]
+            if x is not None and y is not None:
+                ax.scatter(x, 100 * y)
+                ax.annotate(r["name"], (x, 100 * y), fontsize="small")
+        ax.set(xlabel=xlabel, ylabel=acc_label, title=f"accuracy against {key}")
+    written.append(_save(fig, out / "accuracy_vs_entropy_diversity.png"))
+
+    pairs = stage_pairs(results, acc_key)
+    if pairs:
+        fig, ax = plt.subplots(figsize=(1.6 + 1.6 * len(pairs), 3.8))
+        values = []
+        for i, (before, after) in enumerate(pairs):
+            for dx, r, color, label in ((-0.2, before, "tab:gray", "before RL"), (0.2, after, "tab:blue", "after RL")):
+                y = 100 * r["summary"][acc_key]
+                values.append(y)
+                ax.bar(i + dx, y, width=0.4, color=color, label=label if i == 0 else None)
+                ax.annotate(f"{y:.1f}", (i + dx, y), ha="center", va="bottom", fontsize="small")
+        low, high = min(values), max(values)
+        margin = max(2.0, 0.3 * (high - low))
+        ax.set_ylim(max(0.0, low - margin), min(100.0, high + margin))   # the differences, not the bars' height
+        ax.set_xticks(range(len(pairs)), [f"{b['name']}\n→ {a['name']}" for b, a in pairs], fontsize="small")
+        ax.set(ylabel=acc_label, title="accuracy before and after RL (y axis zoomed)")
+        ax.legend(fontsize="small", loc="lower right")
+        written.append(_save(fig, out / "accuracy_before_after_rl.png"))
+
+    if logs:
+        runs = [(Path(path).parent.name, [json.loads(line) for line in Path(path).read_text().splitlines()
+                                          if line.strip()]) for path in logs]
+        sft_runs = [(n, rows) for n, rows in runs if not any("zero_std_frac" in row for row in rows)]
+        rl_runs = [(n, rows) for n, rows in runs if any("zero_std_frac" in row for row in rows)]
+        keys = list(log_keys) or sorted({k for _, rows in sft_runs for row in rows for k, v in row.items()
+                                         if "entropy" in k and isinstance(v, (int, float))})
+        if sft_runs and keys:
+            written.append(_curves(sft_runs, [(k, k, "nats" if "entropy" in k else "") for k in keys],
+                                   "SFT: over training", out / "over_training.png"))
+        if rl_runs:
+            for _, rows in rl_runs:
+                for row in rows:
+                    row["mixed_reward_groups"] = 100 * (1 - row["zero_std_frac"])
+            panels = [("mixed_reward_groups", "groups with mixed rewards", "%"), ("reward_mean", "mean reward", ""),
+                      ("entropy", "rollout entropy", "nats")]
+            written.append(_curves(rl_runs, panels,
+                                   "GRPO: only groups with mixed rewards carry a learning signal",
+                                   out / "rl_over_training.png"))
+    return written
+
+
+def _curves(runs, panels, title, path) -> str:
+    """One panel per (log key, title, unit), one line per run, one legend for the figure."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.8), squeeze=False)
+    for ax, (key, panel_title, unit) in zip(axes.flat, panels):
+        for name, rows in runs:
+            points = [(row["step"], row[key]) for row in rows if "step" in row and key in row]
+            if points:
+                ax.plot(*zip(*points), label=name)
+        ax.set(xlabel="optimiser step", ylabel=f"{panel_title} ({unit})" if unit else panel_title, title=panel_title)
+    _legend(fig, axes)
+    fig.suptitle(title)
+    return _save(fig, path)
+
+
+def _legend(fig, axes) -> None:
+    """One legend for the whole figure, from the first panel that has labelled lines."""
+    for ax in axes.flat:
+        handles, labels = ax.get_legend_handles_labels()
+        if handles:
+            fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize="small")
+            return
+
+
+def _save(fig, path: Path) -> str:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout(rect=(0, 0.09 if fig.legends else 0, 1, 0.93 if fig.get_suptitle() else 1))  # room for both
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return str(path)
