@@ -1,10 +1,12 @@
-"""The model side shared by sft.py and rl.py: the final hidden states of a batch, the positions whose next
-token is trained, and per-token quantities of the [tokens, vocab] logits computed one chunk at a time.
+"""The model side shared by sft.py and rl.py: the final hidden states of a batch, the positions
+whose next token is trained, and per-token quantities of the [tokens, vocab] logits, one chunk
+at a time.
 
-The trick both stages rely on: a 152k-token vocabulary makes the logits of one 8k-token sequence 1.2e9 floats
-(5 GB in float32). So the model's forward stops at the final norm (`normed_hidden`), the trained positions are
-selected (`select_targets`), and `lm_head` is applied to `chunk` positions at a time inside a torch checkpoint
-(`chunked_sum`): backward recomputes each chunk's logits instead of keeping them.
+The trick both stages rely on: a 152k-token vocabulary makes the logits of one 8k-token sequence
+1.2e9 floats (5 GB in float32). So the model's forward stops at the final norm (`normed_hidden`),
+the trained positions are selected (`select_targets`), and `lm_head` is applied to `chunk`
+positions at a time inside a torch checkpoint (`chunked_sum`): backward recomputes each chunk's
+logits instead of keeping them.
 """
 import torch
 from torch.utils.checkpoint import checkpoint
@@ -18,25 +20,26 @@ def normed_hidden(model, batch):
     captured = {}
     hook = model.model.norm.register_forward_hook(lambda mod, inp, out: captured.update(h=out))
     try:
-        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"], logits_to_keep=1)
+        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+              logits_to_keep=1)
     finally:
         hook.remove()
     return captured["h"]
 
 
 def select_targets(hidden, batch):
-    """Keep the positions whose next token is trained (response and EOS): [B, T, H] -> h [N, H], y [N]."""
+    """The positions whose next token is trained (response, EOS): [B, T, H] -> h [N, H], y [N]."""
     sel = batch["loss_mask"][:, 1:].bool()                        # [B, T-1]
     return hidden[:, :-1][sel], batch["input_ids"][:, 1:][sel]
 
 
 def chunked_sum(fn, chunk, *per_token):
-    """Sum of fn(*tensors of one chunk) -> (loss sum, diagnostics) over chunks of `chunk` tokens of the
-    per-token tensors (None passes through). Each chunk is recomputed in backward (torch checkpoint), so only
-    the inputs, e.g. h [N, H], are kept, never the [N, V] logits fn builds."""
+    """Sum of fn(*tensors of one chunk) -> (loss sum, diagnostics) over chunks of `chunk` tokens
+    of the per-token tensors (None passes through). Each chunk is recomputed in backward (torch
+    checkpoint), so only the inputs, e.g. h [N, H], are kept, never the [N, V] logits fn builds."""
     n = len(per_token[0])
     total, diags = per_token[0].new_zeros((), dtype=torch.float32), []
-    for s in range(0, max(n, 1), chunk):                           # one (empty) chunk when N = 0: FSDP needs a backward
+    for s in range(0, max(n, 1), chunk):       # one (empty) chunk when N = 0: FSDP needs a backward
         part = [t if t is None else t[s : s + chunk] for t in per_token]
         loss, diag = checkpoint(fn, *part, use_reentrant=False)
         total = total + loss
@@ -45,14 +48,15 @@ def chunked_sum(fn, chunk, *per_token):
 
 
 def cat_diags(diags):
-    """Concatenate per-token diagnostics {name: [n_i]} of several chunks (or ranks) into {name: [sum n_i]}."""
+    """Per-token diagnostics {name: [n_i]} of several chunks (or ranks) as {name: [sum n_i]}."""
     return {k: torch.cat([d[k] for d in diags]) for k in diags[0]} if diags else {}
 
 
 @torch.no_grad()
 def token_log_probs(model, batch, chunk: int, temperature: float = 1.0):
-    """log pi(y_t) [N] of the trained tokens and the full-vocabulary entropy there [N], at `temperature`, one
-    chunk of logits at a time (PSFT's old log-probs; GRPO's old log-probs and rollout entropy)."""
+    """log pi(y_t) [N] of the trained tokens and the full-vocabulary entropy there [N], at
+    `temperature`, one chunk of logits at a time (PSFT's old log-probs; GRPO's old log-probs and
+    rollout entropy)."""
     h, y = select_targets(normed_hidden(model, batch), batch)             # [N, H], [N]
     lp, ent = [], []
     for s in range(0, max(len(y), 1), chunk):

@@ -1,18 +1,19 @@
-# CurioSFT loss ("Learning While Staying Curious", arXiv:2602.02244): Sec. 4 (Eq. 4-7), Alg. 1, App. A-D.
-"""Per-token SFT losses: CurioSFT, its two ablations, and the Table 2 baselines. Math only: tensors in, tensors out.
+# The CurioSFT loss ("Learning While Staying Curious", arXiv:2602.02244): Sec. 4, Alg. 1, App. A-D.
+"""Per-token SFT losses: CurioSFT, its two ablations, and the Table 2 baselines. Math only.
 
-Every loss takes the logits of the N trained positions (padding already removed) and their expert tokens,
+Every loss takes the logits of the N trained positions (padding removed) and their expert tokens,
     logits [N, V] (any float dtype; all math is float32), targets [N] (long),
-and returns (loss [N] float32, diagnostics: dict of detached per-token tensors [N]). sft.py sums the per-token
-losses with the recipe's token weights and feeds the diagnostics to `summarize`.
+and returns (loss [N] float32, diagnostics: dict of detached per-token tensors [N]). sft.py sums
+the per-token losses with the recipe's token weights and feeds the diagnostics to `summarize`.
 
 Read in this order:
   1. `curio_loss_reference`: the paper read literally, one token at a time (Eq. 4-7, App. D).
-  2. `teacher_log_prob` (Alg. 1 lines 6-11: H_t, Delta_t, tau_hat_t, lq) and `curio_sft_loss` (lines 12-13,
-     Eq. 5-6): the same, vectorized over tokens; what training runs. `solve_temperature` is App. B and D.
+  2. `teacher_log_prob` (Alg. 1 lines 6-11: H_t, Delta_t, tau_hat_t, lq) and `curio_sft_loss`
+     (lines 12-13, Eq. 5-6): the same, vectorized over tokens, as training runs it;
+     `solve_temperature` is App. B and D.
   3. The baselines of Table 2, then the logging statistics.
-The speed helpers (a blockwise logsumexp and the exact shortcut for the authors' low-entropy rule) sit at the end,
-under their own banner: they change the cost, not the result.
+The speed helpers (a blockwise logsumexp, an exact shortcut for the authors' low-entropy rule) sit
+at the end under their own banner: they change the cost, not the result.
 """
 import math
 from dataclasses import dataclass, replace
@@ -40,13 +41,13 @@ class LossConfig:
     top_k: int = 512
     """logits used for the entropy in the temperature search (App. D)"""
     solver: Literal["bisect", "newton"] = "bisect"
-    """bisect: the paper's and the authors' search | newton: safeguarded Newton on dH/dtau (App. B)"""
+    """bisect: the paper's and the authors' search | newton: safeguarded Newton (App. B)"""
     bisect_iters: int = 20
     """bisection steps, as in the authors' code: the bracket shrinks to 0.4 / 2^20 = 4e-7"""
     newton_iters: int = 6
     """safeguarded Newton steps: quadratic convergence reaches bisection's accuracy in about 5"""
     low_entropy_threshold: float | None = 0.03
-    """the authors' code, not the paper: tau_min where the full teacher entropy is <= this (none: off)"""
+    """the authors' code, not the paper: tau_min where the teacher entropy is <= this (none: off)"""
     fixed_tau: float | None = None
     """ablation 'w/o adaptive temp.' (Sec. 5.2): one teacher temperature for every token"""
     entropy_coef: float = 0.06
@@ -61,33 +62,36 @@ class LossConfig:
     """PSFT: the ratio is clipped above at 1 + psft_clip_high"""
 
     def __post_init__(self):  # ValueError: the scripts print it as one line naming the flag
-        checks = {"alpha": self.alpha >= 0, "delta_max": self.delta_max >= 0, "gamma": self.gamma > 0,
+        checks = {"alpha": self.alpha >= 0, "delta_max": self.delta_max >= 0,
+                  "gamma": self.gamma > 0,
                   "tau_min": 0 < self.tau_min <= self.tau_max, "top_k": self.top_k >= 1,
                   "bisect_iters": self.bisect_iters >= 1, "newton_iters": self.newton_iters >= 1,
                   "solver": self.solver in ("bisect", "newton"),
                   "fixed_tau": self.fixed_tau is None or self.fixed_tau > 0,
-                  "psft_clip_low": 0 <= self.psft_clip_low < 1, "psft_clip_high": self.psft_clip_high >= 0}
+                  "psft_clip_low": 0 <= self.psft_clip_low < 1,
+                  "psft_clip_high": self.psft_clip_high >= 0}
         for name, ok in checks.items():
             if not ok:      # NaN fails every comparison, so it lands here too
                 raise ValueError(f"--{name} {getattr(self, name)!r}: out of range")
 
 
-# The losses sft.py's --loss names. CurioSFT and its two ablations (Sec. 5.2) need the teacher's lq; the kl
-# baseline needs a frozen base model and PSFT the log-probs from the start of its batch.
+# The losses sft.py's --loss names. CurioSFT and its two ablations (Sec. 5.2) need the teacher's lq;
+# the kl baseline needs a frozen base model and PSFT the log-probs from the start of its batch.
 CURIO_LOSSES = ("curio", "curio_fixed_tau", "curio_self_teacher")
 LOSSES = ("sft", *CURIO_LOSSES, "entropy", "entropy_top20", "kl", "dft", "gem", "psft")
 
 
 def second_model(loss: str) -> str | None:
-    """The model a loss needs beside the student: "teacher" (CurioSFT's EMA teacher, Alg. 1 line 1), "base"
-    (the kl baseline's frozen initial model) or None (the self-teacher ablation, and every other loss)."""
+    """The model a loss needs beside the student: "teacher" (CurioSFT's EMA teacher, Alg. 1 line
+    1), "base" (the kl baseline's frozen initial model) or None (the self-teacher ablation, and
+    every other loss)."""
     if loss not in LOSSES:
         raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
     return {"curio": "teacher", "curio_fixed_tau": "teacher", "kl": "base"}.get(loss)
 
 
 def config_for(loss: str, cfg: LossConfig) -> LossConfig:
-    """The loss's own setting of the shared config: the fixed-temperature ablation uses tau_hat = 1.3."""
+    """The loss's own setting of the shared config: curio_fixed_tau's tau_hat = 1.3."""
     second_model(loss)  # an unknown name fails here
     if loss == "curio_fixed_tau" and cfg.fixed_tau is None:
         return replace(cfg, fixed_tau=1.3)
@@ -103,7 +107,7 @@ def _fp32(x: torch.Tensor) -> torch.Tensor:
 
 
 def entropy(logits: torch.Tensor, tau: torch.Tensor | float = 1.0) -> torch.Tensor:
-    """H(softmax(logits / tau)) over the last dim, float32. -inf logits (masked tokens) contribute 0."""
+    """H(softmax(logits / tau)) over the last dim, float32; -inf logits (masked tokens) add 0."""
     logp = torch.log_softmax(_fp32(logits) / tau, dim=-1)
     # 0 * log 0 = 0; masked_fill (not where) also keeps the backward free of 0 * inf = NaN
     logp = logp.masked_fill(torch.isneginf(logp), 0.0)
@@ -116,32 +120,33 @@ def entropy_increment(h: torch.Tensor, cfg: LossConfig) -> torch.Tensor:
 
 
 # ------------------------------------------------------------------------------------------------
-# 1. CurioSFT, token by token: the reference a reader reads first (full vocabulary, no approximation)
+# 1. CurioSFT, token by token: the reference a reader reads first (full vocabulary, no
+# approximation)
 # ------------------------------------------------------------------------------------------------
 def curio_loss_reference(student_logits, teacher_logits, targets, cfg: LossConfig = LossConfig()):
-    """Eq. 4-7 and App. D for one token at a time, full-vocabulary entropies, scalar bisection. Slow.
-    student_logits, teacher_logits [N, V], targets [N] -> loss [N]."""
+    """Eq. 4-7 and App. D for one token at a time, full-vocabulary entropies, scalar bisection.
+    Slow. student_logits, teacher_logits [N, V], targets [N] -> loss [N]."""
     losses = []
     for z_s, z_t, y in zip(_fp32(student_logits), _fp32(teacher_logits.detach()), targets.tolist()):
         lp = torch.log_softmax(z_s, -1)[y]                        # log pi_theta(y_t | s_t; tau=1)
         h = entropy(z_t).item()                                   # H_t of the teacher at tau=1
-        if cfg.fixed_tau is not None:                             # ablation: one temperature for all
+        if cfg.fixed_tau is not None:                             # ablation: one temperature
             tau = cfg.fixed_tau
         else:
             target = h + cfg.delta_max / (1 + math.exp(-cfg.gamma * (h - cfg.h_pivot)))  # Eq. 7
             lo, hi = cfg.tau_min, cfg.tau_max
-            if target <= entropy(z_t, lo).item():                 # the coldest teacher is hot enough
+            if target <= entropy(z_t, lo).item():                 # the coldest is hot enough
                 tau = lo
             elif target >= entropy(z_t, hi).item():               # even the hottest is not
                 tau = hi
-            else:                                                 # App. D: bisection on monotone H(tau)
+            else:                                                 # App. D: bisection on H(tau)
                 for _ in range(cfg.bisect_iters):
                     mid = (lo + hi) / 2
                     lo, hi = (mid, hi) if entropy(z_t, mid).item() < target else (lo, mid)
                 tau = (lo + hi) / 2
             if cfg.low_entropy_threshold is not None and h <= cfg.low_entropy_threshold:
-                tau = cfg.tau_min                                 # the authors' code: near-one-hot tokens
-        lq = torch.log_softmax(z_t / tau, -1)[y]                  # log pi_phi(y_t | s_t; tau_hat_t), Eq. 4
+                tau = cfg.tau_min                                 # the authors' code: near-one-hot
+        lq = torch.log_softmax(z_t / tau, -1)[y]                  # Eq. 4: log pi_phi(y_t | s_t)
         losses.append(-lp + cfg.alpha * 0.5 * (lp - lq) ** 2)     # Eq. 1 + alpha * Eq. 5 (Eq. 6)
     return torch.stack(losses) if losses else student_logits.new_zeros(0, dtype=torch.float32)
 
@@ -157,14 +162,15 @@ def student_log_prob(logits, targets):
 
 
 def _tempered_entropy(logits: torch.Tensor, tau: torch.Tensor):
-    """H of pi = softmax(logits / tau) for logits [N, k], tau [N], and pi itself (for the variance)."""
+    """H of pi = softmax(logits / tau) for logits [N, k], tau [N], and pi itself."""
     logp = torch.log_softmax(logits / tau.unsqueeze(-1), dim=-1)
     p = logp.exp()
     return -(p * logp.masked_fill(p == 0, 0.0)).sum(-1), p
 
 
 def _entropy_and_variance(logits: torch.Tensor, tau: torch.Tensor):
-    """H and Var_pi[z] of softmax(logits / tau) for logits [N, k], tau [N]; dH/dtau = Var/tau^3 (App. B)."""
+    """H and Var_pi[z] of softmax(logits / tau) for logits [N, k], tau [N].
+    App. B: dH/dtau = Var / tau^3."""
     h, p = _tempered_entropy(logits, tau)
     z = logits.masked_fill(torch.isneginf(logits), 0.0)  # p = 0 there; avoids 0 * inf
     mean = (p * z).sum(-1, keepdim=True)
@@ -176,8 +182,9 @@ def solve_temperature(logits: torch.Tensor, target: torch.Tensor, cfg: LossConfi
     """Sec. 4.2, App. D: tau in [tau_min, tau_max] with H(tau) = target, vectorized over tokens.
     logits [N, k] (float32, the top-k), target [N] -> tau [N], clamped_low [N], clamped_high [N].
 
-    H(tau) is non-decreasing (App. B), so the root is bracketed by [tau_min, tau_max]; a target outside
-    [H(tau_min), H(tau_max)] clamps to that end. A fixed number of steps, no data-dependent branches.
+    H(tau) is non-decreasing (App. B), so the root is bracketed by [tau_min, tau_max]; a target
+    outside [H(tau_min), H(tau_max)] clamps to that end. A fixed number of steps, no data-dependent
+    branches.
     """
     n = logits.shape[0]
     lo = logits.new_full((n,), cfg.tau_min)
@@ -191,9 +198,9 @@ def solve_temperature(logits: torch.Tensor, target: torch.Tensor, cfg: LossConfi
         tau = 0.5 * (lo + hi)
     elif cfg.solver == "newton":
         # Newton on f(tau) = H(tau) - target with f' = Var/tau^3 (App. B), kept inside the bracket:
-        # a step that leaves it (or a zero derivative) falls back to the bracket's midpoint. H is convex
-        # here, so Newton often closes in from one side; once converged, rounding can put its step a hair
-        # past the bracket's edge: that step is clamped, not replaced by a midpoint far away.
+        # a step that leaves it (or a zero derivative) falls back to the bracket's midpoint. H is
+        # convex here, so Newton often closes in from one side; once converged, rounding can put its
+        # step a hair past the bracket's edge: that step is clamped, not replaced by a far midpoint.
         tau = 0.5 * (lo + hi)
         for _ in range(cfg.newton_iters):
             h, var = _entropy_and_variance(logits, tau)
@@ -210,17 +217,20 @@ def solve_temperature(logits: torch.Tensor, target: torch.Tensor, cfg: LossConfi
 
 
 def teacher_log_prob(teacher_logits, targets, cfg: LossConfig = LossConfig()):
-    """Alg. 1 lines 6-11 for all N tokens: lq = log softmax(z_tch / tau_hat_t)[y_t] over the full vocabulary.
+    """Alg. 1 lines 6-11 for all N tokens: lq = log softmax(z_tch / tau_hat_t)[y_t] over the full
+    vocabulary.
 
-    teacher_logits [N, V] (any float dtype; never upcast whole), targets [N] -> lq [N] float32, diagnostics.
-    Cost: one top-k and one logsumexp at tau_hat over V (_log_sum_exp); the low-entropy rule adds a logsumexp
-    at tau=1 only for tokens whose top-k entropy is at most its threshold; each search step is O(k).
+    teacher_logits [N, V] (any float dtype; never upcast whole), targets [N] -> lq [N] float32,
+    diagnostics.
+    Cost: one top-k and one logsumexp at tau_hat over V (_log_sum_exp); the low-entropy rule adds a
+    logsumexp at tau=1 only for tokens whose top-k entropy is at most its threshold; each search
+    step is O(k).
     """
     with torch.no_grad():
         z = teacher_logits.detach()                                           # [N, V]
         n, v = z.shape
-        top = _fp32(z.topk(min(cfg.top_k, v), dim=-1, sorted=False).values)   # [N, k], once (App. D)
-        h_top = entropy(top)                                                  # H_t, renormalised top-k
+        top = _fp32(z.topk(min(cfg.top_k, v), dim=-1, sorted=False).values)   # [N, k], App. D
+        h_top = entropy(top)                                                  # H_t, top-k
         diag = {"teacher_entropy": h_top}
         if cfg.fixed_tau is not None:                                         # 'w/o adaptive temp.'
             tau = top.new_full((n,), cfg.fixed_tau)
@@ -234,21 +244,22 @@ def teacher_log_prob(teacher_logits, targets, cfg: LossConfig = LossConfig()):
                 # one state per token: a forced token is not also counted as clamped
                 diag |= {"forced_tau_min": forced.float(), "clamped_low": (low & ~forced).float(),
                          "clamped_high": (high & ~forced).float()}
-        z_max = top.amax(-1)                                                  # the row max is in the top-k
+        z_max = top.amax(-1)                                                  # in the top-k
         inv_tau = 1.0 / tau
         z_y = _fp32(z.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
-        lq = (z_y - z_max) * inv_tau - _log_sum_exp(z, z_max, inv_tau)       # Eq. 4: log softmax(z/tau)[y]
+        lq = (z_y - z_max) * inv_tau - _log_sum_exp(z, z_max, inv_tau)       # Eq. 4
         diag |= {"tau": tau, "lq": lq}
     return lq, diag
 
 
 def curio_sft_loss(student_logits, targets, lq, cfg: LossConfig = LossConfig()):
-    """CurioSFT given the teacher's lq [N] (teacher_log_prob): the per-token loss -lp + alpha/2 (lp - lq)^2
-    (Eq. 1, 5, 6; Alg. 1 lines 12-13). Its gradient w.r.t. lp is -(1 - alpha (lp - lq)): cross-entropy with a
-    per-token weight w_t that falls below 1 (even below 0) once the student is more confident than the flatter
-    teacher, and rises above 1 where the expert token is unfamiliar."""
+    """CurioSFT given the teacher's lq [N] (teacher_log_prob): the per-token loss
+    -lp + alpha/2 (lp - lq)^2 (Eq. 1, 5, 6; Alg. 1 lines 12-13). Its gradient w.r.t. lp is
+    -(1 - alpha (lp - lq)): cross-entropy with a per-token weight w_t that falls below 1 (even
+    below 0) once the student is more confident than the flatter teacher, and rises above 1 where
+    the expert token is unfamiliar."""
     lp, _ = student_log_prob(student_logits, targets)
-    loss = -lp + cfg.alpha * 0.5 * (lp - lq) ** 2                             # Eq. 1 + alpha * Eq. 5 (Eq. 6)
+    loss = -lp + cfg.alpha * 0.5 * (lp - lq) ** 2                  # Eq. 6: Eq. 1 + alpha * Eq. 5
     return loss, {"lp": lp.detach(), "weight": 1 - cfg.alpha * (lp.detach() - lq)}
 
 
@@ -261,9 +272,11 @@ def ce_loss(logits, targets, cfg: LossConfig = LossConfig()):
     return -lp, {"lp": lp.detach()}
 
 
-def entropy_reg_loss(logits, targets, cfg: LossConfig = LossConfig(), top_frac: float | None = None):
-    """CE - coef * H (Eq. 2). With top_frac, the bonus only on the tokens of this call whose entropy is in
-    the top fraction (Sec. 3, Table 1); the trainer should pass a whole micro-batch's tokens in one call."""
+def entropy_reg_loss(logits, targets, cfg: LossConfig = LossConfig(),
+                     top_frac: float | None = None):
+    """CE - coef * H (Eq. 2). With top_frac, the bonus only on the tokens of this call whose
+    entropy is in the top fraction (Sec. 3, Table 1); the trainer should pass a whole
+    micro-batch's tokens in one call."""
     lp, _ = student_log_prob(logits, targets)
     h = entropy(logits)
     bonus = h
@@ -274,8 +287,9 @@ def entropy_reg_loss(logits, targets, cfg: LossConfig = LossConfig(), top_frac: 
 
 
 def kl_to_base_loss(logits, targets, base_logits, cfg: LossConfig = LossConfig()):
-    """CE + coef * KL(pi_theta || pi_base), exact over the vocabulary (the expert token is not sampled
-    from pi_theta, so a one-sample estimator would be biased); base_logits from the frozen initial model."""
+    """CE + coef * KL(pi_theta || pi_base), exact over the vocabulary (the expert token is not
+    sampled from pi_theta, so a one-sample estimator would be biased); base_logits from the
+    frozen initial model."""
     lp, _ = student_log_prob(logits, targets)
     logp = torch.log_softmax(_fp32(logits), -1)
     logq = torch.log_softmax(_fp32(base_logits.detach()), -1)
@@ -284,35 +298,36 @@ def kl_to_base_loss(logits, targets, base_logits, cfg: LossConfig = LossConfig()
 
 
 def dft_loss(logits, targets, cfg: LossConfig = LossConfig()):
-    """DFT, Dynamic Fine-Tuning (Wu et al. 2025, arXiv:2508.05629): CE scaled by the detached probability of the
-    expert token, -p(y) log p(y)."""
+    """DFT, Dynamic Fine-Tuning (Wu et al. 2025, arXiv:2508.05629): CE scaled by the detached
+    probability of the expert token, -p(y) log p(y)."""
     lp, _ = student_log_prob(logits, targets)
     return -lp * lp.detach().exp(), {"lp": lp.detach()}
 
 
 def gem_loss(logits, targets, cfg: LossConfig = LossConfig()):
-    """GEM (Li et al. 2024, "Preserving Diversity in Supervised Fine-Tuning of Large Language Models",
-    arXiv:2408.16673): -sum_v q_v w_v (log p_y - log p_v), q = softmax(z / beta) and
-    w_v = sigmoid(0.01 (z_v - z_y)), both detached."""
+    """GEM (Li et al. 2024, "Preserving Diversity in Supervised Fine-Tuning of Large Language
+    Models", arXiv:2408.16673): -sum_v q_v w_v (log p_y - log p_v), q = softmax(z / beta) and w_v
+    = sigmoid(0.01 (z_v - z_y)), both detached."""
     z = _fp32(logits)
     logp = torch.log_softmax(z, -1)                                       # [N, V]
     lp = logp.gather(-1, targets.unsqueeze(-1))                           # [N, 1]
     with torch.no_grad():
         q = torch.softmax(z / cfg.gem_beta, -1)
         w = torch.sigmoid(0.01 * (z - z.gather(-1, targets.unsqueeze(-1))))
-        qw = (q * w).masked_fill(torch.isneginf(logp), 0.0)               # masked tokens weigh nothing
+        qw = (q * w).masked_fill(torch.isneginf(logp), 0.0)               # masked: weigh nothing
     loss = -(qw * (lp - logp.masked_fill(torch.isneginf(logp), 0.0))).sum(-1)
     return loss, {"lp": lp.squeeze(-1).detach()}
 
 
 def psft_loss(logits, targets, old_logp=None, cfg: LossConfig = LossConfig()):
-    """PSFT, Proximal SFT (Zhu et al. 2025, arXiv:2508.17784): PPO's clipped objective with advantage 1 on every
-    expert token, the ratio against the log-probs taken at the start of the batch (old_logp [N]; None means
-    'now', i.e. ratio 1, where PSFT equals CE)."""
+    """PSFT, Proximal SFT (Zhu et al. 2025, arXiv:2508.17784): PPO's clipped objective with
+    advantage 1 on every expert token, the ratio against the log-probs taken at the start of the
+    batch (old_logp [N]; None means 'now', i.e. ratio 1, where PSFT equals CE)."""
     lp, _ = student_log_prob(logits, targets)
     old = lp.detach() if old_logp is None else _fp32(old_logp)
     ratio = torch.exp(lp - old)
-    loss = torch.maximum(-ratio, -ratio.clamp(1 - cfg.psft_clip_low, 1 + cfg.psft_clip_high))   # A = 1
+    clipped = ratio.clamp(1 - cfg.psft_clip_low, 1 + cfg.psft_clip_high)
+    loss = torch.maximum(-ratio, -clipped)                                # the advantage is 1
     return loss, {"lp": lp.detach(), "clipped": (ratio > 1 + cfg.psft_clip_high).float()}
 
 
@@ -323,15 +338,16 @@ STUDENT_ONLY_LOSSES = {"sft": ce_loss, "entropy": entropy_reg_loss,
 
 
 def check_finite(loss, logits, targets, other=None) -> None:
-    """Raise FloatingPointError naming the input that made a per-token loss non-finite (other: the teacher's lq,
-    the base model's logits or the old log-probs)."""
+    """Raise FloatingPointError naming the input that made a per-token loss non-finite (other:
+    the teacher's lq, the base model's logits or the old log-probs)."""
     if bool(torch.isfinite(loss).all()):
         return
     if torch.isnan(logits).any():
         raise FloatingPointError(f"the loss is not finite: the student logits contain NaN "
                                  f"({int(torch.isnan(logits).sum())} values)")
     if other is not None and other.is_floating_point() and torch.isnan(other).any():
-        raise FloatingPointError("the loss is not finite: the teacher/base logits or old log-probs contain NaN")
+        raise FloatingPointError("the loss is not finite: the teacher/base logits or old log-probs "
+                                 "contain NaN")
     if torch.isneginf(logits.gather(-1, targets.unsqueeze(-1))).any():
         raise FloatingPointError("the loss is not finite: an expert token has a -inf student logit "
                                  "(probability 0)")
@@ -342,8 +358,8 @@ def check_finite(loss, logits, targets, other=None) -> None:
 # Logging
 # ------------------------------------------------------------------------------------------------
 def split_entropy(h: torch.Tensor, x: torch.Tensor | None = None, top_frac: float = 0.2):
-    """Mean of x (default: h itself) over the top-20% highest-entropy positions and over the bottom 80%
-    (Fig. 2a/b). h, x [N] -> (top, bottom)."""
+    """Mean of x (default: h itself) over the top-20% highest-entropy positions and over the
+    bottom 80% (Fig. 2a/b). h, x [N] -> (top, bottom)."""
     if h.numel() == 0:
         return float("nan"), float("nan")
     x = h if x is None else x
@@ -353,14 +369,15 @@ def split_entropy(h: torch.Tensor, x: torch.Tensor | None = None, top_frac: floa
 
 
 def summarize(diag: dict[str, torch.Tensor], alpha: float = 1.0) -> dict[str, float]:
-    """Per-batch scalars from per-token diagnostics concatenated over a batch (any subset of the keys)."""
+    """Per-batch scalars from per-token diagnostics concatenated over a batch (any of the keys)."""
     out = {}
     if "lp" in diag:
         out["ce"] = -diag["lp"].mean().item()
     if "lq" in diag:
         out["distill"] = (0.5 * (diag["lp"] - diag["lq"]) ** 2).mean().item()
         tau = diag["tau"]
-        out |= {"tau_mean": tau.mean().item(), "tau_min": tau.min().item(), "tau_max": tau.max().item()}
+        out |= {"tau_mean": tau.mean().item(), "tau_min": tau.min().item(),
+                "tau_max": tau.max().item()}
     for key in ("clamped_low", "clamped_high", "forced_tau_min", "clipped"):
         if key in diag:
             out[f"frac_{key}"] = diag[key].mean().item()
@@ -382,25 +399,32 @@ def summarize(diag: dict[str, torch.Tensor], alpha: float = 1.0) -> dict[str, fl
 # SPEED HELPERS: the same results at a lower cost (a reader of the method may skip them)
 # ================================================================================================
 def _log_sum_exp(z, shift, inv_tau=None, rows=None):
-    """log sum_v exp((z[r, v] - shift[r]) * inv_tau[r]) [R], for the rows r of z [N, V] (all of them, or the
-    index tensor `rows`); shift [R] is the row maximum (from the top-k), inv_tau [R] defaults to 1.
+    """log sum_v exp((z[r, v] - shift[r]) * inv_tau[r]) [R], for the rows r of z [N, V] (all of
+    them, or the index tensor `rows`); shift [R] is the row maximum (from the top-k), inv_tau [R]
+    defaults to 1.
 
-    What torch.logsumexp(z / tau) costs is memory: [N, V] float32 temporaries (fresh pages on a CPU) and five
-    passes over them. Here one reused buffer takes a block of rows at a time, in place: z is read once, bf16
-    logits are never upcast whole, and on a CPU the block stays in the last-level cache for the exp and the sum.
-    CPU blocks are 16 MiB, half a typical last-level cache: smaller ones were no faster on an idle machine and
-    slower on a busy one (every op synchronises the threads), 40 MiB ones slower on both. A GPU gets 256 MiB
+    What torch.logsumexp(z / tau) costs is memory: [N, V] float32 temporaries (fresh pages on a CPU)
+    and five passes over them. Here one reused buffer takes a block of rows at a time, in place: z
+    is read once, bf16 logits are never upcast whole, and on a CPU the block stays in the last-level
+    cache for the exp and the sum. CPU blocks are 16 MiB, half a typical last-level cache: smaller
+    ones were no faster on an idle machine and slower on a busy one (every op synchronises the
+    threads), 40 MiB ones slower on both. A GPU gets 256 MiB
     blocks: few kernel launches, a bounded temporary. The result is at least float32.
     """
     n, v = (z.shape[0] if rows is None else rows.numel()), z.shape[1]
     dtype = torch.promote_types(z.dtype, torch.float32)
     block = max(1, (16 << 20 if z.device.type == "cpu" else 256 << 20) // (v * dtype.itemsize))
     buf = torch.empty(min(block, n), v, dtype=dtype, device=z.device)
-    gathered = None if rows is None else torch.empty(min(block, n), v, dtype=z.dtype, device=z.device)
+    gathered = None
+    if rows is not None:
+        gathered = torch.empty(min(block, n), v, dtype=z.dtype, device=z.device)
     sums = torch.empty(n, dtype=dtype, device=z.device)
     for s in range(0, n, block):
         e = min(s + block, n)
-        z_block = z[s:e] if rows is None else torch.index_select(z, 0, rows[s:e], out=gathered[: e - s])
+        if rows is None:
+            z_block = z[s:e]
+        else:
+            z_block = torch.index_select(z, 0, rows[s:e], out=gathered[: e - s])
         b = torch.sub(z_block, shift[s:e, None], out=buf[: e - s])
         if inv_tau is not None:
             b.mul_(inv_tau[s:e, None])
@@ -409,29 +433,34 @@ def _log_sum_exp(z, shift, inv_tau=None, rows=None):
 
 
 def _full_entropy_at_most(z, top, h_top, threshold):
-    """The authors' low-entropy rule: is the full-vocabulary entropy at tau=1 <= threshold? Exact, and for most
-    tokens without a pass over V. z [N, V], top [N, k] its top-k logits, h_top [N] their entropy (renormalised).
+    """The authors' low-entropy rule: is the full-vocabulary entropy at tau=1 <= threshold? Exact,
+    and for most tokens without a pass over V. z [N, V], top [N, k] its top-k logits, h_top [N]
+    their entropy (renormalised).
 
-    With p the softmax over all V logits, m the mass outside the top-k and p_min the smallest top-k probability:
-    (a) H_full >= H_top - log(1-m) >= H_top. Write H_full = (1-m) A + m B, A and B the averages of -log p
-        over the top-k (weights p / (1-m)) and over the other V-k tokens (weights p / m). A = H_top - log(1-m)
-        and A <= -log p_min, as every top-k p is >= p_min. Every other token's logit is <= every top-k logit,
-        so its p <= p_min and B >= -log p_min >= A; hence H_full >= A. (It needs the top k: for the k smallest
-        logits, say, it fails.) A token whose top-k entropy is above the threshold is decided without V; only
-        the others get a logsumexp over V, for m.
-    (b) For those, H_full = H_bin(m) + (1-m) H_top + m H_tail, where the tail's own entropy H_tail is at most
-        log(V-k) (V-k tokens) and, by (a)'s p <= p_min, at least log(m / p_min): bounds on both sides. Only
-        the tokens these bounds leave undecided (rare: a visible tail mass) get their exact entropy.
+    With p the softmax over all V logits, m the mass outside the top-k and p_min the smallest top-k
+    probability:
+    (a) H_full >= H_top - log(1-m) >= H_top. Write H_full = (1-m) A + m B, A and B the averages of
+        -log p over the top-k (weights p / (1-m)) and over the other V-k tokens (weights p / m). A =
+        H_top - log(1-m) and A <= -log p_min, as every top-k p is >= p_min. Every other token's
+        logit is <= every top-k logit, so its p <= p_min and B >= -log p_min >= A; hence H_full >=
+        A. (It needs the top k: for the k smallest logits, say, it fails.) A token whose top-k
+        entropy is above the threshold is decided without V; only the others get a logsumexp over V,
+        for m.
+    (b) For those, H_full = H_bin(m) + (1-m) H_top + m H_tail, where the tail's own entropy H_tail
+        is at most log(V-k) (V-k tokens) and, by (a)'s p <= p_min, at least log(m / p_min): bounds
+        on both sides. Only the tokens these bounds leave undecided (rare: a visible tail mass) get
+        their exact entropy.
     """
     n, v = z.shape
     k = top.shape[-1]
     if k == v:
         return h_top <= threshold
-    # float32 rounding: H_top is exact to ~1e-7 relative; m, from two sums of order 1 (shifted by the max), to
-    # ~1e-6, which moves the bounds of (b) by < 2e-5. Tokens within the slack of the threshold go exact.
+    # float32 rounding: H_top is exact to ~1e-7 relative; m, from two sums of order 1 (shifted by
+    # the max), to ~1e-6, which moves the bounds of (b) by < 2e-5. Tokens within the slack of the
+    # threshold go exact.
     slack = 1e-4
     at_most = torch.zeros(n, dtype=torch.bool, device=z.device)
-    rows = (h_top <= threshold + slack).nonzero().squeeze(-1)             # (a): the rest are above it
+    rows = (h_top <= threshold + slack).nonzero().squeeze(-1)       # (a): the rest are above it
     if rows.numel() == 0:
         return at_most
     top_max = top[rows].amax(-1)
@@ -441,8 +470,8 @@ def _full_entropy_at_most(z, top, h_top, threshold):
     m = (-torch.expm1(torch.logsumexp(top_shifted, -1) - log_sum_full)).clamp(0.0, 1.0)
     log_p_min = top_shifted.amin(-1) - log_sum_full
     log_tail_size = math.log(v - k)
-    # m = 0 (every other logit -inf, so p_min may be 0 too): no tail term; rounding can make m a hair above 0,
-    # hence the cap at log(V-k), which H_tail never exceeds anyway
+    # m = 0 (every other logit -inf, so p_min may be 0 too): no tail term; rounding can make m a
+    # hair above 0, hence the cap at log(V-k), which H_tail never exceeds anyway
     h_tail_low = torch.where(m > 0, (m.log() - log_p_min).clamp(0.0, log_tail_size), 0.0)
     h_rest = torch.special.entr(m) + torch.special.entr(1 - m) + (1 - m) * h_top[rows]
     lower, upper = h_rest + m * h_tail_low, h_rest + m * log_tail_size

@@ -1,13 +1,14 @@
-# Evaluation of CurioSFT checkpoints: paper Sec. 5.1, Table 2, Figs. 1, 2, 4. python evaluate.py --help lists the flags.
-"""Sample n responses per benchmark question, grade them, and measure avg@n, unbiased pass@k, the sampling entropy,
-n-gram diversity and (with --sft_data) the entropy at the expert's tokens.
+# Evaluation of CurioSFT checkpoints (arXiv:2602.02244): Sec. 5.1, Table 2, Figs. 1, 2, 4.
+"""Sample n responses per benchmark question, grade them, and measure avg@n, unbiased pass@k, the
+sampling entropy, n-gram diversity and (with --sft_data) the entropy at the expert's tokens.
 
     python evaluate.py --model CKPT --data BENCH_DIR --out out/eval/ckpt [--grading paper|authors]
-    torchrun --nproc_per_node 8 evaluate.py config/eval_paper.py ...   # data parallel: a block per rank
-    python evaluate.py plot --results out/eval/*/results.json --logs runs/*/log.jsonl --out out/compare
+    torchrun --nproc_per_node 8 evaluate.py config/eval_paper.py ...   # a block per rank
+    python evaluate.py plot --results out/eval/*/results.json --logs runs/*/log.jsonl --out cmp
 
-Each finished benchmark is kept under OUT/progress/: a rerun with the same settings loads it instead of sampling it
-again. Sampling (vLLM or HF generate), grading, tables and plots are plumbing/: this file is what is measured.
+Each finished benchmark is kept under OUT/progress/: a rerun with the same settings loads it instead
+of sampling it again. Sampling (vLLM or HF generate), grading, tables and plots are plumbing/; this
+file is what is measured. python evaluate.py --help lists the flags.
 """
 import hashlib
 import itertools
@@ -42,7 +43,7 @@ class Args:
     model: str = ""
     """checkpoint directory (config.json, safetensors weights, tokenizer)"""
     data: str = ""
-    """benchmark directory or file (.parquet/.jsonl/.json, the authors' schema), grouped by data_source"""
+    """benchmark directory or file (.parquet/.jsonl/.json, the authors' schema)"""
     out: str = "out/eval"
     """output directory: results.json, results.md, samples.jsonl, plots"""
     name: str = ""
@@ -82,7 +83,7 @@ class Args:
     grader_workers: int = 4
     """grader processes"""
     grading: Literal[GRADING_MODES] = "paper"
-    """paper: the text after </think>, math-verify | authors: their evaluation grader (plumbing/grading.py)"""
+    """paper: the text after </think>, math-verify | authors: their grader (plumbing/grading.py)"""
     sft_data: str = ""
     """optional SFT file: also measure the entropy at its expert tokens (Fig. 2a/b)"""
     sft_examples: int = 256
@@ -91,11 +92,12 @@ class Args:
     """write every response with its score to samples.jsonl"""
 
     def __post_init__(self):
-        check_settings(self, positive=["temperature", "top_p", "gpu_memory_utilization", "grader_timeout"],
+        check_settings(self, positive=["temperature", "top_p", "gpu_memory_utilization",
+                                       "grader_timeout"],
                        fraction=["top_p", "gpu_memory_utilization"], non_negative=["limit"],
-                       at_least_one=["n", "n_mmlu_pro", "max_new_tokens", "max_prompt_len", "batch_size",
-                                     "tensor_parallel_size", "max_model_len", "grader_workers",
-                                     "sft_examples"])
+                       at_least_one=["n", "n_mmlu_pro", "max_new_tokens", "max_prompt_len",
+                                     "batch_size", "tensor_parallel_size", "max_model_len",
+                                     "grader_workers", "sft_examples"])
 
 
 @dataclass
@@ -116,7 +118,7 @@ class PlotArgs:
 # ALGO LOGIC: the metrics (whether a response is right: plumbing/grading.py)
 # ================================================================================================
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k = 1 - C(n-c, k) / C(n, k) (Chen et al. 2021), as a product: no huge binomials."""
+    """Unbiased pass@k = 1 - C(n-c, k) / C(n, k) (Chen et al. 2021), as a product of ratios."""
     if n - c < k:
         return 1.0
     return 1.0 - float(np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
@@ -124,8 +126,8 @@ def pass_at_k(n: int, c: int, k: int) -> float:
 
 def ngram_diversity(token_ids: list[list[int]], n: int = 4) -> float | None:
     """1 - mean pairwise overlap of one question's samples (Fig. 4: "1 minus N-gram similarity").
-    Overlap of two samples = Jaccard index |A & B| / |A | B| of their sets of token-id n-grams; a sample
-    shorter than n counts as one n-gram. None with fewer than two samples."""
+    Overlap of two samples = Jaccard index |A & B| / |A | B| of their sets of token-id n-grams; a
+    sample shorter than n counts as one n-gram. None with fewer than two samples."""
     sets = [set(zip(*(ids[i:] for i in range(n)))) or {tuple(ids)} for ids in token_ids]
     pairs = list(itertools.combinations(sets, 2))
     if not pairs:
@@ -136,18 +138,20 @@ def ngram_diversity(token_ids: list[list[int]], n: int = 4) -> float | None:
 @torch.no_grad()
 def expert_token_entropy(model, tokenizer, examples: list[Example], max_len: int = 9216,
                          system_prompt: str = "paper") -> dict:
-    """Full-vocabulary entropy of the model's next-token distribution (tau = 1) at every position that predicts
-    an expert response token or its EOS (the SFT loss positions, as data.py masks them), split at the 80th
-    percentile over all positions into the top 20% and the bottom 80% (Fig. 2a/b). The split is by rank,
-    so ties at the threshold still give 20% / 80% of the positions."""
+    """Full-vocabulary entropy of the model's next-token distribution (tau = 1) at every position
+    that predicts an expert response token or its EOS (the SFT loss positions, as data.py masks
+    them), split at the 80th percentile over all positions into the top 20% and the bottom 80%
+    (Fig. 2a/b). The split is by rank, so ties at the threshold still give 20% / 80% of the
+    positions."""
     device = next(model.parameters()).device
     entropies = []
     quiet = len(examples) < 32 or not sys.stderr.isatty()
     for ex in tqdm(examples, desc="expert-token entropy", disable=quiet):
-        ids, mask = tokenize_sft(tokenizer, example_prompt(ex, tokenizer, system_prompt), ex.response)
+        prompt = example_prompt(ex, tokenizer, system_prompt)
+        ids, mask = tokenize_sft(tokenizer, prompt, ex.response)
         ids, mask = ids[:max_len], torch.tensor(mask[:max_len], dtype=torch.bool)
         logits = model(torch.tensor([ids], device=device)).logits[0]             # [L, V]
-        entropies.append(entropy(logits[:-1][mask[1:].to(device)]).cpu())     # response + EOS positions
+        entropies.append(entropy(logits[:-1][mask[1:].to(device)]).cpu())     # response + EOS
     h = torch.cat(entropies).sort(descending=True).values                      # [positions]
     k = max(1, round(0.2 * len(h)))
     return {"top20": h[:k].mean().item(), "bottom80": h[k:].mean().item() if len(h) > k else None,
@@ -160,14 +164,15 @@ def benchmark_metrics(samples: list[list[Sample]], scores: list[list[float]]) ->
     ks = sorted({2**i for i in range(n.bit_length()) if 2**i <= n} | {n})
     flat = [s for q in samples for s in q]
     n_tokens = sum(len(s.token_ids) for s in flat)
-    diversities = [d for q in samples if (d := ngram_diversity([s.token_ids for s in q])) is not None]
+    diversities = [ngram_diversity([s.token_ids for s in q]) for q in samples]
+    diversities = [d for d in diversities if d is not None]
     pass_k = {str(k): float(np.mean([pass_at_k(n, int(sum(q)), k) for q in scores])) for k in ks}
     return {
         "questions": len(scores), "n": n,
         "avg": float(np.mean(scores)),  # avg@n: mean accuracy over all n samples of every question
         "pass_at_k": pass_k,
         "response_length": n_tokens / len(flat),  # tokens, EOS included
-        # token-mean entropy of the sampling distribution (temperature and top-p applied): Sample.entropy
+        # token-mean entropy of the sampling distribution, temperature and top-p applied
         "entropy": sum(sum(s.entropy) for s in flat) / max(n_tokens, 1),
         "diversity": float(np.mean(diversities)) if diversities else None,
         "truncated": float(np.mean([s.finish_reason == "length" for s in flat])),
@@ -175,8 +180,8 @@ def benchmark_metrics(samples: list[list[Sample]], scores: list[list[float]]) ->
 
 
 def table2_averages(benchmarks: dict[str, dict]) -> dict:
-    """Table 2's averages: ID and OOD accuracy (None when none of their benchmarks ran), and means over
-    all benchmarks of avg@n, entropy and diversity (the x and y of Figs. 1 and 4)."""
+    """Table 2's averages: ID and OOD accuracy (None when none of their benchmarks ran), and
+    means over all benchmarks of avg@n, entropy and diversity (the x and y of Figs. 1 and 4)."""
     def mean(key, names=None):
         vals = [m[key] for b, m in benchmarks.items()
                 if (names is None or b in names) and m[key] is not None]
@@ -185,20 +190,21 @@ def table2_averages(benchmarks: dict[str, dict]) -> dict:
             "avg": mean("avg"), "entropy": mean("entropy"), "diversity": mean("diversity")}
 
 
-def sample_and_grade(engine: Engine, tokenizer, name: str, examples: list[Example], prompts: list[str],
-                     n: int, offset: int, args: Args):
-    """(samples, 0/1 scores per question, sample records, grader failures) of a block of one benchmark's
-    questions starting at question `offset`."""
+def sample_and_grade(engine: Engine, tokenizer, name: str, examples: list[Example],
+                     prompts: list[str], n: int, offset: int, args: Args):
+    """(samples, 0/1 scores per question, sample records, grader failures) of a block of one
+    benchmark's questions starting at question `offset`."""
     if not prompts:  # a rank with no block (more ranks than batches)
         return [], [], [], 0
-    samples = generate(engine, tokenizer, prompts, n, args.temperature, args.top_p, args.max_new_tokens,
-                       args.seed, args.batch_size, offset=offset)
+    samples = generate(engine, tokenizer, prompts, n, args.temperature, args.top_p,
+                       args.max_new_tokens, args.seed, args.batch_size, offset=offset)
     records = []
     for ex, question_samples in zip(examples, samples):
         for j, s in enumerate(question_samples):
             records.append({"data_source": name, "row": ex.row, "question": ex.question,
-                            "ground_truth": ex.ground_truth, "kind": answer_kind(name, ex.ground_truth),
-                            "sample": j, "response": s.text, "length": len(s.token_ids),
+                            "ground_truth": ex.ground_truth,
+                            "kind": answer_kind(name, ex.ground_truth), "sample": j,
+                            "response": s.text, "length": len(s.token_ids),
                             "finish_reason": s.finish_reason})
     scores, failures = grade([r["response"] for r in records], [r["ground_truth"] for r in records],
                              [r["kind"] for r in records], args.grader_timeout, args.grader_workers,
@@ -214,8 +220,9 @@ def sample_and_grade(engine: Engine, tokenizer, name: str, examples: list[Exampl
 def load_benchmarks(path: str, limit: int = 0) -> dict[str, list[Example]]:
     """{data_source: unique examples} from a directory of .parquet/.jsonl/.json files (or one file).
 
-    Questions are de-duplicated on (data_source, question text): valid.all.parquet repeats AIME24, AIME25 and
-    AMC 32 times each, and avg@8 / pass@k must mean n samples of each distinct problem, not 8 x 32."""
+    Questions are de-duplicated on (data_source, question text): valid.all.parquet repeats
+    AIME24, AIME25 and AMC 32 times each, and avg@8 / pass@k must mean n samples of each distinct
+    problem, not 8 x 32."""
     p = Path(path)
     if not p.exists():
         raise FileNotFoundError(f"data {path!r}: no such file or directory")
@@ -237,13 +244,14 @@ def load_benchmarks(path: str, limit: int = 0) -> dict[str, list[Example]]:
 
 
 def drop_long_prompts(benchmarks: dict[str, list[Example]], tokenizer, args: Args):
-    """(benchmarks without the questions whose prompt, as generate encodes it, is over max_prompt_len tokens,
-    {benchmark: questions dropped}). The authors' scripts drop prompts over 1024 tokens the same way; a benchmark
-    left with no question is left out."""
+    """(benchmarks without the questions whose prompt, as generate encodes it, is over
+    max_prompt_len tokens, {benchmark: questions dropped}). The authors' scripts drop prompts
+    over 1024 tokens the same way; a benchmark left with no question is left out."""
     kept, dropped = {}, {}
     for b, examples in benchmarks.items():
-        fits = [ex for ex in examples if len(encode(tokenizer, example_prompt(ex, tokenizer, args.system_prompt)))
-                <= args.max_prompt_len]
+        lengths = [len(encode(tokenizer, example_prompt(ex, tokenizer, args.system_prompt)))
+                   for ex in examples]
+        fits = [ex for ex, length in zip(examples, lengths) if length <= args.max_prompt_len]
         dropped[b] = len(examples) - len(fits)
         if fits:
             kept[b] = fits
@@ -255,20 +263,22 @@ def check_out_dir(out: str) -> None:
     p = Path(out)
     if p.exists() and not p.is_dir():
         raise ValueError(f"--out {out!r}: exists and is not a directory")
-    nearest = next(q for q in (p.absolute(), *p.absolute().parents) if q.exists())  # where mkdir writes
+    nearest = next(q for q in (p.absolute(), *p.absolute().parents) if q.exists())  # mkdir's
     if not nearest.is_dir() or not os.access(nearest, os.W_OK | os.X_OK):
         raise ValueError(f"--out {out!r}: cannot write in {str(nearest)!r}")
 
 
-# Settings that change no sample and no score: a benchmark saved under other values of these is still reused.
-# data, limit and max_prompt_len are left out too: the saved run's questions themselves are compared.
-_NOT_IN_PROGRESS_KEY = {"out", "name", "save_samples", "grader_workers", "sft_data", "sft_examples", "data",
-                        "limit", "max_prompt_len"}
+# Settings that change no sample and no score: a benchmark saved under other values of these is
+# still reused. data, limit and max_prompt_len are left out too: the saved run's questions
+# themselves are compared.
+_NOT_IN_PROGRESS_KEY = {"out", "name", "save_samples", "grader_workers", "sft_data", "sft_examples",
+                        "data", "limit", "max_prompt_len"}
 
 
 def _progress_key(args: Args, examples: list[Example], prompts: list[str]) -> dict:
-    """What a saved benchmark must match to be reused: the settings, its questions and the checkpoint's files
-    (name, size, modification time: a checkpoint saved again under the same path is a different model)."""
+    """What a saved benchmark must match to be reused: the settings, its questions and the
+    checkpoint's files (name, size, modification time: a checkpoint saved again under the same
+    path is a different model)."""
     questions = json.dumps([[p, ex.ground_truth] for ex, p in zip(examples, prompts)])
     model_files = {f.name: [f.stat().st_size, f.stat().st_mtime_ns]
                    for f in sorted(Path(args.model).iterdir()) if f.is_file()}
@@ -279,7 +289,7 @@ def _progress_key(args: Args, examples: list[Example], prompts: list[str]) -> di
 
 
 def _load_progress(path: Path, key: dict) -> dict | None:
-    """A benchmark saved by a run with the same settings, else None (no file, other settings, unreadable)."""
+    """A benchmark saved by a run with the same settings, else None (none, others, unreadable)."""
     try:
         saved = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -288,8 +298,8 @@ def _load_progress(path: Path, key: dict) -> dict | None:
 
 
 def rank_block(count: int, batch_size: int, rank: int, world: int) -> range:
-    """This rank's questions: a contiguous block of whole batches of batch_size, so that every HF batch, and
-    the seed generate gives it, is the same whatever the number of ranks."""
+    """This rank's questions: a contiguous block of whole batches of batch_size, so that every HF
+    batch, and the seed generate gives it, is the same whatever the number of ranks."""
     batches = -(-count // batch_size)
     first, end = batches * rank // world, batches * (rank + 1) // world
     return range(min(count, first * batch_size), min(count, end * batch_size))
@@ -297,11 +307,14 @@ def rank_block(count: int, batch_size: int, rank: int, world: int) -> range:
 
 def evaluate_benchmarks(engine: Engine, tokenizer, benchmarks: dict[str, list[Example]], args: Args,
                         progress_dir: Path | None = None, group=None) -> tuple[dict | None, list]:
-    """(results, sample records): sample, grade and measure one benchmark at a time. With a process group
-    (`group`, gloo, torchrun) each rank samples and grades its block of every benchmark and rank 0 gathers them;
-    the other ranks get (None, []). With progress_dir, rank 0 saves each finished benchmark there, and a
-    benchmark saved by a run with the same settings is loaded instead: a crash loses one benchmark."""
-    rank, world = (dist.get_rank(group), dist.get_world_size(group)) if group is not None else (0, 1)
+    """(results, sample records): sample, grade and measure one benchmark at a time. With a
+    process group (`group`, gloo, torchrun) each rank samples and grades its block of every
+    benchmark and rank 0 gathers them; the other ranks get (None, []). With progress_dir, rank 0
+    saves each finished benchmark there, and a benchmark saved by a run with the same settings is
+    loaded instead: a crash loses one benchmark."""
+    rank, world = 0, 1
+    if group is not None:
+        rank, world = dist.get_rank(group), dist.get_world_size(group)
     metrics, records, failures = {}, [], 0
     for i, (name, examples) in enumerate(benchmarks.items(), 1):
         start = time.perf_counter()
@@ -314,9 +327,11 @@ def evaluate_benchmarks(engine: Engine, tokenizer, benchmarks: dict[str, list[Ex
             dist.broadcast_object_list(saved, src=0, group=group)
         saved = saved[0]
         if saved is not None:
-            print0(f"[{i}/{len(benchmarks)}] {name}: loaded from {path} (saved by a run with the same settings)")
+            print0(f"[{i}/{len(benchmarks)}] {name}: loaded from {path} (saved by a run with the "
+                   f"same settings)")
         else:
-            print0(f"[{i}/{len(benchmarks)}] {name}: {len(prompts)} prompts x {n} samples, {world} rank(s)")
+            print0(f"[{i}/{len(benchmarks)}] {name}: {len(prompts)} prompts x {n} samples, "
+                   f"{world} rank(s)")
             block = rank_block(len(prompts), args.batch_size, rank, world)
             part = sample_and_grade(engine, tokenizer, name, examples[block.start : block.stop],
                                     prompts[block.start : block.stop], n, block.start, args)
@@ -335,8 +350,9 @@ def evaluate_benchmarks(engine: Engine, tokenizer, benchmarks: dict[str, list[Ex
             metrics[name] = saved["metrics"]
             records += saved["records"]
             failures += saved["grader_failures"]
-            print0(f"[{i}/{len(benchmarks)}] {name}: avg@{n} {report.percent(metrics[name]['avg'])}, "
-                   f"{time.perf_counter() - start:.0f} s")
+            avg = report.percent(metrics[name]["avg"])
+            seconds = time.perf_counter() - start
+            print0(f"[{i}/{len(benchmarks)}] {name}: avg@{n} {avg}, {seconds:.0f} s")
     if rank != 0:
         return None, []
     name = args.name or Path(args.model.rstrip("/")).name
@@ -345,30 +361,35 @@ def evaluate_benchmarks(engine: Engine, tokenizer, benchmarks: dict[str, list[Ex
 
 
 def run_eval(args: Args) -> dict | None:
-    """Evaluate one checkpoint; under torchrun every rank takes a block of each benchmark and rank 0 writes
-    the results, which it returns (the other ranks return None)."""
-    if engine_kind(args.engine) == "vllm" and args.max_prompt_len + args.max_new_tokens > args.max_model_len:
+    """Evaluate one checkpoint; under torchrun every rank takes a block of each benchmark and
+    rank 0 writes the results, which it returns (the other ranks return None)."""
+    longest = args.max_prompt_len + args.max_new_tokens
+    if engine_kind(args.engine) == "vllm" and longest > args.max_model_len:
         # vLLM would end such responses at max_model_len ("length"), short of max_new_tokens
-        raise ValueError(f"--max-prompt-len {args.max_prompt_len} + --max-new-tokens {args.max_new_tokens} is "
-                         f"over --max-model-len {args.max_model_len}: raise --max-model-len or lower the others")
+        raise ValueError(f"--max-prompt-len {args.max_prompt_len} + --max-new-tokens "
+                         f"{args.max_new_tokens} is over --max-model-len {args.max_model_len}: "
+                         f"raise --max-model-len or lower the others")
     world = int(os.environ.get("WORLD_SIZE", 1))
     if world > 1 and args.tensor_parallel_size > 1:
-        raise ValueError(f"--tensor_parallel_size {args.tensor_parallel_size} with {world} ranks: torchrun runs "
-                         f"one engine per rank (data parallel); use one process for tensor parallelism")
+        raise ValueError(f"--tensor_parallel_size {args.tensor_parallel_size} with {world} ranks: "
+                         f"torchrun runs one engine per rank (data parallel); use one process for "
+                         f"tensor parallelism")
     check_out_dir(args.out)
     benchmarks = load_benchmarks(args.data, args.limit)  # fail on bad data before loading a model
     rank, group = 0, None
     if "RANK" in os.environ:  # torchrun
         rank, world, _ = setup_distributed()
-        group = dist.new_group(backend="gloo")  # objects (the blocks' samples) go over gloo, also with nccl
+        group = dist.new_group(backend="gloo")  # objects (the blocks' samples) go over gloo
     expert = None
-    if args.sft_data and rank == 0:  # needs HF logits; done first, so that vLLM gets the memory after
+    if args.sft_data and rank == 0:  # HF logits; first, so that vLLM gets the memory after
         examples = load_examples(args.sft_data, require_response=True)[: args.sft_examples]
         hf, tokenizer = load_engine(args.model, "hf", args.dtype)
-        expert = expert_token_entropy(hf.model, tokenizer, examples, system_prompt=args.system_prompt)
+        expert = expert_token_entropy(hf.model, tokenizer, examples,
+                                      system_prompt=args.system_prompt)
         del hf
         torch.cuda.empty_cache()
-    # Several ranks: one vLLM engine per rank, in the rank's own process (as rl.py's), seeded per prompt.
+    # Several ranks: one vLLM engine per rank, in the rank's own process (as rl.py's), seeded per
+    # prompt.
     per_rank = dict(distributed_executor_backend="external_launcher") if world > 1 else {}
     engine, tokenizer = load_engine(args.model, args.engine, args.dtype, args.seed,
                                     tensor_parallel_size=args.tensor_parallel_size,
@@ -381,7 +402,8 @@ def run_eval(args: Args) -> dict | None:
     if not benchmarks:
         raise ValueError(f"every prompt is over --max-prompt-len {args.max_prompt_len} tokens")
     out = Path(args.out)
-    result, records = evaluate_benchmarks(engine, tokenizer, benchmarks, args, out / "progress", group)
+    result, records = evaluate_benchmarks(engine, tokenizer, benchmarks, args, out / "progress",
+                                          group)
     if rank != 0:
         return None
     result["expert_entropy"] = expert
@@ -390,7 +412,7 @@ def run_eval(args: Args) -> dict | None:
     if args.save_samples:
         write_atomic(out / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in records))
     report.plot_results([result], args.out)
-    write_atomic(out / "results.json", json.dumps(result, indent=2))  # last: marks a finished evaluation
+    write_atomic(out / "results.json", json.dumps(result, indent=2))  # last: marks it finished
     print(report.results_table(result))
     return result
 

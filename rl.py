@@ -1,6 +1,7 @@
 # CurioSFT's RL stage: GRPO from an SFT checkpoint (arXiv:2602.02244, Sec. 5.2, App. E Table 6).
-"""GRPO (Shao et al. 2024) with DAPO's clip-higher (Yu et al. 2025) and no KL term. One process (CPU:
-HF generate) or under `torchrun --nproc_per_node N` (FSDP2 trainer, one vLLM engine per GPU).
+"""GRPO (Shao et al. 2024) with DAPO's clip-higher (Yu et al. 2025), no KL term. One process (CPU:
+HF generate) or under `torchrun --nproc_per_node N` (FSDP2 trainer, one vLLM engine per GPU). Where
+the paper is silent, the numerics follow verl, the RL framework the authors' code is a fork of.
 
     python rl.py config/rl_tiny.py --model out/sft/step_000010 --train_file data.jsonl
     torchrun --nproc_per_node 8 rl.py config/rl_paper.py --model SFT_CKPT --train_file train.parquet
@@ -64,7 +65,7 @@ class Args:
     clip_high: float = 0.28
     """eps_high: the ratio is clipped above at 1 + eps_high (Table 6: DAPO's clip-higher)"""
     policy_loss: Literal[POLICY_LOSSES] = "ppo_clip"
-    """ppo_clip: GRPO's clipped surrogate (Sec. 5.2) | custom_loss_rl: the authors' (`clipped_loss`)"""
+    """ppo_clip: GRPO's (Sec. 5.2) | custom_loss_rl: the authors' scripts' (`clipped_loss`)"""
     loss_agg: Literal[LOSS_AGGS] = "token_mean"
     """how a mini-batch's per-token losses are combined (`loss_denominator`)"""
     temperature: float = 1.0
@@ -122,30 +123,30 @@ class Args:
 
 # settings a resumed run may change: they change nothing it computes (run_dir.claim checks the rest)
 MAY_CHANGE_ON_RESUME = {"out_dir", "steps", "save_every", "keep_last", "loggers", "loss_chunk",
-                        "grad_ckpt", "offload", "dist_timeout_min", "engine", "gpu_memory_utilization",
-                        "vllm_sleep", "sync_bucket_mb", "gen_batch_size", "grader_timeout",
-                        "grader_workers"}
+                        "grad_ckpt", "offload", "dist_timeout_min", "engine",
+                        "gpu_memory_utilization", "vllm_sleep", "sync_bucket_mb", "gen_batch_size",
+                        "grader_timeout", "grader_workers"}
 
 
 # ================================================================================================
 # ALGO LOGIC: reward, group advantages, the clipped surrogate, the loss of one micro-batch
 # ================================================================================================
 def math_reward(samples, examples, timeout_s=10.0, workers=4):
-    """App. E: 1 when the response closes </think> and the text after it verifies against the ground
-    truth with math-verify (an option label for multiple choice), else 0. The reward hook's contract:
-    (samples, examples) -> (rewards, grader failures)."""
+    """App. E: 1 when the response closes </think> and the text after it verifies against the
+    ground truth with math-verify (an option label for multiple choice), else 0. The reward hook's
+    contract: (samples, examples) -> (rewards, grader failures)."""
     kinds = [answer_kind(ex.data_source, ex.ground_truth) for ex in examples]
     return grade([s.text for s in samples], [ex.ground_truth for ex in examples], kinds, timeout_s,
                  workers)
 
 
 def group_advantages(rewards, eps=1e-6):
-    """GRPO's outcome advantage, one group per prompt: A_i = (r_i - mean(r)) / (std(r) + eps), the
-    unbiased std, as verl (8 rollouts, one correct: +2.474867 for it, -0.353552 for the others). A group
-    of one rollout has no std; verl takes mean 0, std 1 there: A = r / (1 + eps).
-    rewards [G, n] -> A [G, n], and zero_std [G]: the groups whose every advantage is exactly 0, which
-    carry no learning signal (rewards all equal, n > 1: float32 rewards summed in float64 are exact, so
-    r - mean = 0; or a single reward of 0)."""
+    """GRPO's outcome advantage, one group per prompt: A_i = (r_i - mean(r)) / (std(r) + eps), with
+    verl's unbiased std (8 rollouts, one correct: +2.474867 for it, -0.353552 for the others). A
+    group of one rollout has no std; verl takes mean 0, std 1 there: A = r / (1 + eps).
+    rewards [G, n] -> A [G, n], and zero_std [G]: the groups whose every advantage is exactly 0,
+    which carry no learning signal (rewards all equal, n > 1: float32 rewards summed in float64 are
+    exact, so r - mean = 0; or a single reward of 0)."""
     r = rewards.double()
     if r.shape[-1] == 1:
         adv = r / (1 + eps)
@@ -160,11 +161,11 @@ def clipped_loss(lp, old_lp, adv, clip_low, clip_high, policy_loss="ppo_clip"):
     ppo_clip (GRPO with clip-higher): max(-A r, -A clip(r)). With A > 0 only the upper clip can bind
     (r > 1 + eps_high: no gradient), with A < 0 only the lower one; eps_high > eps_low lets unlikely
     good tokens grow further, against entropy collapse.
-    custom_loss_rl (the authors' scripts): min(-A log pi, -A clip(r)). For A < 0 the first term is the
-    smaller (-A log pi <= 0 < -A clip(r)): REINFORCE, never clipped; for A > 0 the second: gradient
-    -A r inside the range, none outside it on either side.
-    The clip fractions count the tokens whose gradient a clip cut off; "kl" is Schulman's k3 estimate
-    of KL(pi_old || pi_theta), r - 1 - log r ("Approximating KL Divergence", 2020)."""
+    custom_loss_rl (the authors' scripts): min(-A log pi, -A clip(r)). For A < 0 the first term is
+    the smaller (-A log pi <= 0 < -A clip(r)): REINFORCE, never clipped; for A > 0 the second:
+    gradient -A r inside the range, none outside it on either side.
+    The clip fractions count the tokens whose gradient a clip cut off; "kl" is Schulman's k3
+    estimate of KL(pi_old || pi_theta), r - 1 - log r ("Approximating KL Divergence", 2020)."""
     log_ratio = (lp - old_lp).clamp(-20.0, 20.0)                    # verl's guard against overflow
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1 - clip_low, 1 + clip_high)
@@ -184,14 +185,14 @@ def clipped_loss(lp, old_lp, adv, clip_low, clip_high, policy_loss="ppo_clip"):
 @dataclass
 class MicroBatch:
     batch: dict                          # prompt + response sequences, collated, on the device
-    adv: torch.Tensor                    # [N] each response token's advantage (select_targets order)
-    old_lp: torch.Tensor | None = None   # [N] log-probs of the policy that generated, at the temperature
+    adv: torch.Tensor                    # [N] each response token's advantage, select_targets order
+    old_lp: torch.Tensor | None = None   # [N] log-probs of the sampling policy, at its temperature
     entropy: torch.Tensor | None = None  # [N] that policy's entropy there (logged)
 
 
 def micro_batch_loss(model, mb: MicroBatch, args):
-    """Sum over the micro-batch's response tokens of the clipped loss, and per-token diagnostics. The
-    logits exist one chunk at a time, recomputed in backward (chunked_logits.chunked_sum)."""
+    """Sum over the micro-batch's response tokens of the clipped loss, and per-token diagnostics.
+    The logits exist one chunk at a time, recomputed in backward (chunked_logits.chunked_sum)."""
     h, y = select_targets(normed_hidden(model, mb.batch), mb.batch)      # [N, H], [N]
 
     def chunk_loss(h_c, y_c, old_c, adv_c):
@@ -219,8 +220,8 @@ def loss_denominator(mbs: list[MicroBatch], args, device):
 
 def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
     """One optimiser step on one mini-batch: the clipped surrogate of every rank's response tokens,
-    combined as --loss_agg says (no KL term). Returns this rank's sums [loss, clip_low, clip_high, kl,
-    tokens] and the global gradient norm."""
+    combined as --loss_agg says (no KL term). Returns this rank's sums [loss, clip_low, clip_high,
+    kl, tokens] and the global gradient norm."""
     world = dist.get_world_size()
     denominator = loss_denominator(mbs, args, device)
     sums = torch.zeros(5, dtype=torch.float64)
@@ -228,12 +229,13 @@ def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
         total, diag = micro_batch_loss(model, mb, args)
         # FSDP averages gradients over ranks, hence * world: the mini-batch's loss over all ranks
         (total * world / denominator).backward()
-        sums += torch.tensor([total.item(), diag["clip_low"].sum().item(), diag["clip_high"].sum().item(),
-                              diag["kl"].sum().item(), len(mb.adv)], dtype=torch.float64)
+        sums += torch.tensor([total.item(), diag["clip_low"].sum().item(),
+                              diag["clip_high"].sum().item(), diag["kl"].sum().item(), len(mb.adv)],
+                             dtype=torch.float64)
     grad_norm = clip_grad_norm(model, args.grad_clip)
     if not math.isfinite(grad_norm):                   # global: every rank stops alike
-        raise FloatingPointError(f"the gradient norm is not finite ({grad_norm}); the update was not "
-                                 f"applied")
+        raise FloatingPointError(f"the gradient norm is not finite ({grad_norm}); the update was "
+                                 f"not applied")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     return sums, grad_norm
@@ -265,8 +267,8 @@ def load_prompts(args, tokenizer) -> list[Prompt]:
 
 
 def step_prompts(n_prompts, step, args, rank, world):
-    """Indices of this rank's prompts at `step`: a disjoint shard of the step's prompts_per_step. The
-    order is a fixed permutation per epoch from (seed, epoch), so a resumed run sees the same prompts."""
+    """Indices of this rank's prompts at `step`: a disjoint shard of the step's prompts_per_step.
+    The order is a fixed permutation per epoch from (seed, epoch): a resumed run sees the same."""
     per_epoch = n_prompts // args.prompts_per_step
     epoch, k = divmod(step, per_epoch)
     shuffle = torch.Generator().manual_seed(args.seed + epoch)
@@ -277,9 +279,9 @@ def step_prompts(n_prompts, step, args, rank, world):
 
 
 def rollout_seed(args, step, rank, world, n_prompts):
-    """The sampling seed of this rank at `step`: one block of n_prompts * rollouts seeds per (seed, step,
-    rank), since vLLM seeds request i with seed + i * rollouts (+ the sample's index). HF seeds torch
-    once with it, and torch's CPU generator keeps only its low 32 bits: hence < 2**31."""
+    """The sampling seed of this rank at `step`: one block of n_prompts * rollouts seeds per (seed,
+    step, rank), since vLLM seeds request i with seed + i * rollouts (+ the sample's index). HF
+    seeds torch once with it, and torch's CPU generator keeps only its low 32 bits: so < 2**31."""
     return (args.seed * 1_000_003 + step * world + rank) * n_prompts * args.rollouts % 2**31
 
 
@@ -323,12 +325,13 @@ def step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norm
     g = dict(zip(local, summed.tolist()))
     t0, t_sync, t_gen, t_reward, t_train = times
     return {"step": step, "epoch": epoch, "reward_mean": g["reward"] / g["rollouts"],
-            "accuracy": g["correct"] / g["rollouts"],           # reward 1; = reward_mean for 0/1 rewards
+            "accuracy": g["correct"] / g["rollouts"],     # reward 1: reward_mean for 0/1 rewards
             "zero_std_groups": int(g["zero_std"]), "zero_std_frac": g["zero_std"] / g["groups"],
             "response_length": g["length"] / g["rollouts"],
             "truncated_frac": g["truncated"] / g["rollouts"],
             "entropy": g["entropy"] / g["tokens"], "loss": g["loss"] / g["tokens"],
-            "clip_frac_low": g["clip_low"] / g["tokens"], "clip_frac_high": g["clip_high"] / g["tokens"],
+            "clip_frac_low": g["clip_low"] / g["tokens"],
+            "clip_frac_high": g["clip_high"] / g["tokens"],
             "approx_kl": g["kl"] / g["tokens"], "grad_norm": sum(grad_norms) / len(grad_norms),
             "grader_failures": int(g["failures"]), "lr": args.lr, "sync_s": t_sync - t0,
             "gen_s": t_gen - t_sync, "reward_s": t_reward - t_gen, "train_s": t_train - t_reward}
@@ -346,7 +349,7 @@ def train(args, device, reward_fn=None):
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.prompts_per_step % args.mini_batch or args.mini_batch % world:
         raise SystemExit(f"--prompts_per_step {args.prompts_per_step} must be a multiple of "
-                         f"--mini_batch {args.mini_batch}, and that of the number of ranks ({world})")
+                         f"--mini_batch {args.mini_batch}, and that of the ranks ({world})")
     bf16 = args.bf16 and device.type == "cuda"
     out_dir = Path(args.out_dir)
     run_dir.claim(out_dir, asdict(args), MAY_CHANGE_ON_RESUME,
@@ -359,7 +362,8 @@ def train(args, device, reward_fn=None):
         has_trainer_weights=resume_from is None)
     prompts = load_prompts(args, tokenizer)
     if len(prompts) < args.prompts_per_step:
-        raise SystemExit(f"{len(prompts)} prompts are fewer than one step's {args.prompts_per_step}")
+        raise SystemExit(f"{len(prompts)} prompts are fewer than one step's "
+                         f"{args.prompts_per_step}")
     model = shard_model(load_full_model(args.model, scratch=False, seed=args.seed), device, bf16,
                         args.grad_ckpt, offload=args.offload)
     optimizer = make_optimizer(model, args.lr, args.weight_decay, 0.999, device, args.offload)
@@ -374,15 +378,16 @@ def train(args, device, reward_fn=None):
 
     while step < args.steps:
         t0 = time.perf_counter()
-        # ---- ALGO LOGIC. Rollouts: this rank's prompts x `rollouts` samples from the current policy, a
-        # seed per (step, rank) so that runs repeat. No log-probs from the engine: the trainer's own below
+        # ---- ALGO LOGIC. Rollouts: this rank's prompts x `rollouts` samples from the current
+        # policy, a seed per (step, rank) so that runs repeat; no log-probs (the trainer's, below)
         generation.wake(engine, model, args.sync_bucket_mb << 20)     # with the trainer's weights
         t_sync = time.perf_counter()
         mine, epoch = step_prompts(len(prompts), step, args, rank, world)
         examples = [prompts[i].example for i in mine]
         seed = rollout_seed(args, step, rank, world, len(mine))
-        samples = generation.generate(engine, tokenizer, [prompts[i].text for i in mine], args.rollouts,
-                                      args.temperature, args.top_p, args.max_response_len, seed,
+        texts = [prompts[i].text for i in mine]
+        samples = generation.generate(engine, tokenizer, texts, args.rollouts, args.temperature,
+                                      args.top_p, args.max_response_len, seed,
                                       batch_size=args.gen_batch_size, logprobs=False)   # [G][n]
         generation.sleep(engine)                                      # the trainer has the GPU
         t_gen = time.perf_counter()
@@ -391,28 +396,29 @@ def train(args, device, reward_fn=None):
         flat_samples = list(itertools.chain.from_iterable(samples))
         flat_examples = [ex for ex in examples for _ in range(args.rollouts)]
         scores, failures = reward_fn(flat_samples, flat_examples)
-        rewards = torch.tensor(scores, dtype=torch.float32).view(len(mine), args.rollouts)   # [G, n]
+        rewards = torch.tensor(scores, dtype=torch.float32).view(len(mine), args.rollouts)  # [G,n]
         adv, zero_std = group_advantages(rewards)                      # [G, n], [G]
         t_reward = time.perf_counter()
 
-        # ---- old log-probs and entropy at the rollout temperature, recomputed by the trainer rather
-        # than taken from the engine: the ratio compares two evaluations with the same numerics
+        # ---- old log-probs and entropy at the rollout temperature, recomputed by the trainer, not
+        # taken from the engine: the ratio compares two evaluations with the same numerics
         minis = micro_batches([prompts[i].ids for i in mine], samples, adv, args,
                               tokenizer.pad_token_id, device)
         for mbs in minis:
             for mb in mbs:
                 mb.old_lp, mb.entropy = token_log_probs(model, mb.batch, args.loss_chunk,
                                                         args.temperature)
-        model.reshard()                      # a no-grad forward leaves the FSDP root's weights gathered
+        model.reshard()                 # a no-grad forward leaves the FSDP root's weights gathered
 
-        # ---- one optimiser step per mini-batch (Table 6: 128 prompts, mini-batches of 64: 2 steps).
-        # The first mini-batch of a step is on-policy (ratio 1)
+        # ---- one optimiser step per mini-batch (Table 6: 128 prompts, mini-batches of 64: 2);
+        # the first mini-batch of a step is on-policy (ratio 1)
         stats, grad_norms = torch.zeros(5, dtype=torch.float64), []
         for mbs in minis:
             try:
                 sums, grad_norm = policy_update(model, optimizer, mbs, args, device)
             except FloatingPointError as e:
-                raise SystemExit(f"step {step + 1}: {e}; nothing after step {last_saved} is saved") from None
+                raise SystemExit(f"step {step + 1}: {e}; nothing after step {last_saved} is "
+                                 f"saved") from None
             stats += sums
             grad_norms.append(grad_norm)
         step += 1
@@ -425,8 +431,8 @@ def train(args, device, reward_fn=None):
         if log is not None:
             log.write(record)
         if (args.save_every and step % args.save_every == 0) or step == args.steps:
-            path = checkpoints.save(out_dir, step, model, tokenizer,
-                                    checkpoints.trainer_state(model, optimizer, None), {"step": step},
+            state = checkpoints.trainer_state(model, optimizer, None)
+            path = checkpoints.save(out_dir, step, model, tokenizer, state, {"step": step},
                                     dtype=torch.bfloat16 if bf16 else torch.float32,
                                     keep_last=args.keep_last, keep=resume_from)
             last_saved = step

@@ -193,7 +193,7 @@ def update_teacher(teacher, model, mu):
 
 
 # ================================================================================================
-# The recipe: learning-rate schedule and loss normalisation (README, "Two recipes")
+# The recipe: learning-rate schedule and loss normalisation (docs/recipes.md)
 # ================================================================================================
 def lr_at(step, total_steps, args):
     """The learning rate of optimiser step `step` (from 0) of total_steps: verl's cosine schedule

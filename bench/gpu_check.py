@@ -10,8 +10,8 @@ whatever the targets say, and 1 when a part crashed (its log is in OUT/logs/).
    memory planner's prediction, and the CurioSFT / SFT step-time ratios.
 2. The teacher side of the loss (curio_loss.teacher_log_prob) against one logsumexp pass over the same logits,
    4096 x 151936, bf16 on CUDA.
-3. evaluate.py and rl.py (HF engine, bf16) on the demo's toy task (demo/toy.py) with a small random model: they run, and how
-   long they take. Both import math-verify, which the GPU image lacks: bench/gpu_check.sh installs it from .whl/.
+3. evaluate.py and rl.py (HF engine, bf16) on the demo's toy task (demo/toy.py) with a small random model: they run,
+   and how long they take. Both import math-verify, which the GPU image lacks: bench/gpu_check.sh installs it from .whl/.
 4. A summary table of every figure with PASS/MISS per target: printed, and written to OUT/summary.md and summary.json.
 """
 import argparse
@@ -38,7 +38,8 @@ TARGETS = {"mfu": 0.40, "curio": 1.25, "curio_self_teacher": 1.05, "planner": 0.
 # The toy part's sizes: enough work on a GPU to time, seconds on a CPU.
 TOY = {
     "smoke": dict(
-        data=["--n_pretrain", "8", "--n_sft", "16", "--n_rl", "8", "--n_test", "4", "--vocab_labels", "50", "--vocab_size", "512"],
+        data=["--n_pretrain", "8", "--n_sft", "16", "--n_rl", "8", "--n_test", "4", "--vocab_labels", "50",
+              "--vocab_size", "512"],
         model=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                    intermediate_size=128),
         eval=["--n", "2", "--limit", "4", "--max_new_tokens", "16", "--batch_size", "4", "--grader_workers", "1"],
@@ -91,8 +92,8 @@ class Summary:
 
 
 def stage(cmd: list, log: Path, summary: Summary, section: str, figures: list) -> float | None:
-    """Run one command (demo/run.py's run_stage: echoed, output to `log`, its tail shown on failure); its wall seconds, or None
-    after recording a crash."""
+    """Run one command (demo/run.py's run_stage: echoed, output to `log`, its tail shown on failure); its wall seconds,
+    or None after recording a crash."""
     t0 = time.perf_counter()
     try:
         demo.run_stage(cmd, log)

@@ -1,5 +1,5 @@
 # The RL run of the authors' scripts/2_rl.sh (github.com/HaoooWang/CurioSFT at 5a77394), where it differs from the
-# paper's text (config/rl_paper.py); README, "Two recipes", tables every difference with its source.
+# paper's text (config/rl_paper.py); docs/recipes.md tables every difference with its source.
 # torchrun --nproc_per_node 8 rl.py config/rl_authors.py --model out/sft_authors/step_000540 \
 #     --train_file data/curiosft/train.parquet
 steps = 500                          # Table 6; 2_rl.sh sets total_epochs=12 (line 71) and no step limit

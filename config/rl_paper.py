@@ -1,6 +1,6 @@
 # The paper's RL stage (App. E, Table 6): GRPO from an SFT checkpoint on OpenR1-Math-46K, 8 GPUs.
 # torchrun --nproc_per_node 8 rl.py config/rl_paper.py --model out/sft/step_000540 --train_file TRAIN.parquet
-# config/rl_authors.py is what the authors' scripts ran instead; README, "Two recipes", tables the differences.
+# config/rl_authors.py is what the authors' scripts ran instead; docs/recipes.md tables the differences.
 steps = 500
 prompts_per_step = 128       # Table 6 "Batch Size"
 rollouts = 8                 # Table 6 "Rollout Numbers"

@@ -1,5 +1,5 @@
 # The SFT run of the authors' scripts/1_sft.sh (github.com/HaoooWang/CurioSFT at 5a77394), where it differs from the
-# paper's text (config/sft_paper.py); README, "Two recipes", tables every difference with its source.
+# paper's text (config/sft_paper.py); docs/recipes.md tables every difference with its source.
 # torchrun --nproc_per_node 8 sft.py config/sft_authors.py --model models/Hao0oWang/Qwen2.5-Math-7B-16k-think \
 #     --train_file data/curiosft/train.parquet --loss curio
 epochs = 3                               # 1_sft.sh line 75

@@ -1,6 +1,6 @@
 # The paper's SFT run (App. E, Table 5): Qwen2.5-Math-7B (16k context) on OpenR1-Math-46K, 8 GPUs.
 # torchrun --nproc_per_node 8 sft.py config/sft_paper.py --model MODEL_DIR --train_file TRAIN.parquet --loss curio
-# config/sft_authors.py is what the authors' scripts ran instead; README, "Two recipes", tables the differences.
+# config/sft_authors.py is what the authors' scripts ran instead; docs/recipes.md tables the differences.
 epochs = 3
 global_batch = 256
 max_prompt_len = 1024

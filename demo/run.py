@@ -81,7 +81,7 @@ PROGRESS_EVERY_S = 5.0
 # Running the stages
 # ---------------------------------------------------------------------------------------------------------
 def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "", every_s: float = PROGRESS_EVERY_S,
-        threads: int = THREADS) -> float:
+              threads: int = THREADS) -> float:
     """Run one stage command from the repository root, echoing it. Its output goes to `log`; as lines arrive, one at
     most every every_s seconds is printed after the stage's name, for a run of `steps` steps as progress and ETA.
     Returns the seconds taken. Stages may run in parallel threads: each prints whole lines."""
@@ -253,7 +253,8 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
 
     print(f"\n== 1. the toy world (seed {seed}): data, tokenizer, model config", flush=True)
     if not (world / "model" / "config.json").exists():
-        seconds["data"] = run_stage([PY, "demo/toy.py", "--out", world, *seed_flag, *size["data"]], logs / "data.log", name="data")
+        seconds["data"] = run_stage([PY, "demo/toy.py", "--out", world, *seed_flag, *size["data"]], logs / "data.log",
+                                    name="data")
         make_model_dir(world, size["model"])
     pretrain_file, expert_file = world / "train_pretrain.jsonl", world / "train_expert.jsonl"
     rl_file, test_file = world / "train_rl.jsonl", world / "test.jsonl"
@@ -263,9 +264,9 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
         if checkpoints.latest(runs / name) is None:
             n_rows = len(train_file.read_text().splitlines())
             steps = flag(extra, "--epochs", 1) * (n_rows // flag(extra, "--global_batch", 8))
-            seconds[name] = run_stage([PY, "sft.py", "config/sft_tiny.py", "--model", model, "--train_file", train_file,
-                                 "--loss", loss, "--out_dir", runs / name, "--system_prompt", "row", *seed_flag,
-                                 *extra], logs / f"{name}.log", steps, name, threads=threads)
+            seconds[name] = run_stage([PY, "sft.py", "config/sft_tiny.py", "--model", model, "--train_file",
+                                       train_file, "--loss", loss, "--out_dir", runs / name, "--system_prompt", "row",
+                                       *seed_flag, *extra], logs / f"{name}.log", steps, name, threads=threads)
         return checkpoints.latest(runs / name)
 
     print("\n== 2. pre-train the base model from scratch on every order", flush=True)
@@ -284,10 +285,10 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
         evaluate(loss)
         name = f"{loss}+grpo"
         if checkpoints.latest(runs / name) is None:
-            seconds[name] = run_stage([PY, "rl.py", "config/rl_tiny.py", "--model", ckpts[loss], "--train_file", rl_file,
-                                 "--out_dir", runs / name, "--save_every", "0", "--grader_workers", "1",
-                                 "--system_prompt", "row", *seed_flag, *size["rl"]],
-                                logs / f"{name}.log", flag(size["rl"], "--steps", 20), name)
+            seconds[name] = run_stage([PY, "rl.py", "config/rl_tiny.py", "--model", ckpts[loss], "--train_file",
+                                       rl_file, "--out_dir", runs / name, "--save_every", "0", "--grader_workers", "1",
+                                       "--system_prompt", "row", *seed_flag, *size["rl"]],
+                                      logs / f"{name}.log", flag(size["rl"], "--steps", 20), name)
         ckpts[name] = checkpoints.latest(runs / name)
         evaluate(name)
 

@@ -1,4 +1,6 @@
-"""Plumbing (a reader of the method may skip this file): checkpoints. A Hugging Face directory that evaluate.py, rl.py and vLLM load, plus the sharded trainer state
+"""Plumbing (a reader of the method may skip this file): checkpoints.
+
+A checkpoint is a Hugging Face directory that evaluate.py, rl.py and vLLM load, plus the sharded trainer state
 (model, optimiser, teacher) and each rank's RNG for an exact resume, and a SHA-256 digest of every file, checked
 before a resume. Every function here is collective: every rank calls it.
 

@@ -113,7 +113,8 @@ def load_engine(path: str, engine: str = "auto", dtype: str = "auto", seed: int 
     torch_dtype = auto if dtype == "auto" else getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}")
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, use_safetensors=True).to(device).eval()
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, use_safetensors=True)
+    model = model.to(device).eval()
     return Engine("hf", model), tokenizer
 
 

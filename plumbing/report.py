@@ -35,8 +35,8 @@ def results_table(result: dict) -> str:
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     s = result["summary"]
     grading = result.get("settings", {}).get("grading", "paper")
-    lines += ["", f"ID avg {percent(s['id_avg'])} · OOD avg {percent(s['ood_avg'])} · grading {grading} · grader failures "
-                  f"{result['grader_failures']}"]
+    lines += ["", f"ID avg {percent(s['id_avg'])} · OOD avg {percent(s['ood_avg'])} · grading {grading} · "
+                  f"grader failures {result['grader_failures']}"]
     if result.get("expert_entropy"):
         e = result["expert_entropy"]
         lines.append(f"expert-token entropy (nats): top 20% {e['top20']:.3f}, bottom 80% {e['bottom80'] or 0:.3f}, "

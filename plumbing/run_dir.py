@@ -1,5 +1,7 @@
-"""Plumbing (a reader of the method may skip this file): a training run's output directory, shared by sft.py and rl.py: one run per directory (a lock, and the settings
-that define the run recorded and checked on resume), stale partial checkpoints removed, and the run's log:
+"""Plumbing (a reader of the method may skip this file): a training run's output directory.
+
+Shared by sft.py and rl.py: one run per directory (a lock, and the settings that define the run recorded and
+checked on resume), stale partial checkpoints removed, and the run's log:
 log.jsonl always (cut back to the resumed step), a console line or a progress bar on rank 0, and optionally
 Weights & Biases and TensorBoard (imported only when asked for; neither is in requirements.txt)."""
 import fcntl

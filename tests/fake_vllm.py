@@ -1,6 +1,7 @@
 """A stand-in for the `vllm` package that records what the code asks of it, for tests on machines without CUDA.
 Each behaviour it mimics is read from vLLM 0.32.0's source (the file and function are named next to it); none of
-it is verified against vLLM itself. `install(monkeypatch)` puts it in sys.modules and makes plumbing/generation.py see vLLM."""
+it is verified against vLLM itself. `install(monkeypatch)` puts it in sys.modules and makes plumbing/generation.py
+see vLLM."""
 import sys
 import types
 from dataclasses import dataclass

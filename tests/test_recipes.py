@@ -1,5 +1,5 @@
-"""The two recipes (README, "Two recipes"): every flag that separates the paper's text from the authors' scripts
-changes what it says, and every preset parses and sets what the README's table says."""
+"""The two recipes (docs/recipes.md): every flag that separates the paper's text from the authors' scripts
+changes what it says, and every preset parses and sets what its table says."""
 import json
 import math
 import os
@@ -152,7 +152,7 @@ def test_sft_logs_the_step_loss_its_loss_norm_says(world_of_one, tiny_model_dir,
 
 
 # ---------------------------------------------------------------- presets
-# What README's "Two recipes" table gives each preset. Fields the presets set and other branches add (offload to
+# What docs/recipes.md gives each preset. Fields the presets set and other branches add (offload to
 # sft.py and rl.py, grading and max_prompt_len to evaluate.py) are checked once those fields exist.
 PRESETS = {
     "config/sft_paper.py": ((sft.Args, cl.LossConfig), dict(
@@ -175,7 +175,7 @@ PRESETS = {
         n=8, n_mmlu_pro=1, temperature=0.6, top_p=1.0, max_new_tokens=8192, system_prompt="messages",
         grading="authors", max_prompt_len=1024)),
 }
-# the settings each pair of presets differs in: the README table's rows, nothing else
+# the settings each pair of presets differs in: the rows of docs/recipes.md, nothing else
 DIFFERENCES = {"sft": {"lr_horizon", "min_lr_ratio", "loss_norm", "system_prompt", "offload"},
                "rl": {"mini_batch", "clip_high", "policy_loss", "loss_agg", "top_p", "system_prompt", "offload",
                       "gpu_memory_utilization"},

@@ -1,4 +1,4 @@
-"""demo/toy.py: the floor task (questions, responses, the stated share of dead ends, the classifier) and the tokenizer."""
+"""demo/toy.py: the floor task (questions, responses, the share of dead ends, the classifier) and the tokenizer."""
 import collections
 
 import pytest
