@@ -123,7 +123,7 @@ def generate(engine, tokenizer, prompts: list[str], n: int = 8, temperature: flo
              logprobs: bool = True, offset: int = 0) -> list[list[Sample]]:
     """n samples for each prompt (prompt-major). `engine` is an Engine or a bare HF model. logprobs=False leaves
     Sample.logprobs and Sample.entropy None and saves what they cost: vLLM builds no Python object per token, HF
-    keeps no [batch * n, vocab] scores per generated token. offset: the index of prompts[0] in the whole list a
+    takes no log-softmax and no entropy per step. offset: the index of prompts[0] in the whole list a
     caller splits over ranks; the seeds derive from global indices, so the samples do not depend on the split."""
     if not isinstance(engine, Engine):
         engine = Engine("hf", engine)
@@ -165,9 +165,36 @@ def _generate_vllm(llm, tokenizer, prompts, n, temperature, top_p, max_new_token
     return result
 
 
+class _SampledLogProbs(transformers.LogitsProcessor):
+    """The last of generate's logits processors: it sees each step's scores after temperature and top-p (the
+    distribution HF samples from) and keeps only what the samples need: the entropy of each step, and the log-prob
+    of the token each row draws, read at the next step (or, for the last one, by `finish`) from input_ids. Memory:
+    one step's [rows, V] log-probs, where output_scores keeps every step's (320 GB for 64 sequences of 8192 tokens
+    at Qwen's vocabulary). The per-step values go into tensors allocated once: on a CPU, a small tensor kept at
+    every step between the step's [rows, V] temporaries fragments the heap (1.3 GB resident for 8 x 512 tokens)."""
+
+    def __init__(self, max_new_tokens: int):
+        self.max_new_tokens, self.step, self.logp = max_new_tokens, 0, None
+
+    def __call__(self, input_ids, scores):
+        if self.logp is None:
+            self.sampled_logp, self.entropy = (scores.new_zeros(len(scores), self.max_new_tokens, dtype=torch.float32)
+                                               for _ in range(2))
+        else:                                                        # the token drawn at the previous step
+            self.sampled_logp[:, self.step - 1] = self.logp.gather(-1, input_ids[:, -1:])[:, 0]
+        self.logp = scores.float().log_softmax(-1)                   # [rows, V]
+        self.entropy[:, self.step] = entropy(scores)
+        self.step += 1
+        return scores
+
+    def finish(self, last_tokens):
+        """[rows, T] log-probs and entropies of the sampled tokens, given the tokens drawn at the last step."""
+        self.sampled_logp[:, self.step - 1] = self.logp.gather(-1, last_tokens[:, None])[:, 0]
+        return self.sampled_logp[:, : self.step], self.entropy[:, : self.step]
+
+
 @torch.no_grad()
 def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size, logprobs, offset):
-    # With logprobs, HF keeps every step's scores, (batch * n, vocab) each: fine for small models; vLLM for real runs.
     eos = _eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     device = next(model.parameters()).device
@@ -179,16 +206,25 @@ def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_token
         width = max(map(len, encoded))
         ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded], device=device)  # (B, P), left-padded
         mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded], device=device)  # (B, P)
+        # generate() appends its own temperature and top-p warpers after every processor passed to it, so the
+        # warpers are passed here, in HF's order, with the recorder after them; generate's own are switched off
+        # (1.0). The sampling itself, softmax then multinomial, is generate's.
+        processors = transformers.LogitsProcessorList()
+        if temperature != 1.0:
+            processors.append(transformers.TemperatureLogitsWarper(temperature))
+        if top_p < 1.0:
+            processors.append(transformers.TopPLogitsWarper(top_p))
+        recorder = _SampledLogProbs(max_new_tokens) if logprobs else None
+        if recorder is not None:
+            processors.append(recorder)
         out = model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature, top_p=top_p,
+            input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, logits_processor=processors,
             top_k=0, repetition_penalty=1.0,  # override checkpoint defaults: sample exactly as vLLM does
             num_return_sequences=n, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
-            output_scores=logprobs, return_dict_in_generate=True)
+            return_dict_in_generate=True)
         new = out.sequences[:, width:]  # (B * n, T), rows grouped by prompt
-        if logprobs:  # out.scores: T x (B * n, V) after temperature and top-p, i.e. the sampling distribution
-            logp = torch.stack([s.float().log_softmax(-1).gather(-1, new[:, t : t + 1])[:, 0]
-                                for t, s in enumerate(out.scores)], 1)  # (B * n, T)
-            ent = torch.stack([entropy(s) for s in out.scores], 1)  # (B * n, T)
+        if recorder is not None:
+            logp, ent = recorder.finish(new[:, -1])  # (B * n, T) each
         for row in range(new.shape[0]):
             ids = new[row].tolist()
             stop = next((t for t, i in enumerate(ids) if i in eos), None)

@@ -69,18 +69,95 @@ def test_hf_generation_without_logprobs_samples_the_same_tokens(chat_checkpoint)
     real_generate = engine.model.generate
 
     def spy(**kwargs):
-        calls.append(kwargs["output_scores"])
+        assert "output_scores" not in kwargs                     # never every step's [B * n, V] scores
+        calls.append(any(isinstance(p, generation._SampledLogProbs) for p in kwargs["logits_processor"]))
         return real_generate(**kwargs)
 
     engine.model.generate = spy
     prompts = [build_prompt(q, tok) for q in QUESTIONS]
     full = generation.generate(engine, tok, prompts, n=3, max_new_tokens=10, seed=5, batch_size=2)
     lean = generation.generate(engine, tok, prompts, n=3, max_new_tokens=10, seed=5, batch_size=2, logprobs=False)
-    assert calls == [True, True, False, False]                  # no per-step [B * n, V] scores kept
+    assert calls == [True, True, False, False]                  # the recorder only where log-probs are asked
     assert [[(s.token_ids, s.finish_reason) for s in q] for q in lean] == \
            [[(s.token_ids, s.finish_reason) for s in q] for q in full]
     assert all(s.logprobs is None and s.entropy is None for q in lean for s in q)
     assert all(len(s.logprobs) == len(s.token_ids) for q in full for s in q)
+
+
+def reference_hf_samples(model, tok, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size):
+    """What _generate_hf returned before it recorded log-probs as it went: generate's output_scores, every step's
+    [B * n, V] processed scores kept to the end, then the sampled tokens' log-probs and the entropies from them."""
+    eos = generation._eos_ids(model, tok)
+    out_all = []
+    for start in range(0, len(prompts), batch_size):
+        torch.manual_seed(seed + start * n)
+        encoded = [generation.encode(tok, p) for p in prompts[start : start + batch_size]]
+        width = max(map(len, encoded))
+        ids = torch.tensor([[tok.pad_token_id] * (width - len(e)) + e for e in encoded])
+        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature,
+                             top_p=top_p, top_k=0, repetition_penalty=1.0, num_return_sequences=n,
+                             max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=tok.pad_token_id,
+                             output_scores=True, return_dict_in_generate=True)
+        new = out.sequences[:, width:]
+        logp = torch.stack([s.float().log_softmax(-1).gather(-1, new[:, t : t + 1])[:, 0]
+                            for t, s in enumerate(out.scores)], 1)
+        ent = torch.stack([generation.entropy(s) for s in out.scores], 1)
+        out_all += [(new[r].tolist(), logp[r].tolist(), ent[r].tolist()) for r in range(new.shape[0])]
+    return out_all
+
+
+@pytest.mark.parametrize("temperature,top_p", [(0.6, 0.95), (1.0, 1.0), (1.3, 0.5)])
+def test_hf_log_probs_recorded_as_it_goes_equal_the_kept_scores(chat_checkpoint, temperature, top_p):
+    engine, tok = generation.load_engine(chat_checkpoint, "hf")
+    prompts = [build_prompt(q, tok) for q in QUESTIONS]
+    got = generation.generate(engine, tok, prompts, n=3, temperature=temperature, top_p=top_p, max_new_tokens=12,
+                              seed=4, batch_size=2)
+    want = reference_hf_samples(engine.model, tok, prompts, 3, temperature, top_p, 12, 4, 2)
+    flat = [s for q in got for s in q]
+    assert len(flat) == len(want) == 9
+    for s, (ids, logp, ent) in zip(flat, want):
+        k = len(s.token_ids)
+        assert s.token_ids == ids[:k] and s.logprobs == logp[:k] and s.entropy == ent[:k]   # bit for bit
+    assert any(s.finish_reason == "length" for s in flat) and max(len(s.token_ids) for s in flat) == 12
+
+
+HF_MEMORY_PROBE = r"""
+import resource, sys, torch, transformers
+sys.path.insert(0, {repo!r})
+from demo.toy import build_toy_tokenizer
+from plumbing import generation
+torch.manual_seed(0)
+tok = build_toy_tokenizer(["a b c 1 2 3"] * 10, vocab_size=300)
+cfg = transformers.Qwen2Config(vocab_size=151936, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                               num_key_value_heads=1, intermediate_size=64, max_position_embeddings=1024)
+model = transformers.Qwen2ForCausalLM(cfg).eval()
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+out = generation.generate(model, tok, ["a b c"], n=8, temperature=1.0, top_p=1.0, max_new_tokens=512, seed=0)
+after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+lengths = [len(s.logprobs) for s in out[0]]
+print("PEAK_GROWTH_MB", (after - before) / 1024, "TOKENS", sum(lengths), min(lengths), flush=True)
+"""
+
+
+def test_hf_sampling_memory_is_one_steps_logits_at_the_real_vocabulary(tmp_path):
+    """8 samples x 512 tokens at Qwen's 151,936-token vocabulary with log-probs: keeping every step's scores would
+    hold 512 x 8 x 151,936 floats (2.5 GB, 5.2 GB resident as measured before); recording as it goes keeps one
+    step's. The process's peak resident memory may grow by less than 600 MB while it samples."""
+    import re
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    repo = Path(__file__).resolve().parents[1]
+    script = tmp_path / "probe.py"
+    script.write_text(HF_MEMORY_PROBE.format(repo=str(repo)))
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600,
+                          env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    growth, tokens, shortest = re.search(r"PEAK_GROWTH_MB (\S+) TOKENS (\d+) (\d+)", proc.stdout).groups()
+    assert int(tokens) == 8 * 512 and int(shortest) == 512        # no sample stopped early
+    assert float(growth) < 600, f"peak resident memory grew by {float(growth):.0f} MB"
 
 
 def test_vllm_sampling_params_finish_reasons_and_lean_engine(chat_checkpoint, monkeypatch):
