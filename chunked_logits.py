@@ -21,10 +21,26 @@ def normed_hidden(model, batch):
     hook = model.model.norm.register_forward_hook(lambda mod, inp, out: captured.update(h=out))
     try:
         model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-              logits_to_keep=1)
+              logits_to_keep=1, use_cache=False)   # no KV cache: nothing here generates
     finally:
         hook.remove()
     return captured["h"]
+
+
+def no_grad_logits(head, h):
+    """[n, V] logits of a head without gradient (CurioSFT's teacher, the kl baseline's base model).
+    bf16 on CUDA: torch.mm's out_dtype keeps cuBLAS's float32 accumulator instead of rounding every
+    logit to bf16, whose values between 16 and 32 are 0.125 apart (up to 0.06 nats of error in a
+    log-prob). Elsewhere, or where torch lacks out_dtype, the head as it is (CPU runs float32). Call
+    it after the model's forward: FSDP then holds the head's gathered weight."""
+    w = head.weight
+    if h.is_cuda and h.dtype in (torch.bfloat16, torch.float16) and w.dtype == h.dtype:
+        try:
+            z = torch.mm(h, w.t(), out_dtype=torch.float32)
+            return z if head.bias is None else z + head.bias.float()
+        except (TypeError, NotImplementedError):   # a torch without out_dtype for mm
+            pass
+    return head(h)
 
 
 def select_targets(hidden, batch):
@@ -56,7 +72,8 @@ def cat_diags(diags):
 def token_log_probs(model, batch, chunk: int, temperature: float = 1.0):
     """log pi(y_t) [N] of the trained tokens and the full-vocabulary entropy there [N], at
     `temperature`, one chunk of logits at a time (PSFT's old log-probs; GRPO's old log-probs and
-    rollout entropy)."""
+    rollout entropy). The head runs as in the trained forward, in the compute dtype, so that a ratio
+    pi / pi_old of 1 stays exactly 1."""
     h, y = select_targets(normed_hidden(model, batch), batch)             # [N, H], [N]
     lp, ent = [], []
     for s in range(0, max(len(y), 1), chunk):

@@ -17,7 +17,6 @@ at the end under their own banner: they change the cost, not the result.
 """
 import math
 from dataclasses import dataclass, replace
-from functools import partial
 from typing import Literal
 
 import torch
@@ -272,18 +271,23 @@ def ce_loss(logits, targets, cfg: LossConfig = LossConfig()):
     return -lp, {"lp": lp.detach()}
 
 
-def entropy_reg_loss(logits, targets, cfg: LossConfig = LossConfig(),
-                     top_frac: float | None = None):
-    """CE - coef * H (Eq. 2). With top_frac, the bonus only on the tokens of this call whose
-    entropy is in the top fraction (Sec. 3, Table 1); the trainer should pass a whole
-    micro-batch's tokens in one call."""
+def entropy_reg_loss(logits, targets, cfg: LossConfig = LossConfig(), bonus_mask=None):
+    """CE - coef * H (Eq. 2). bonus_mask [N] (bool): the bonus only where it is True, as the top-20%
+    variant (Sec. 3, Table 1) takes it on the micro-batch's highest-entropy tokens (`top_entropy_mask`)."""
     lp, _ = student_log_prob(logits, targets)
     h = entropy(logits)
-    bonus = h
-    if top_frac is not None and h.numel() > 0:
-        cut = torch.quantile(h.detach(), 1 - top_frac)
-        bonus = torch.where(h.detach() >= cut, h, 0.0)
+    bonus = h if bonus_mask is None else torch.where(bonus_mask, h, 0.0)
     return -lp - cfg.entropy_coef * bonus, {"lp": lp.detach(), "student_entropy": h.detach()}
+
+
+def top_entropy_mask(h: torch.Tensor, top_frac: float = 0.2) -> torch.Tensor:
+    """[N] bool: the ceil(top_frac * N) positions of highest entropy among h [N], the set the 80/20 paper
+    (Wang et al. 2025, arXiv:2506.01939) trains on: all response tokens of a micro-batch, chosen with
+    topk (their get_global_entropy_top_mask, k = int(N * top_frac + 0.9999))."""
+    mask = torch.zeros_like(h, dtype=torch.bool)
+    if h.numel():
+        mask[h.topk(max(1, int(h.numel() * top_frac + 0.9999))).indices] = True
+    return mask
 
 
 def kl_to_base_loss(logits, targets, base_logits, cfg: LossConfig = LossConfig()):
@@ -332,9 +336,7 @@ def psft_loss(logits, targets, old_logp=None, cfg: LossConfig = LossConfig()):
 
 
 # the baselines that need nothing beyond the student's logits: --loss name -> loss
-STUDENT_ONLY_LOSSES = {"sft": ce_loss, "entropy": entropy_reg_loss,
-                       "entropy_top20": partial(entropy_reg_loss, top_frac=0.2), "dft": dft_loss,
-                       "gem": gem_loss}
+STUDENT_ONLY_LOSSES = {"sft": ce_loss, "entropy": entropy_reg_loss, "dft": dft_loss, "gem": gem_loss}
 
 
 def check_finite(loss, logits, targets, other=None) -> None:

@@ -27,7 +27,8 @@ from plumbing import checkpoints, generation, run_dir
 from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import print0, setup_distributed, shutdown
 from plumbing.grading import answer_kind, grade
-from plumbing.models import clip_grad_norm, load_full_model, make_optimizer, shard_model
+from plumbing.models import (clip_grad_norm, cpu_threads_per_rank, load_full_model, make_optimizer,
+                             shard_model)
 
 
 POLICY_LOSSES = ("ppo_clip", "custom_loss_rl")
@@ -224,21 +225,21 @@ def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
     kl, tokens] and the global gradient norm."""
     world = dist.get_world_size()
     denominator = loss_denominator(mbs, args, device)
-    sums = torch.zeros(5, dtype=torch.float64)
+    sums = torch.zeros(4, dtype=torch.float64, device=device)   # no host sync per micro-batch
     for mb in mbs:             # FSDP reduce-scatters each micro-batch: no full gradient is kept
         total, diag = micro_batch_loss(model, mb, args)
         # FSDP averages gradients over ranks, hence * world: the mini-batch's loss over all ranks
         (total * world / denominator).backward()
-        sums += torch.tensor([total.item(), diag["clip_low"].sum().item(),
-                              diag["clip_high"].sum().item(), diag["kl"].sum().item(), len(mb.adv)],
-                             dtype=torch.float64)
+        sums += torch.stack([total.detach(), diag["clip_low"].sum(), diag["clip_high"].sum(),
+                             diag["kl"].sum()]).double()
+    tokens = sum(len(mb.adv) for mb in mbs)
     grad_norm = clip_grad_norm(model, args.grad_clip)
     if not math.isfinite(grad_norm):                   # global: every rank stops alike
         raise FloatingPointError(f"the gradient norm is not finite ({grad_norm}); the update was "
                                  f"not applied")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return sums, grad_norm
+    return torch.cat([sums.cpu(), torch.tensor([float(tokens)], dtype=torch.float64)]), grad_norm
 
 
 # ================================================================================================
@@ -367,6 +368,8 @@ def train(args, device, reward_fn=None):
     model = shard_model(load_full_model(args.model, scratch=False, seed=args.seed), device, bf16,
                         args.grad_ckpt, offload=args.offload)
     optimizer = make_optimizer(model, args.lr, args.weight_decay, 0.999, device, args.offload)
+    if args.offload:
+        torch.set_num_threads(cpu_threads_per_rank())  # the optimiser step runs on the CPU
     step = 0
     if resume_from is not None:
         step = checkpoints.restore(resume_from, model, optimizer, None)["step"]

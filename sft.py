@@ -21,12 +21,13 @@ import torch.distributed as dist
 
 import curio_loss as cl
 import data
-from chunked_logits import cat_diags, chunked_sum, normed_hidden, select_targets, token_log_probs
+from chunked_logits import (cat_diags, chunked_sum, no_grad_logits, normed_hidden, select_targets,
+                            token_log_probs)
 from plumbing import checkpoints, run_dir
 from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import print0, setup_distributed, shutdown
-from plumbing.models import (check_model_dir, clip_grad_norm, load_full_model, load_tokenizer,
-                             make_optimizer, shard_model)
+from plumbing.models import (check_model_dir, clip_grad_norm, cpu_threads_per_rank, load_full_model,
+                             load_tokenizer, make_optimizer, shard_model)
 
 
 LOSS_NORMS = ("batch_token_mean", "micro_batch_token_mean")
@@ -130,58 +131,66 @@ MAY_CHANGE_ON_RESUME = {"out_dir", "max_steps", "save_every", "keep_last", "log_
 # ================================================================================================
 # ALGO LOGIC: the loss of one micro-batch (Alg. 1 lines 4-13) and the teacher update (line 17)
 # ================================================================================================
-def micro_batch_loss(model, teacher, base, batch, old_logp, args, cfg, want_entropy, weights=None):
+def micro_batch_loss(model, teacher, base, batch, old_logp, args, cfg, want_entropy, weights=None,
+                     check=False):
     """Alg. 1 lines 4-13 for one micro-batch: the sum over its N response tokens of the per-token
     loss (--loss), times weights [N] if given, and per-token diagnostics. The [N, V] logits exist
     one chunk of tokens at a time, recomputed in backward (chunked_logits.chunked_sum).
-    teacher: CurioSFT's EMA teacher (None: the self-teacher ablation); base: the kl baseline's
-    frozen model; old_logp [N]: PSFT's log-probs from the start of its data batch."""
+    teacher: CurioSFT's EMA teacher (None: the self-teacher ablation, whose teacher is the chunk's
+    own logits, detached); base: the kl baseline's frozen model; old_logp [N]: PSFT's log-probs
+    from the start of its data batch. check: name the input that made a loss non-finite (the loop
+    checks the step's loss once, and only then looks for why)."""
     h, y = select_targets(normed_hidden(model, batch), batch)      # line 4: student forward, [N, H]
+    chunks = range(0, len(y), args.loss_chunk)
     lq, teacher_diags = None, []
-    if args.loss in cl.CURIO_LOSSES:
-        if teacher is None:         # ablation 'w/o separate teacher': the student's own logits
-            teacher_head, h_t = model.lm_head, h.detach()
-        else:                                                      # line 6: the teacher's forward
-            with torch.no_grad():
-                h_t, _ = select_targets(normed_hidden(teacher, batch), batch)
-            teacher_head = teacher.lm_head
-        with torch.no_grad():                                      # lines 7-11: H_t, tau_hat_t, lq
+    if teacher is not None:
+        with torch.no_grad():
+            h_t, _ = select_targets(normed_hidden(teacher, batch), batch)   # line 6: the teacher
             lq = []
-            for s in range(0, len(y), args.loss_chunk):
-                z_t = teacher_head(h_t[s : s + args.loss_chunk])   # [n, V]
+            for s in chunks:                                       # lines 7-11: H_t, tau_hat_t, lq
+                z_t = no_grad_logits(teacher.lm_head, h_t[s : s + args.loss_chunk])   # [n, V]
                 lq_chunk, diag = cl.teacher_log_prob(z_t, y[s : s + args.loss_chunk], cfg)
                 lq.append(lq_chunk)
                 teacher_diags.append(diag)
             lq = torch.cat(lq)                                     # [N]
-        if teacher is not None:
-            teacher.reshard()              # FSDP keeps a root's weights gathered after its forward
+        teacher.reshard()                  # FSDP keeps a root's weights gathered after its forward
+    top20 = None
+    if args.loss == "entropy_top20":        # the bonus on the micro-batch's top-20% entropy tokens
+        with torch.no_grad():
+            h_ent = [cl.entropy(model.lm_head(h[s : s + args.loss_chunk])) for s in chunks]
+        top20 = cl.top_entropy_mask(torch.cat(h_ent))              # [N]
     base_h = None
     if base is not None:                                           # the kl baseline's frozen model
         with torch.no_grad():
             base_h, _ = select_targets(normed_hidden(base, batch), batch)
 
-    def chunk_loss(h_c, y_c, w_c, lq_c, base_h_c, old_c):
+    def chunk_loss(h_c, y_c, w_c, lq_c, base_h_c, old_c, top20_c):
         logits = model.lm_head(h_c)                                # line 4: student logits [n, V]
-        other = lq_c
+        other, diag = lq_c, {}
+        if args.loss == "curio_self_teacher":                      # lines 7-11 on its own logits
+            lq_c, diag = cl.teacher_log_prob(logits.detach(), y_c, cfg)
         if args.loss in cl.CURIO_LOSSES:                           # lines 12-13: Eq. 5, 6
-            loss, diag = cl.curio_sft_loss(logits, y_c, lq_c, cfg)
+            loss, student_diag = cl.curio_sft_loss(logits, y_c, lq_c, cfg)
         elif args.loss == "kl":
             with torch.no_grad():
-                other = base.lm_head(base_h_c)                     # [n, V]
-            loss, diag = cl.kl_to_base_loss(logits, y_c, other, cfg)
+                other = no_grad_logits(base.lm_head, base_h_c)     # [n, V]
+            loss, student_diag = cl.kl_to_base_loss(logits, y_c, other, cfg)
         elif args.loss == "psft":
-            loss, diag = cl.psft_loss(logits, y_c, old_c, cfg=cfg)
+            loss, student_diag = cl.psft_loss(logits, y_c, old_c, cfg=cfg)
             other = old_c
-        else:                                                      # sft, entropy(_top20), dft, gem
-            loss, diag = cl.STUDENT_ONLY_LOSSES[args.loss](logits, y_c, cfg=cfg)
-        cl.check_finite(loss, logits, y_c, other)
+        elif args.loss == "entropy_top20":
+            loss, student_diag = cl.entropy_reg_loss(logits, y_c, cfg, bonus_mask=top20_c)
+        else:                                                      # sft, entropy, dft, gem
+            loss, student_diag = cl.STUDENT_ONLY_LOSSES[args.loss](logits, y_c, cfg=cfg)
+        if check:
+            cl.check_finite(loss, logits, y_c, other)
         if want_entropy:
-            diag["student_entropy"] = cl.entropy(logits.detach())
-        return (loss if w_c is None else loss * w_c).sum(), diag
+            student_diag["student_entropy"] = cl.entropy(logits.detach())
+        return (loss if w_c is None else loss * w_c).sum(), diag | student_diag
 
-    total, student_diag = chunked_sum(chunk_loss, args.loss_chunk, h, y, weights, lq, base_h,
-                                      old_logp)
-    return total, cat_diags(teacher_diags) | student_diag
+    total, diag = chunked_sum(chunk_loss, args.loss_chunk, h, y, weights, lq, base_h, old_logp,
+                              top20)
+    return total, cat_diags(teacher_diags) | diag
 
 
 @torch.no_grad()
@@ -274,11 +283,27 @@ def collate_on(example_ids, dataset, pad_id, device):
 
 
 def gather_diags(diag):
-    """Per-token diagnostics of every rank, on every rank (small: a few floats per token)."""
+    """Per-token diagnostics of every rank on rank 0 (a few floats per token); None elsewhere."""
     local = {k: v.float().cpu() for k, v in diag.items()}
-    all_ranks = [None] * dist.get_world_size()
-    dist.all_gather_object(all_ranks, local)
-    return cat_diags(all_ranks)
+    all_ranks = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(local, all_ranks, dst=0)
+    return None if all_ranks is None else cat_diags(all_ranks)
+
+
+def why_not_finite(model, teacher, base, micro_batches, old_logp, args, cfg) -> str:
+    """After a step whose loss or gradient norm is not finite: the micro-batches' forwards again,
+    with curio_loss.check_finite on every chunk, to name the input to blame. Every rank runs all of
+    its own (FSDP's forwards are collectives), so that all stop together."""
+    reason = None
+    with torch.no_grad():
+        for batch, old in zip(micro_batches, old_logp):
+            try:
+                micro_batch_loss(model, teacher, base, batch, old, args, cfg, False, check=True)
+            except FloatingPointError as e:
+                reason = reason or str(e)
+            if base is not None:
+                base.reshard()
+    return reason or "every per-token loss is finite, the gradient norm is not"
 
 
 def load_sft_data(args, tokenizer):
@@ -330,6 +355,8 @@ def main():
     model, teacher, base = load_models(args, device, bf16)
     optimizer = make_optimizer(model, args.lr, args.weight_decay, args.adam_beta2, device,
                                args.offload)
+    if args.offload:
+        torch.set_num_threads(cpu_threads_per_rank())  # the optimiser step runs on the CPU
 
     # ---- resume from the newest intact checkpoint
     step, epoch, batch_idx = 0, 0, 0           # (epoch, batch_idx): the next data batch to train on
@@ -368,15 +395,12 @@ def main():
         want_log = step % args.log_every == 0
         for g in optimizer.param_groups:
             g["lr"] = lr_at(step, total_steps, args)
-        t0, loss_sum, diags = time.perf_counter(), torch.zeros((), dtype=torch.float64), []
+        t0, diags = time.perf_counter(), []
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
         for k in step_mbs:
             w = per_token(weight, batch[rank][k], n_targets, device)   # [N]
-            try:                                                       # Alg. 1 lines 4-13
-                total, diag = micro_batch_loss(model, teacher, base, mine[k], old_logp[k], args,
-                                               cfg, want_log, w)
-            except FloatingPointError as e:      # curio_loss.check_finite names what was not finite
-                raise SystemExit(f"step {step + 1}: {e}; nothing after step {last_saved} is "
-                                 f"saved") from None
+            total, diag = micro_batch_loss(model, teacher, base, mine[k], old_logp[k], args, cfg,
+                                           want_log, w)                # Alg. 1 lines 4-13
             # FSDP averages gradients over ranks, hence * world for the gradient of the step's loss.
             # Each micro-batch's backward reduce-scatters its gradient into the float32 shards:
             # syncing only the last one would hold a full float32 gradient of every parameter on
@@ -384,30 +408,33 @@ def main():
             (total * world).backward()
             if base is not None:
                 base.reshard()                               # its head was gathered for backward
-            loss_sum += total.detach().double().cpu()
-            diags.append(diag)
+            loss_sum += total.detach()                # on the device: no host sync per micro-batch
+            if want_log:
+                diags.append(diag)
         grad_norm = clip_grad_norm(model, args.grad_clip)
         dist.all_reduce(loss_sum)
-        if not (math.isfinite(loss_sum.item()) and math.isfinite(grad_norm)):
-            raise SystemExit(f"step {step + 1}: the loss ({loss_sum.item()}) or the gradient norm "
-                             f"({grad_norm}) is not finite; the update was not applied and nothing "
-                             f"after step {last_saved} is saved")
+        loss = loss_sum.item()                          # the step's host sync
+        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+            mbs = [mine[k] for k in step_mbs]
+            olds = [old_logp[k] for k in step_mbs]
+            why = why_not_finite(model, teacher, base, mbs, olds, args, cfg)
+            raise SystemExit(f"step {step + 1}: {why}; the update was not applied; nothing after "
+                             f"step {last_saved} is saved")
         optimizer.step()                                               # Alg. 1 line 14
         optimizer.zero_grad(set_to_none=True)
         step += 1
         if teacher is not None and step % args.teacher_every == 0:     # Alg. 1 lines 16-17
             update_teacher(teacher, model, args.teacher_mu)
         if want_log:
-            all_diags = gather_diags(cat_diags(diags))
+            all_diags = gather_diags(cat_diags(diags))                 # rank 0's; None elsewhere
             dt = time.perf_counter() - t0
-            record = {"step": step, "epoch": epoch, "loss": loss_sum.item(), "grad_norm": grad_norm,
-                      "lr": lr_at(step - 1, total_steps, args),
-                      "tokens_per_s": sum(lengths[i] for i in step_examples) / dt,
-                      "step_time_s": dt,
-                      "padding_efficiency": data.padding_efficiency(lengths, sum(batch, [])),
-                      **cl.summarize(all_diags, cfg.alpha)}
             if log is not None:
-                log.write(record)
+                log.write({"step": step, "epoch": epoch, "loss": loss, "grad_norm": grad_norm,
+                           "lr": lr_at(step - 1, total_steps, args),
+                           "tokens_per_s": sum(lengths[i] for i in step_examples) / dt,
+                           "step_time_s": dt,
+                           "padding_efficiency": data.padding_efficiency(lengths, sum(batch, [])),
+                           **cl.summarize(all_diags, cfg.alpha)})
         if update == args.updates_per_batch - 1 or step == last_steps:  # this data batch is done
             if batch_idx + 1 < batches_per_epoch:
                 epoch, batch_idx = epoch, batch_idx + 1

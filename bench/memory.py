@@ -343,7 +343,7 @@ class OneWideLM(torch.nn.Module):
         self.hidden = torch.nn.Parameter(torch.randn(1, seq, 1, generator=g).to(dtype))
         self.requires_grad_(trainable)
 
-    def forward(self, input_ids, attention_mask, logits_to_keep):
+    def forward(self, input_ids, attention_mask, logits_to_keep, use_cache=False):
         return self.model.norm(self.hidden * 1)
 
     def reshard(self):                             # FSDP2's method, which the trainers call
@@ -432,7 +432,7 @@ def _sum(parts: dict) -> int:
     return int(sum(parts.values()))
 
 
-def _step_moments(s: Shapes, r: Run, micro_batches: int, loss_bytes: dict, second: str | None, self_teacher: bool):
+def _step_moments(s: Shapes, r: Run, micro_batches: int, loss_bytes: dict, second: str | None):
     """The moments of one micro-batch (forward, loss, backward) and of the optimiser step, as (name, parts)."""
     c, f, g = (2 if r.bf16 else 4), 4, r.gpus
     tok, T, N, L = r.token_budget, r.seq_len, r.trained_tokens, s.layers
@@ -461,9 +461,9 @@ def _step_moments(s: Shapes, r: Run, micro_batches: int, loss_bytes: dict, secon
         moments.append((f"{second} forward", {**static, "gathered_parameters": root + layer_gathered,
                         "gradients": earlier, second: second_static + root, "activations": top + c * tok * s.hidden
                         + layer_forward_transient(s, tok, T, c) + shared_activations(s, tok, T, c, True)}))
-    if second == "teacher" or self_teacher:
+    if second == "teacher":   # (the self-teacher's side runs inside each chunk's forward, traced there)
         moments.append(("teacher side", {**static, "gathered_parameters": root, "gradients": earlier,
-                        **({"teacher": second_static + root + h_second} if second else {}), "activations": top,
+                        "teacher": second_static + root + h_second, "activations": top,
                         "logits": n * loss_bytes["teacher"]}))
     moments.append(("loss forward", {**static, "gathered_parameters": root, "gradients": earlier, **during_loss,
                     "activations": top + 4 * N, "logits": n * loss_bytes["forward"]}))
@@ -513,15 +513,14 @@ def plan(config: dict, **run) -> dict:
     s, r, micro_batches = _resolve(config, run)
     gpu = r.gpu_gib * GIB
     if r.stage == "sft":
-        self_teacher = r.loss == "curio_self_teacher"
         second = cl.second_model(r.loss)
         lb = loss_chunk_bytes("sft", r.loss, s.vocab, r.bf16, r.log_entropy)
         old_logp = _old_logp_moments(s, r, lb) if r.loss == "psft" else []     # PSFT, before its updates
-        phases = {"sft step": old_logp + _step_moments(s, r, micro_batches, lb, second, self_teacher)}
+        phases = {"sft step": old_logp + _step_moments(s, r, micro_batches, lb, second)}
     else:
         lb = loss_chunk_bytes("rl", "rl", s.vocab, r.bf16, False)
         awake = r.gpu_memory_utilization * gpu
-        training = _old_logp_moments(s, r, lb) + _step_moments(s, r, micro_batches, lb, None, False)
+        training = _old_logp_moments(s, r, lb) + _step_moments(s, r, micro_batches, lb, None)
         for _, parts in training:
             parts["vllm"] = 0 if r.vllm_sleep else awake
         on_gpu, c_engine = (0 if r.offload else 1), (2 if r.bf16 else 4)

@@ -2,6 +2,7 @@
 other ranks build the same architecture on the meta device, and FSDP2 shards it; the full weights are gathered one
 tensor at a time for checkpoints and the generation engine. Nothing is ever fetched from a hub and no remote code
 runs."""
+import os
 from pathlib import Path
 
 import torch
@@ -111,10 +112,17 @@ def full_state_dict(model) -> dict:
 
 
 def make_optimizer(model, lr: float, weight_decay: float, beta2: float, device, offload: bool):
-    """AdamW, betas (0.9, beta2), on the model's sharded float32 parameters: fused on CUDA, the plain loop where the
-    states are offloaded to the CPU."""
+    """AdamW, betas (0.9, beta2), on the model's sharded float32 parameters: fused on CUDA, and on the CPU where the
+    states are offloaded there (torch's fused CPU kernel; a CPU-only run keeps the default foreach one)."""
     return torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=weight_decay, betas=(0.9, beta2),
-                             fused=device.type == "cuda" and not offload)
+                             fused=device.type == "cuda" or offload)
+
+
+def cpu_threads_per_rank() -> int:
+    """This process's CPUs shared among the node's ranks. torchrun gives each rank one thread when it starts
+    several, which leaves the offloaded gradient adds and AdamW step on one core."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
 
 
 def clip_grad_norm(model, max_norm: float) -> float:

@@ -1,5 +1,33 @@
+import os
+
 import pytest
 import torch
+
+
+def _gpu_run(config) -> bool:
+    """`pytest -m gpu` (or any mark expression naming gpu without negating it) runs the CUDA tests."""
+    expr = config.option.markexpr or ""
+    return "gpu" in expr and "not gpu" not in expr
+
+
+def pytest_configure(config):
+    """The CPU suite means CPU, also on a machine with a GPU: CUDA is hidden from this process and from every
+    stage script a test starts (they inherit the environment), before anything initialises CUDA. Otherwise the
+    scripts would pick CUDA and bf16, and a 2-rank torchrun would ask for cuda:1. `pytest -m gpu` keeps CUDA."""
+    config.addinivalue_line("markers", "gpu: needs CUDA; run them with `python -m pytest -m gpu`")
+    if not _gpu_run(config):
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+
+def pytest_collection_modifyitems(config, items):
+    skip = None
+    if not _gpu_run(config):
+        skip = pytest.mark.skip(reason="a CUDA test: python -m pytest -m gpu")
+    elif not torch.cuda.is_available():
+        skip = pytest.mark.skip(reason="needs CUDA")
+    for item in items:
+        if skip is not None and "gpu" in item.keywords:
+            item.add_marker(skip)
 
 
 @pytest.fixture(autouse=True)

@@ -469,11 +469,13 @@ def loss_by_name(name, z, y, lq, base_logits, old_logp):
         return cl.kl_to_base_loss(z, y, base_logits, cfg)
     if name == "psft":
         return cl.psft_loss(z, y, old_logp, cfg=cfg)
+    if name == "entropy_top20":
+        return cl.entropy_reg_loss(z, y, cfg, bonus_mask=cl.top_entropy_mask(cl.entropy(z.detach())))
     return cl.STUDENT_ONLY_LOSSES[name](z, y, cfg=cfg)
 
 
 def test_every_loss_name_has_one_loss():
-    assert set(cl.LOSSES) == {*cl.CURIO_LOSSES, "kl", "psft", *cl.STUDENT_ONLY_LOSSES}
+    assert set(cl.LOSSES) == {*cl.CURIO_LOSSES, "kl", "psft", "entropy_top20", *cl.STUDENT_ONLY_LOSSES}
     assert len(cl.LOSSES) == 10 and cl.second_model("curio_self_teacher") is None
     assert [cl.second_model(n) for n in ("curio", "curio_fixed_tau", "kl", "sft")] == ["teacher", "teacher", "base",
                                                                                        None]
@@ -528,7 +530,7 @@ def test_baselines_against_hand_computation():
     # entropy regularisation, all tokens and the top-20% (1 of 5 here)
     h = -(logp.exp() * logp).sum(-1)
     torch.testing.assert_close(cl.entropy_reg_loss(z, y, cfg)[0].double(), -lp - 0.06 * h, rtol=1e-6, atol=1e-6)
-    top = cl.entropy_reg_loss(z, y, cfg, top_frac=0.2)[0].double()
+    top = cl.entropy_reg_loss(z, y, cfg, bonus_mask=cl.top_entropy_mask(h))[0].double()
     bonus = torch.where(h == h.max(), h, 0.0)
     torch.testing.assert_close(top, -lp - 0.06 * bonus, rtol=1e-6, atol=1e-6)
     # KL to base
@@ -574,9 +576,16 @@ def test_loss_names_and_the_fixed_temperature_ablation():
     y = torch.randint(0, 2000, (8,))
     assert cl.config_for("curio_fixed_tau", LossConfig()).fixed_tau == 1.3
     assert cl.config_for("curio", LossConfig()).fixed_tau is None
-    top, _ = cl.STUDENT_ONLY_LOSSES["entropy_top20"](z, y)
-    every, _ = cl.STUDENT_ONLY_LOSSES["entropy"](z, y)
+    top, _ = cl.entropy_reg_loss(z, y, bonus_mask=cl.top_entropy_mask(cl.entropy(z)))
+    every, _ = cl.entropy_reg_loss(z, y)
     assert (top > every).sum() == 6 and torch.isclose(top, every).sum() == 2   # the bonus on 2 of 8 tokens only
+
+
+def test_top_entropy_mask_is_the_80_20_papers_topk():
+    h = torch.tensor([0.1, 2.0, 0.3, 1.5, 0.2, 0.9, 3.0, 0.0, 0.4, 0.5, 0.6])
+    assert cl.top_entropy_mask(h).nonzero().squeeze(-1).tolist() == [1, 3, 6]   # ceil(0.2 * 11) = 3
+    assert cl.top_entropy_mask(h[:5]).sum() == 1 and cl.top_entropy_mask(h[:10]).sum() == 2
+    assert cl.top_entropy_mask(torch.zeros(0)).shape == (0,)
 
 
 def test_summarize_reports_the_logged_statistics():

@@ -67,6 +67,45 @@ def test_chunked_loss_equals_loss_on_full_logits(world_of_one, tiny_model_dir):
     torch.testing.assert_close(diag["student_entropy"], cl.entropy(logits.detach()), rtol=1e-5, atol=1e-5)
 
 
+@pytest.mark.parametrize("chunk", [5, 16, 64, 4096])
+def test_entropy_top20_takes_the_micro_batchs_top_tokens_whatever_the_chunk(world_of_one, tiny_model_dir, chunk):
+    """The 20% of highest entropy among all the micro-batch's response tokens get the bonus (the 80/20 paper's
+    set), not 20% of each logits chunk: the loss is the same for every --loss_chunk."""
+    model = fsdp_model(tiny_model_dir)
+    batch, _, _ = toy_batch(tiny_model_dir)
+    args, cfg = sft.Args(loss="entropy_top20", loss_chunk=chunk), cl.LossConfig()
+    total, diag = sft.micro_batch_loss(model, None, None, batch, None, args, cfg, want_entropy=False)
+    sel = batch["loss_mask"][:, 1:].bool()
+    logits = model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1][sel]
+    y = batch["input_ids"][:, 1:][sel]
+    h = cl.entropy(logits.detach())
+    want = -cl.student_log_prob(logits, y)[0] - cfg.entropy_coef * torch.where(cl.top_entropy_mask(h), h, 0.0)
+    torch.testing.assert_close(total, want.sum(), rtol=1e-5, atol=1e-4)
+    assert len(y) > 3 * 16 and int(len(y) * 0.2 + 0.9999) == int(cl.top_entropy_mask(h).sum())
+
+
+def test_the_self_teacher_takes_lq_from_the_chunks_own_logits(world_of_one, tiny_model_dir):
+    """curio_self_teacher: one lm_head pass per chunk in the forward (the teacher side reads the chunk's detached
+    logits), and the loss of CurioSFT with the student's own logits as the teacher's."""
+    model = fsdp_model(tiny_model_dir)
+    batch, _, _ = toy_batch(tiny_model_dir)
+    args = sft.Args(loss="curio_self_teacher", loss_chunk=16)
+    calls = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, o: o.dim() == 2 and calls.append(len(o)))  # chunks
+    total, diag = sft.micro_batch_loss(model, None, None, batch, None, args, cl.LossConfig(), want_entropy=False)
+    hook.remove()
+    sel = batch["loss_mask"][:, 1:].bool()
+    y = batch["input_ids"][:, 1:][sel]
+    assert sum(calls) == len(y) and len(calls) == -(-len(y) // 16)       # each token through the head once
+    logits = model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1][sel]
+    lq, want_diag = cl.teacher_log_prob(logits.detach(), y)
+    want, _ = cl.curio_sft_loss(logits, y, lq)
+    torch.testing.assert_close(total, want.sum(), rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(diag["tau"], want_diag["tau"])
+    total.backward()                                    # the recompute in backward gives the same graph
+    assert model.lm_head.weight.grad is not None
+
+
 @pytest.mark.parametrize("name", sorted(cl.LOSSES))
 def test_every_loss_lowers_its_own_loss_on_a_fixed_batch(world_of_one, tiny_model_dir, name):
     second = cl.second_model(name)
