@@ -1,18 +1,25 @@
-"""The GPU check: what one GPU machine can show about this project in one command, in under 10 minutes on one 80 GB
+"""The GPU check: what one GPU machine can show about this project in one command, inside 9 minutes on one 80 GB
 H100/H200 with no network, no vLLM and no model download. A measurement, not a test: it exits 0 when every part ran,
-whatever the targets say, and 1 when a part crashed (its log is in OUT/logs/).
+whatever the targets say, and 1 when a part crashed or ran out of its time.
 
     bash bench/gpu_check.sh [--out out/gpu_check] [--shape qwen2.5-1.5b] [--layers N] [--peak_tflops X]
     bash bench/gpu_check.sh --smoke     # tiny shapes, a couple of steps, on whatever device there is (CPU: gloo, fp32)
 
-1. SFT steps of sft, curio and curio_self_teacher on random weights with a real model's shapes, 8k-token sequences,
-   bf16, activation checkpointing, under torchrun (nccl): bench/sft_step.py. Tokens/s, MFU, peak memory next to the
-   memory planner's prediction, and the CurioSFT / SFT step-time ratios.
+--out gets three files, all a lent machine has to send back: summary.md and summary.json, rewritten after every part
+(a part that hangs or crashes leaves the figures of those before it), and logs.tar.gz, every part's log. The rest
+(toy data, checkpoints) goes to a scratch folder, deleted at the end. Each part has a time limit; a part that would
+not end before the check's deadline is skipped, and says so.
+
+1. SFT steps of sft, curio and curio_self_teacher on random weights with a real model's shapes, one padded
+   micro-batch of 8k-token sequences, bf16, activation checkpointing, the presets' logging, logits scaled to a real
+   model's entropy, under torchrun (nccl): bench/sft_step.py. Tokens/s, MFU and HFU, peak memory next to the memory
+   planner's prediction, and the CurioSFT / SFT step-time ratios.
 2. The teacher side of the loss (curio_loss.teacher_log_prob) against one logsumexp pass over the same logits,
    4096 x 151936, bf16 on CUDA.
-3. evaluate.py and rl.py (HF engine, bf16) on the demo's toy task (demo/toy.py) with a small random model: they run,
-   and how long they take. Both import math-verify, which the GPU image lacks: bench/gpu_check.sh installs it from .whl/.
-4. A summary table of every figure with PASS/MISS per target: printed, and written to OUT/summary.md and summary.json.
+3. The bf16 error of lp, lq and w_t: a bf16 head against a float32 one on the same hidden states, 4096 x 151936.
+4. evaluate.py (HF engine, bf16) on the demo's toy task (demo/toy.py) with a small random model.
+5. rl.py's GRPO (bench/rl_step.py: a synthetic reward, so that advantages, ratios and clips all run).
+evaluate.py and rl.py import math-verify, which the GPU image lacks: bench/gpu_check.sh installs it from .whl/.
 """
 import argparse
 import importlib.metadata
@@ -20,8 +27,12 @@ import json
 import os
 import platform
 import shutil
+import signal
 import statistics
+import subprocess
 import sys
+import tarfile
+import tempfile
 import time
 from pathlib import Path
 
@@ -31,11 +42,15 @@ import sft_step  # bench/, this file's folder; it puts the repository root on sy
 
 import curio_loss as cl  # noqa: E402
 from bench.loss_speed import llm_like_logits  # noqa: E402
-from demo import run as demo  # noqa: E402
+from chunked_logits import no_grad_logits  # noqa: E402
+from demo.run import make_model_dir  # noqa: E402
+from plumbing.run_dir import write_atomic  # noqa: E402
 
+ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-TARGETS = {"mfu": 0.40, "curio": 1.25, "curio_self_teacher": 1.05, "planner": 0.15, "teacher_side": 3.0}
-# The toy part's sizes: enough work on a GPU to time, seconds on a CPU.
+DEADLINE_S = 540                                            # the whole check: 9 minutes
+TARGETS = {"mfu": 0.40, "curio": 1.25, "curio_self_teacher": 1.05, "planner": 0.10, "teacher_side": 3.0}
+# The toy parts' sizes: enough work on a GPU to time, seconds on a CPU.
 TOY = {
     "smoke": dict(
         data=["--n_pretrain", "8", "--n_sft", "16", "--n_rl", "8", "--n_test", "4", "--vocab_labels", "50",
@@ -43,16 +58,17 @@ TOY = {
         model=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
                    intermediate_size=128),
         eval=["--n", "2", "--limit", "4", "--max_new_tokens", "16", "--batch_size", "4", "--grader_workers", "1"],
-        rl=["--steps", "2", "--prompts_per_step", "2", "--rollouts", "2", "--mini_batch", "2", "--micro_batch", "4",
-            "--max_response_len", "16", "--gen_batch_size", "2", "--grader_workers", "1"],
+        rl=["--steps", "2", "--prompts_per_step", "2", "--rollouts", "4", "--mini_batch", "1", "--micro_batch", "4",
+            "--max_response_len", "16", "--gen_batch_size", "2", "--grader_workers", "1", "--lr", "1e-2"],
     ),
     "gpu": dict(
         data=["--n_pretrain", "8", "--n_sft", "16", "--n_rl", "256", "--n_test", "64"],
         model=dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=768),
         eval=["--n", "4", "--limit", "64", "--max_new_tokens", "256", "--batch_size", "64", "--grader_workers", "4"],
-        rl=["--steps", "3", "--prompts_per_step", "16", "--rollouts", "8", "--mini_batch", "8", "--micro_batch", "32",
-            "--max_response_len", "256", "--gen_batch_size", "16", "--grader_workers", "4", "--grad_ckpt"],
+        rl=["--steps", "3", "--prompts_per_step", "16", "--rollouts", "8", "--mini_batch", "4", "--micro_batch", "32",
+            "--max_response_len", "256", "--gen_batch_size", "16", "--grader_workers", "4", "--grad_ckpt",
+            "--lr", "1e-4"],
     ),
 }
 GIB = 2**30
@@ -60,7 +76,7 @@ GIB = 2**30
 
 class Summary:
     """Rows of (section, figure, value, unit, target, status, note); status PASS / MISS against a target, '–' without
-    one, 'n/a' where this device cannot measure it, 'skipped' or 'CRASH' for a part that did not run."""
+    one, 'n/a' where this device cannot measure it, 'skipped', 'CRASH' or 'TIMEOUT' for a part that did not run."""
 
     def __init__(self):
         self.rows, self.crashed = [], []
@@ -72,8 +88,8 @@ class Summary:
                               note=note))
 
     def fail(self, section, figures, status, note):
-        """A part that did not run: its rows say so (and a crash makes the exit status 1)."""
-        if status == "CRASH":
+        """A part that did not run: its rows say so (a crash or a timeout makes the exit status 1)."""
+        if status in ("CRASH", "TIMEOUT"):
             self.crashed.append(section)
         for figure, unit in figures:
             self.add(section, figure, None, unit, status=status, note=note)
@@ -83,7 +99,7 @@ class Summary:
             if v is None:
                 return "–"
             return {"%": f"{v:.1%}", "x": f"{v:.2f}x", "GiB": f"{v:.2f} GiB", "tokens/s": f"{v:,.0f} tokens/s",
-                    "ms": f"{v:.2f} ms", "s": f"{v:.3f} s"}.get(unit, f"{v:g} {unit}".strip())
+                    "ms": f"{v:.2f} ms", "s": f"{v:.3f} s", "nats": f"{v:.2e} nats"}.get(unit, f"{v:g} {unit}".strip())
 
         lines = [*header, "", "| part | figure | value | target | status | note |", "|" + " --- |" * 6]
         lines += [f"| {r['section']} | {r['figure']} | {fmt(r['value'], r['unit'])} | {r['target']} | {r['status']} "
@@ -91,14 +107,25 @@ class Summary:
         return "\n".join(lines) + "\n"
 
 
-def stage(cmd: list, log: Path, summary: Summary, section: str, figures: list) -> float | None:
-    """Run one command (demo/run.py's run_stage: echoed, output to `log`, its tail shown on failure); its wall seconds,
-    or None after recording a crash."""
+def stage(cmd: list, log: Path, summary: Summary, section: str, figures: list, timeout_s: float) -> float | None:
+    """Run one command from the repository root, its output to `log`, killed with its whole process group after
+    timeout_s; its wall seconds, or None after recording a crash or a timeout."""
+    print("$ " + " ".join(map(str, cmd)), flush=True)
     t0 = time.perf_counter()
-    try:
-        demo.run_stage(cmd, log)
-    except SystemExit:
-        summary.fail(section, figures, "CRASH", f"see {log}")
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "w") as f:
+        proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+        try:
+            rc = proc.wait(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            summary.fail(section, figures, "TIMEOUT", f"killed after {timeout_s:.0f} s; see logs.tar.gz: {log.name}")
+            return None
+    if rc != 0:
+        print(log.read_text()[-3000:], flush=True)
+        summary.fail(section, figures, "CRASH", f"exit {rc}; see logs.tar.gz: {log.name}")
         return None
     return time.perf_counter() - t0
 
@@ -107,20 +134,20 @@ def stage(cmd: list, log: Path, summary: Summary, section: str, figures: list) -
 # 1. SFT steps
 # ------------------------------------------------------------------------------------------------
 SFT_FIGURES = [(f"{v} {what}", unit) for v in sft_step.VARIANTS
-               for what, unit in (("step time", "s"), ("tokens/s", "tokens/s"), ("MFU", "%"))]
+               for what, unit in (("step time", "s"), ("tokens/s", "tokens/s"), ("MFU", "%"), ("HFU", "%"))]
 SFT_FIGURES += [("curio / sft step time", "x"), ("curio_self_teacher / sft step time", "x"),
-                ("teacher EMA update", "ms")]
+                ("teacher EMA update", "ms"), ("logits' median entropy", "nats")]
 SFT_FIGURES += [(f"{v} {what}", unit) for v in sft_step.VARIANTS
                 for what, unit in (("peak memory", "GiB"), ("planner prediction", "GiB"), ("measured / planned", "x"))]
 
 
-def sft_steps(a, out: Path, summary: Summary):
-    result_file = out / "sft_step.json"
+def sft_steps(a, scratch: Path, summary: Summary, timeout_s: float):
+    result_file = scratch / "sft_step.json"
     cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "bench/sft_step.py",
            "--shape", a.shape, "--steps", str(a.steps), "--json", result_file]
     cmd += ["--layers", str(a.layers)] if a.layers else []
     cmd += ["--peak_tflops", str(a.peak_tflops)] if a.peak_tflops else []
-    if stage(cmd, out / "logs" / "sft_step.log", summary, "SFT step", SFT_FIGURES) is None:
+    if stage(cmd, scratch / "logs" / "sft_step.log", summary, "SFT step", SFT_FIGURES, timeout_s) is None:
         return
     r = json.loads(result_file.read_text())
     sec = "SFT step"
@@ -131,12 +158,16 @@ def sft_steps(a, out: Path, summary: Summary):
         peak = f"{r['peak_tflops']:.3g} TFLOP/s: {r['peak_source']}"
         summary.add(sec, f"{v} MFU", m["mfu"], "%", target, m["mfu"] >= TARGETS["mfu"] if target else None,
                     note=peak if v == "sft" else "the student's model FLOPs (as sft's)")
+        summary.add(sec, f"{v} HFU", m["hfu"], "%", note="with recompute (and curio's teacher forward)")
     for v in ("curio", "curio_self_teacher"):
         ratio = r["variants"][v]["ratio_to_sft"]
         summary.add(sec, f"{v} / sft step time", ratio, "x", f"<= {TARGETS[v]}", ratio <= TARGETS[v],
                     note="separate EMA teacher" if v == "curio" else "the student's own logits")
     summary.add(sec, "teacher EMA update", r["ema_update_s"] * 1e3, "ms",
                 note=f"every {sft_step.TEACHER_EVERY} steps, a fifth of it in curio's step time")
+    lg = r["logits"]
+    summary.add(sec, "logits' median entropy", lg["median_entropy"], "nats",
+                note=f"{lg['share_at_most_0.03']:.0%} of positions <= 0.03 nats; sequences {r['lengths']}")
     for v, m in r["variants"].items():
         peak, plan, ratio = m["peak_bytes"], m["planner_bytes"], m["measured_over_planned"]
         summary.add(sec, f"{v} peak memory", peak and peak / GIB, "GiB", status=None if peak else "n/a",
@@ -181,19 +212,75 @@ def teacher_side(tokens: int, vocab: int, reps: int, device, summary: Summary):
 
 
 # ------------------------------------------------------------------------------------------------
-# 3. evaluate.py and rl.py on the toy task
+# 3. The bf16 error of lp, lq and w_t
+# ------------------------------------------------------------------------------------------------
+BF16_FIGURES = [("lp error, bf16 logits: max", "nats"), ("lp error, bf16 logits: median", "nats"),
+                ("lq error, bf16 logits: max", "nats"), ("lq error, float32-output logits: max", "nats"),
+                ("w_t error, as sft.py computes it: max", "nats"), ("w_t error, as sft.py computes it: median", "nats")]
+
+
+@torch.no_grad()
+def bf16_head_errors(tokens: int, vocab: int, hidden: int, device, seed: int = 0) -> dict:
+    """lp, lq and w_t = 1 - (lp - lq) from a bf16 lm_head against a float32 one on the same bf16 hidden states.
+    The head's weight is scaled so that the median entropy of the logits is a trained model's (0.2 nats). The
+    student's logits are the head's bf16 output (as the trained forward makes them); the teacher's come from
+    chunked_logits.no_grad_logits (float32 output from bf16 inputs on CUDA). Maximum and median absolute errors."""
+    g = torch.Generator().manual_seed(seed)
+    h = torch.nn.functional.normalize(torch.randn(tokens, hidden, generator=g), dim=-1).to(device) * hidden**0.5
+    w = torch.randn(vocab, hidden, generator=g).to(device) / hidden**0.5
+    z32 = h[:512] @ w.t()                                                          # [512, V] float32
+    lo, hi = 0.01, 100.0
+    for _ in range(30):                                                            # scale to 0.2 nats' median
+        mid = (lo * hi) ** 0.5
+        lo, hi = (lo, mid) if cl.entropy(z32 * mid).median() < 0.2 else (mid, hi)
+    head = torch.nn.Linear(hidden, vocab, bias=False, device=device, dtype=torch.bfloat16)
+    head.weight.copy_(w * hi)
+    h16 = h.to(device, torch.bfloat16)
+    exact = h16.float() @ head.weight.float().t()                                 # the bf16 inputs, in float32
+    y = torch.distributions.Categorical(logits=exact).sample()                    # as a model would write
+    cfg = cl.LossConfig()
+    lp_ref, lq_ref = cl.student_log_prob(exact, y)[0], cl.teacher_log_prob(exact, y, cfg)[0]
+    student = head(h16)                                                           # bf16 logits
+    lp16, lq16 = cl.student_log_prob(student, y)[0], cl.teacher_log_prob(student, y, cfg)[0]
+    lq_out32 = cl.teacher_log_prob(no_grad_logits(head, h16), y, cfg)[0]
+    w_ref, w_trained = 1 - (lp_ref - lq_ref), 1 - (lp16 - lq_out32)
+
+    def stats(err):
+        err = err.abs()
+        return err.max().item(), err.median().item()
+
+    return {"lp": stats(lp16 - lp_ref), "lq_bf16": stats(lq16 - lq_ref), "lq_out32": stats(lq_out32 - lq_ref),
+            "w": stats(w_trained - w_ref), "out32": device.type == "cuda"}
+
+
+def bf16_errors(tokens: int, vocab: int, hidden: int, device, summary: Summary):
+    e, sec = bf16_head_errors(tokens, vocab, hidden, device), "bf16 error"
+    shape = f"{tokens} x {vocab}, hidden {hidden}, against float32"
+    summary.add(sec, "lp error, bf16 logits: max", e["lp"][0], "nats", note=shape)
+    summary.add(sec, "lp error, bf16 logits: median", e["lp"][1], "nats")
+    summary.add(sec, "lq error, bf16 logits: max", e["lq_bf16"][0], "nats")
+    summary.add(sec, "lq error, float32-output logits: max", e["lq_out32"][0], "nats",
+                note="torch.mm out_dtype" if e["out32"] else "CPU: the head as it is (float32 here)")
+    summary.add(sec, "w_t error, as sft.py computes it: max", e["w"][0], "nats",
+                note="bf16 student logits, the teacher's from no_grad_logits")
+    summary.add(sec, "w_t error, as sft.py computes it: median", e["w"][1], "nats")
+
+
+# ------------------------------------------------------------------------------------------------
+# 4, 5. evaluate.py and rl.py on the toy task
 # ------------------------------------------------------------------------------------------------
 EVAL_FIGURES = [("evaluate.py wall time", "s"), ("evaluate.py generated tokens", "tokens"),
                 ("evaluate.py generated tokens/s", "tokens/s")]
 RL_FIGURES = [("rl.py wall time", "s"), ("rl.py step time", "s"), ("rl.py generation", "s"), ("rl.py reward", "s"),
-              ("rl.py training", "s"), ("rl.py weight sync", "s")]
+              ("rl.py training", "s"), ("rl.py weight sync", "s"), ("rl.py clipped tokens", "%"),
+              ("rl.py approx KL", "nats")]
 
 
 def toy_model(world: Path, model_kwargs: dict) -> Path:
-    """demo.make_model_dir's config and tokenizer, and random weights: what evaluate.py and rl.py load."""
+    """demo/run.py's config and tokenizer, and random weights: what evaluate.py and rl.py load."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    model_dir = demo.make_model_dir(world, model_kwargs)
+    model_dir = make_model_dir(world, model_kwargs)
     torch.manual_seed(0)
     AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)).save_pretrained(model_dir)
     return model_dir
@@ -208,58 +295,84 @@ def math_verify_status() -> tuple[bool, str]:
     return True, f"math-verify {importlib.metadata.version('math-verify')} from {Path(math_verify.__file__).parent}"
 
 
-def toy_stages(size: dict, out: Path, summary: Summary):
+def toy_world(size: dict, scratch: Path, summary: Summary, timeout_s: float) -> Path | None:
+    """The toy data and a random model for parts 4 and 5; None (both parts' rows say why) when they cannot run."""
     available, status = math_verify_status()
     if not available:
-        note = (f"{status}: evaluate.py imports it at module level and rl.py imports evaluate.py. On a machine "
-                "with PyPI: bash bench/gpu_check.sh --fetch_wheels, then carry .whl/")
+        note = (f"{status}: evaluate.py and rl.py import it. On a machine with PyPI: bash bench/gpu_check.sh "
+                "--fetch_wheels, then carry .whl/")
         summary.fail("evaluate.py", EVAL_FIGURES, "skipped", note)
         summary.fail("rl.py", RL_FIGURES, "skipped", note)
-        return
-    world, logs = out / "toy", out / "logs"
-    if stage([PY, "demo/toy.py", "--out", world, *size["data"]], logs / "toy_data.log", summary, "evaluate.py",
-             EVAL_FIGURES) is None:
+        return None
+    world = scratch / "toy"
+    if stage([PY, "demo/toy.py", "--out", world, *size["data"]], scratch / "logs" / "toy_data.log", summary,
+             "evaluate.py", EVAL_FIGURES, timeout_s) is None:
         summary.fail("rl.py", RL_FIGURES, "skipped", "the toy data could not be built")
+        return None
+    toy_model(world, size["model"])
+    return world
+
+
+def evaluate_part(size: dict, world: Path, scratch: Path, summary: Summary, timeout_s: float):
+    out = scratch / "eval"
+    wall = stage([PY, "evaluate.py", "--model", world / "model", "--data", world / "test.jsonl", "--out", out,
+                  "--engine", "hf", "--system_prompt", "row", *size["eval"]], scratch / "logs" / "evaluate.log",
+                 summary, "evaluate.py", EVAL_FIGURES, timeout_s)
+    if wall is None:
         return
-    model_dir = toy_model(world, size["model"])
+    samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
+    generated = sum(s["length"] for s in samples)
+    summary.add("evaluate.py", "evaluate.py wall time", wall, "s",
+                note=f"{len(samples)} samples, model load, generation and grading")
+    summary.add("evaluate.py", "evaluate.py generated tokens", generated, "tokens")
+    summary.add("evaluate.py", "evaluate.py generated tokens/s", generated / wall, "tokens/s",
+                note="over the wall time")
 
-    wall = stage([PY, "evaluate.py", "--model", model_dir, "--data", world / "test.jsonl", "--out", out / "eval",
-                  "--engine", "hf", "--system_prompt", "row", *size["eval"]], logs / "evaluate.log", summary,
-                 "evaluate.py", EVAL_FIGURES)
-    if wall is not None:
-        samples = [json.loads(line) for line in (out / "eval" / "samples.jsonl").read_text().splitlines()]
-        generated = sum(s["length"] for s in samples)
-        summary.add("evaluate.py", "evaluate.py wall time", wall, "s",
-                    note=f"{len(samples)} samples, model load, generation and grading")
-        summary.add("evaluate.py", "evaluate.py generated tokens", generated, "tokens")
-        summary.add("evaluate.py", "evaluate.py generated tokens/s", generated / wall, "tokens/s",
-                    note="over the wall time")
 
-    wall = stage([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "rl.py",
-                  "config/rl_tiny.py", "--model", model_dir, "--train_file", world / "train_rl.jsonl",
-                  "--out_dir", out / "rl", "--engine", "hf", "--bf16", "--system_prompt", "row", *size["rl"]],
-                 logs / "rl.log", summary, "rl.py", RL_FIGURES)
-    if wall is not None:
-        steps = [json.loads(line) for line in (out / "rl" / "log.jsonl").read_text().splitlines()]
-        timed = steps[1:] or steps                                                # the first step warms up
-        note = f"mean of steps 2-{len(steps)}" if len(steps) > 1 else "step 1"
+def rl_part(size: dict, world: Path, scratch: Path, summary: Summary, timeout_s: float):
+    out = scratch / "rl"
+    wall = stage([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "bench/rl_step.py",
+                  "config/rl_tiny.py", "--model", world / "model", "--train_file", world / "train_rl.jsonl",
+                  "--out_dir", out, "--engine", "hf", "--bf16", "--system_prompt", "row", *size["rl"]],
+                 scratch / "logs" / "rl.log", summary, "rl.py", RL_FIGURES, timeout_s)
+    if wall is None:
+        return
+    steps = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
+    timed = steps[1:] or steps                                                    # the first step warms up
+    note = f"mean of steps 2-{len(steps)}" if len(steps) > 1 else "step 1"
 
-        def mean(key):
-            return statistics.mean(s[key] for s in timed)
+    def mean(key):
+        return statistics.mean(s[key] for s in timed)
 
-        summary.add("rl.py", "rl.py wall time", wall, "s", note=f"{len(steps)} steps, start-up and checkpoint included")
-        summary.add("rl.py", "rl.py step time", sum(mean(k) for k in ("sync_s", "gen_s", "reward_s", "train_s")), "s",
-                    note=note)
-        for figure, key in (("generation", "gen_s"), ("reward", "reward_s"), ("training", "train_s"),
-                            ("weight sync", "sync_s")):
-            summary.add("rl.py", f"rl.py {figure}", mean(key), "s", note=note)
+    sec = "rl.py"
+    summary.add(sec, "rl.py wall time", wall, "s", note=f"{len(steps)} steps, start-up and checkpoint included")
+    summary.add(sec, "rl.py step time", sum(mean(k) for k in ("sync_s", "gen_s", "reward_s", "train_s")), "s",
+                note=note)
+    for figure, key in (("generation", "gen_s"), ("reward", "reward_s"), ("training", "train_s"),
+                        ("weight sync", "sync_s")):
+        summary.add(sec, f"rl.py {figure}", mean(key), "s", note=note)
+    clipped = statistics.mean(s["clip_frac_low"] + s["clip_frac_high"] for s in steps)
+    summary.add(sec, "rl.py clipped tokens", clipped, "%", note="a synthetic reward (bench/rl_step.py), all steps")
+    summary.add(sec, "rl.py approx KL", statistics.mean(s["approx_kl"] for s in steps), "nats")
 
 
 # ------------------------------------------------------------------------------------------------
+def write_results(out: Path, scratch: Path, summary: Summary, header: list[str], meta: dict):
+    """OUT's three files, each written whole (a kill leaves the previous version)."""
+    write_atomic(out / "summary.md", summary.markdown(header))
+    write_atomic(out / "summary.json", json.dumps({**meta, "rows": summary.rows, "crashed": summary.crashed},
+                                                  indent=1))
+    tmp = out / ".logs.tar.gz.tmp"
+    with tarfile.open(tmp, "w:gz") as tar:
+        tar.add(scratch / "logs", arcname="logs")
+    os.replace(tmp, out / "logs.tar.gz")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--smoke", action="store_true", help="tiny shapes and a couple of steps (the CPU test)")
-    parser.add_argument("--out", default="out/gpu_check", help="summary.md, summary.json, logs/ and the runs' files")
+    parser.add_argument("--out", default="out/gpu_check", help="summary.md, summary.json and logs.tar.gz go here")
+    parser.add_argument("--scratch", default="", help="toy data and runs (default: a temporary folder, deleted)")
     parser.add_argument("--shape", default="", choices=["", *sft_step.SHAPES],
                         help="SFT step model shape (default qwen2.5-1.5b; smoke with --smoke)")
     parser.add_argument("--layers", type=int, default=0, help="override the shape's layer count")
@@ -269,30 +382,14 @@ def main():
     a.shape = a.shape or ("smoke" if a.smoke else "qwen2.5-1.5b")
     a.steps = a.steps or (2 if a.smoke else 5)
     out = Path(a.out)
-    for part in ("toy", "eval", "rl", "logs"):                  # rl.py would resume from an earlier run's checkpoint
-        shutil.rmtree(out / part, ignore_errors=True)
-    (out / "logs").mkdir(parents=True)
+    out.mkdir(parents=True, exist_ok=True)
+    scratch = Path(a.scratch or tempfile.mkdtemp(prefix="gpu_check."))
+    shutil.rmtree(scratch / "logs", ignore_errors=True)
+    (scratch / "logs").mkdir(parents=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if a.smoke:  # one thread for tiny models on a shared CPU: more only spin-wait (tests/test_rl.py measured ~20x)
-        demo.THREADS = "1"
         torch.set_num_threads(1)
     t0, summary = time.perf_counter(), Summary()
-
-    tokens, vocab, reps = (64, 32768, 2) if a.smoke else (4096, 151936, 5)
-    parts = [("SFT step", SFT_FIGURES, "1. SFT steps (bench/sft_step.py)", lambda: sft_steps(a, out, summary)),
-             ("teacher side", TEACHER_FIGURES, "2. the teacher side of the loss against one logsumexp pass",
-              lambda: teacher_side(tokens, vocab, reps, device, summary)),
-             ("toy task", [("evaluate.py and rl.py", "s")], "3. evaluate.py and rl.py on the toy task (HF engine)",
-              lambda: toy_stages(TOY["smoke" if a.smoke else "gpu"], out, summary))]
-    for section, figures, title, run_part in parts:
-        print(f"== {title}", flush=True)
-        try:
-            run_part()
-        except Exception as e:  # noqa: BLE001 - reported in the table and the exit status; the other parts still run
-            summary.fail(section, figures, "CRASH", f"{type(e).__name__}: {e}")
-        torch.cuda.empty_cache()                        # cached blocks of this process, before a subprocess needs them
-    summary.add("check", "gpu_check wall time", time.perf_counter() - t0, "s", "< 600 s (GPU)",
-                None if a.smoke else time.perf_counter() - t0 < 600)
 
     import transformers
 
@@ -303,15 +400,54 @@ def main():
               f"{transformers.__version__}, Python {platform.python_version()}; grader: {math_verify_status()[1]}",
               f"SFT shape: {a.shape}{f' with {a.layers} layers' if a.layers else ''}; command: "
               f"bash bench/gpu_check.sh {' '.join(sys.argv[1:])}".rstrip()]
-    text = summary.markdown(header)
-    (out / "summary.md").write_text(text)
-    (out / "summary.json").write_text(json.dumps(
-        {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
-         "transformers": transformers.__version__, "smoke": a.smoke, "shape": a.shape, "rows": summary.rows,
-         "crashed": summary.crashed}, indent=1))
-    print("\n" + text + f"\n(written to {out / 'summary.md'} and summary.json)")
+    meta = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
+            "transformers": transformers.__version__, "smoke": a.smoke, "shape": a.shape}
+    tokens, vocab, hidden, reps = (64, 32768, 256, 2) if a.smoke else (4096, 151936, 1536, 5)
+    toy, world = TOY["smoke" if a.smoke else "gpu"], {}
+
+    def evaluate_with_its_world(limit):
+        world["path"] = toy_world(toy, scratch, summary, limit)
+        if world["path"] is not None:
+            evaluate_part(toy, world["path"], scratch, summary, limit)
+
+    def rl_with_the_world(limit):
+        if world.get("path") is not None:
+            rl_part(toy, world["path"], scratch, summary, limit)
+        elif not any(r["section"] == "rl.py" for r in summary.rows):
+            summary.fail("rl.py", RL_FIGURES, "skipped", "part 4 did not build the toy world")
+
+    # (section, figures, title, time limit in seconds, the part)
+    parts = [("SFT step", SFT_FIGURES, "1. SFT steps (bench/sft_step.py)", 200,
+              lambda limit: sft_steps(a, scratch, summary, limit)),
+             ("teacher side", TEACHER_FIGURES, "2. the teacher side of the loss against one logsumexp pass", 60,
+              lambda limit: teacher_side(tokens, vocab, reps, device, summary)),
+             ("bf16 error", BF16_FIGURES, "3. the bf16 error of lp, lq and w_t", 60,
+              lambda limit: bf16_errors(tokens, vocab, hidden, device, summary)),
+             ("evaluate.py", EVAL_FIGURES, "4. evaluate.py on the toy task (HF engine)", 100,
+              evaluate_with_its_world),
+             ("rl.py", RL_FIGURES, "5. rl.py's GRPO with a synthetic reward (bench/rl_step.py)", 110,
+              rl_with_the_world)]
+    for section, figures, title, limit, run_part in parts:
+        left = DEADLINE_S - (time.perf_counter() - t0)
+        if not a.smoke and left < limit:
+            summary.fail(section, figures, "skipped", f"{left:.0f} s left of the check's {DEADLINE_S} s, the part "
+                                                      f"may take {limit} s")
+        else:
+            print(f"== {title}", flush=True)
+            try:
+                run_part(limit)
+            except Exception as e:  # noqa: BLE001 - reported in the table and the exit status; the others still run
+                summary.fail(section, figures, "CRASH", f"{type(e).__name__}: {e}")
+            torch.cuda.empty_cache()                    # cached blocks of this process, before a subprocess needs them
+        write_results(out, scratch, summary, header, meta)
+    summary.add("check", "gpu_check wall time", time.perf_counter() - t0, "s", f"< {DEADLINE_S} s (GPU)",
+                None if a.smoke else time.perf_counter() - t0 < DEADLINE_S)
+    write_results(out, scratch, summary, header, meta)
+    if not a.scratch:
+        shutil.rmtree(scratch, ignore_errors=True)
+    print("\n" + summary.markdown(header) + f"\n(written to {out}: summary.md, summary.json, logs.tar.gz)")
     if summary.crashed:
-        print(f"crashed: {', '.join(summary.crashed)} (logs in {out / 'logs'})")
+        print(f"crashed or timed out: {', '.join(summary.crashed)} (their logs are in logs.tar.gz)")
     sys.exit(1 if summary.crashed else 0)
 
 

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
-# The GPU check in one command: SFT step speed, MFU and memory at a real model's shapes, the loss's teacher side,
-# evaluate.py and rl.py on the toy task, and one summary table (bench/gpu_check.py says what and how).
-#   bash bench/gpu_check.sh [--out out/gpu_check] [--shape qwen2.5-1.5b] ...   one GPU, under 10 minutes
+# The GPU check in one command: SFT step speed, MFU and memory at a real model's shapes, the loss's teacher side, the
+# bf16 error of lp, lq and w_t, evaluate.py and rl.py on the toy task, and one summary table (bench/gpu_check.py says
+# what and how). --out gets three files: summary.md, summary.json (both rewritten after every part), logs.tar.gz.
+#   bash bench/gpu_check.sh [--out out/gpu_check] [--shape qwen2.5-1.5b] ...   one GPU, inside 9 minutes
 #   bash bench/gpu_check.sh --smoke                                            tiny shapes, CPU is enough (the test)
 #   bash bench/gpu_check.sh --fetch_wheels    on a machine with PyPI: math-verify and what it needs, as wheels in .whl/
 # The GPU image lacks math-verify (evaluate.py and rl.py import it): when .whl/ holds wheels, they are installed into
 # a temporary folder put on PYTHONPATH first. With the device tool: carry [".whl"], command
-# `bash bench/gpu_check.sh --out $OUT/gpu_check`.
+# `bash bench/gpu_check.sh --out $OUT/gpu_check`; the CUDA tests: `python -m pytest -m gpu` (after installing .whl/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ -n "${PYTHON:-}" ]; then py=$PYTHON; elif [ -x .venv/bin/python ]; then py=.venv/bin/python; else py=python3; fi

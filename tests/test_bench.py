@@ -1,6 +1,7 @@
-"""bench/: the GPU check's smoke run on CPU (every row of its summary), and the pieces of its arithmetic and plumbing:
-model FLOPs against a FLOP count of a real forward and backward, the datasheet peaks, the memory planner's command
-line, and what a missing math-verify or a crashed stage does to the summary."""
+"""bench/: the GPU check's smoke run on CPU (every row of its summary, three files in --out, the summary written
+after every part), and the pieces of its arithmetic and plumbing: model FLOPs against a FLOP count of a real forward
+and backward, the datasheet peaks, the memory planner's command line, and what a missing math-verify, a crashed or a
+hanging stage does to the summary."""
 import json
 import math
 import subprocess
@@ -24,15 +25,16 @@ def smoke(tmp_path_factory):
                           text=True, timeout=900)
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
     md = (out / "summary.md").read_text() if (out / "summary.md").exists() else ""
-    return proc.returncode, proc.stdout + proc.stderr, summary, md
+    return proc.returncode, proc.stdout + proc.stderr, summary, md, out
 
 
 def test_smoke_run_fills_every_row_with_a_finite_number(smoke):
-    rc, output, summary, md = smoke
+    rc, output, summary, md, _ = smoke
     assert rc == 0, output[-4000:]
     rows = {(r["section"], r["figure"]): r for r in summary["rows"]}
     expected = {("SFT step", f) for f, _ in gpu_check.SFT_FIGURES}
     expected |= {("teacher side", f) for f, _ in gpu_check.TEACHER_FIGURES}
+    expected |= {("bf16 error", f) for f, _ in gpu_check.BF16_FIGURES}
     expected |= {("evaluate.py", f) for f, _ in gpu_check.EVAL_FIGURES}
     expected |= {("rl.py", f) for f, _ in gpu_check.RL_FIGURES}
     expected |= {("check", "gpu_check wall time")}
@@ -52,6 +54,18 @@ def test_smoke_run_fills_every_row_with_a_finite_number(smoke):
     for section, figure in expected:                                  # the table shows every row, and the versions
         assert f"| {section} | {figure} |" in md
     assert f"torch {torch.__version__}" in md and "transformers" in md and summary["crashed"] == []
+
+
+def test_smoke_run_leaves_three_files_in_out(smoke, tmp_path):
+    """A lent machine sends back at most 8 files: --out gets summary.md, summary.json and one archive of the logs,
+    which holds every part's log; the toy data and the runs went to a scratch folder, deleted."""
+    import tarfile
+
+    out = Path(smoke[4])
+    assert sorted(p.name for p in out.iterdir()) == ["logs.tar.gz", "summary.json", "summary.md"]
+    with tarfile.open(out / "logs.tar.gz") as tar:
+        names = {Path(n).name for n in tar.getnames()}
+    assert {"sft_step.log", "toy_data.log", "evaluate.log", "rl.log"} <= names
 
 
 def test_smoke_run_figures_agree_with_each_other(smoke):
@@ -81,7 +95,7 @@ def test_model_flops_match_a_flop_count_of_forward_and_backward():
         ids = torch.randint(0, shape["vocab"], (2, 48))
         with FlopCounterMode(display=False) as counter:
             model(input_ids=ids, logits_to_keep=20).logits.sum().backward()
-        flops = sft_step.model_flops(shape, batch=2, seq=48, trained=2 * 20)
+        flops = sft_step.model_flops(shape, [48, 48], trained=2 * 20)
         assert counter.get_total_flops() == flops["layers"] + flops["lm_head"] + 2 * flops["attention"]
         assert flops["total"] == flops["layers"] + flops["lm_head"] + flops["attention"]
 
@@ -113,24 +127,26 @@ else:
 def test_planner_gets_the_agreed_command_line(tmp_path):
     planner, config = tmp_path / "memory.py", tmp_path / "config.json"
     planner.write_text(FAKE_PLANNER)
-    total, note = sft_step.planner_prediction(planner, config, "curio", 8192, 4096, {"bf16": False, "grad_ckpt": True})
+    total, note = sft_step.planner_prediction(planner, config, "curio", 8192, 4096, 3000, 4096,
+                                              {"bf16": False, "grad_ckpt": True})
     assert total == 123456789
     calls = [json.loads(line) for line in (tmp_path / "memory.py.calls").read_text().splitlines()]
     assert calls[-1] == ["--model", str(config), "--stage", "sft", "--loss", "curio", "--gpus", "1",
-                         "--token_budget", "8192", "--loss_chunk", "4096", "--json", "--no-bf16"]
+                         "--token_budget", "8192", "--seq_len", "4096", "--trained_tokens", "3000",
+                         "--loss_chunk", "4096", "--json", "--no-bf16"]
     assert "grad_ckpt" in note                         # not in its --help: the planner's own default is used
-    absent = sft_step.planner_prediction(tmp_path / "absent.py", config, "sft", 1, 1, {})
+    absent = sft_step.planner_prediction(tmp_path / "absent.py", config, "sft", 1, 1, 1, 1, {})
     assert absent == (None, "planner: not available")
     failing = tmp_path / "memory--fail.py"
     failing.write_text(FAKE_PLANNER)
-    assert sft_step.planner_prediction(failing, config, "sft", 1, 1, {}) == (None, "planner failed: memory.py: error: "
-                                                                                 "unknown model")
+    assert sft_step.planner_prediction(failing, config, "sft", 1, 1, 1, 1, {}) == (None, "planner failed: memory.py: "
+                                                                                       "error: unknown model")
 
 
 def test_missing_math_verify_skips_evaluate_and_rl_without_a_crash(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "math_verify", None)                   # import math_verify -> ImportError
     summary = gpu_check.Summary()
-    gpu_check.toy_stages(gpu_check.TOY["smoke"], tmp_path, summary)
+    assert gpu_check.toy_world(gpu_check.TOY["smoke"], tmp_path, summary, 60) is None
     assert {r["section"] for r in summary.rows} == {"evaluate.py", "rl.py"}
     assert all(r["status"] == "skipped" and "math-verify" in r["note"] for r in summary.rows)
     assert summary.crashed == [] and not (tmp_path / "toy").exists()
@@ -139,8 +155,48 @@ def test_missing_math_verify_skips_evaluate_and_rl_without_a_crash(tmp_path, mon
 def test_a_crashed_stage_is_reported_and_fails_the_check(tmp_path):
     summary = gpu_check.Summary()
     wall = gpu_check.stage([sys.executable, "-c", "raise SystemExit('boom')"], tmp_path / "x.log", summary, "part",
-                           [("figure", "s")])
+                           [("figure", "s")], 60)
     assert wall is None and summary.crashed == ["part"]
     assert summary.rows == [dict(section="part", figure="figure", value=None, unit="s", target="", status="CRASH",
-                                 note=f"see {tmp_path / 'x.log'}")]
+                                 note="exit 1; see logs.tar.gz: x.log")]
     assert "boom" in (tmp_path / "x.log").read_text()
+
+
+def test_a_hanging_stage_is_killed_at_its_limit(tmp_path):
+    """The stage and what it started (its process group) are killed at the part's limit."""
+    summary = gpu_check.Summary()
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(300)']); "
+            "print('started', flush=True); time.sleep(300)")
+    t0 = __import__("time").perf_counter()
+    wall = gpu_check.stage([sys.executable, "-c", code], tmp_path / "hang.log", summary, "part", [("figure", "s")], 3)
+    assert wall is None and __import__("time").perf_counter() - t0 < 30 and summary.crashed == ["part"]
+    assert summary.rows[0]["status"] == "TIMEOUT" and "killed after 3 s" in summary.rows[0]["note"]
+    out = subprocess.run(["pgrep", "-f", "time.sleep\\(300\\)"], capture_output=True, text=True).stdout
+    assert out.strip() == ""                                       # the grandchild went with it
+
+
+def test_the_summary_is_written_after_every_part(tmp_path):
+    """A check killed in the middle leaves the figures of the parts it finished."""
+    import os
+    import signal
+    import time
+
+    out = tmp_path / "out"
+    proc = subprocess.Popen(["bash", "bench/gpu_check.sh", "--smoke", "--out", str(out)], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    deadline = time.time() + 600
+    try:
+        while time.time() < deadline:
+            if (out / "summary.json").exists():
+                rows = json.loads((out / "summary.json").read_text())["rows"]
+                if any(r["section"] == "teacher side" for r in rows):
+                    break
+            time.sleep(0.5)
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    rows = json.loads((out / "summary.json").read_text())["rows"]
+    sections = {r["section"] for r in rows}
+    assert {"SFT step", "teacher side"} <= sections and "rl.py" not in sections
+    assert all(r["value"] is not None for r in rows if r["figure"].endswith("step time"))
+    assert "| SFT step | sft step time |" in (out / "summary.md").read_text() and (out / "logs.tar.gz").exists()

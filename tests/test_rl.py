@@ -16,7 +16,7 @@ import data
 import evaluate
 import fake_vllm
 import rl
-from plumbing import checkpoints, distributed, generation, models
+from plumbing import checkpoints, generation, models
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -397,6 +397,7 @@ distributed.shutdown()
 """
 
 
+@pytest.mark.gpu
 @pytest.mark.skipif(importlib.util.find_spec("vllm") is None or not torch.cuda.is_available(),
                     reason="needs vllm and CUDA")
 def test_sync_weights_moves_the_trainers_weights_into_vllm(checkpoint, tmp_path):

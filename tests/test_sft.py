@@ -14,7 +14,7 @@ import chunked_logits
 import curio_loss as cl
 import data
 import sft
-from plumbing import checkpoints, distributed, models
+from plumbing import checkpoints, models
 
 REPO = Path(__file__).resolve().parents[1]
 
