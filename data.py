@@ -9,7 +9,7 @@ Row schema (the authors' and LUFFY's files, e.g. OpenR1-Math-46K and the benchma
     target: [{role: assistant, content: "<think>\\n..."}]   (training files: the expert response)
 """
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pyarrow.parquet as pq
@@ -76,6 +76,10 @@ class Example:
     row: int  # 0-based row in the file, for error messages and de-duplication
     system: str | None = None  # content of the row's system message, if it has one
     messages: list | None = None  # the row's `prompt` as stored: [{role, content}, ...]
+    file: str = field(default="", compare=False)  # the file the row came from, for error messages
+
+    def where(self) -> str:
+        return f"{self.file} row {self.row}" if self.file else f"row {self.row}"
 
 
 SYSTEM_PROMPT_MODES = ("paper", "row", "messages")
@@ -92,14 +96,14 @@ def example_prompt(ex: Example, tokenizer=None, system_prompt: str = "paper") ->
         return build_prompt(ex.question, tokenizer)
     if system_prompt == "row":
         if ex.system is None:
-            raise ValueError(f"row {ex.row}: field 'prompt' has no system message, "
+            raise ValueError(f"{ex.where()}: field 'prompt' has no system message, "
                              f"which system_prompt='row' needs")
         return build_prompt(ex.question, tokenizer, ex.system)
     if system_prompt == "messages":
         for k, m in enumerate(ex.messages or [None]):
             if not (isinstance(m, dict) and isinstance(m.get("role"), str)
                     and isinstance(m.get("content"), str)):
-                raise ValueError(f"row {ex.row}: field 'prompt[{k}]' is not a {{role, content}} "
+                raise ValueError(f"{ex.where()}: field 'prompt[{k}]' is not a {{role, content}} "
                                  f"message of strings, which system_prompt='messages' needs")
         messages = [{"role": m["role"], "content": m["content"]} for m in ex.messages]
         return chat_prompt(messages, tokenizer)
@@ -180,7 +184,7 @@ def _parse_row(row, i: int, path: Path, require_response: bool) -> Example:
         response = get(target[0], "content", "target[0].content", str).removeprefix(THINK)
         if not response.strip():  # also catches a response that is only "<think>\n"
             raise bad("target[0].content", "is empty")
-    return Example(question, ground_truth, response, data_source, i, system, messages)
+    return Example(question, ground_truth, response, data_source, i, system, messages, str(path))
 
 
 def load_examples(path, require_response: bool = False) -> list[Example]:
@@ -231,7 +235,7 @@ def build_sft_data(tokenizer, examples: list[Example], max_prompt_len: int = 102
     eos_id = _eos_id(tokenizer)
     for ex in examples:
         if ex.response is None:
-            raise ValueError(f"row {ex.row}: no expert response (load with require_response=True)")
+            raise ValueError(f"{ex.where()}: no expert response (load with require_response=True)")
     data, stats = [], {"kept": 0, "dropped_prompt": 0, "dropped_response": 0}
     chunk = 512  # batched encoding is faster (Rust threads); chunks bound the memory of one call
     for start in range(0, len(examples), chunk):

@@ -14,6 +14,7 @@ import hashlib
 import itertools
 import json
 import os
+import re
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -33,7 +34,9 @@ from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import print0, setup_distributed, shutdown
 from plumbing.generation import ENGINES, Engine, Sample, encode, engine_kind, generate, load_engine
 from plumbing.grading import GRADING_MODES, answer_kind, grade
-from plumbing.run_dir import write_atomic
+from plumbing.checkpoints import verify_model_dir
+from plumbing.models import check_model_dir
+from plumbing.run_dir import lock_dir, release, write_atomic
 
 
 @dataclass
@@ -288,6 +291,14 @@ def _progress_key(args: Args, examples: list[Example], prompts: list[str]) -> di
     return json.loads(json.dumps(key))  # as read back from JSON
 
 
+def progress_file_name(data_source: str) -> str:
+    """A file name inside OUT/progress/ for a benchmark. data_source comes from the data file: all
+    but letters, digits, '.', '_' and '-' becomes '_' (no '/', no '..'), and a digest of the name
+    keeps apart two names that differ only there."""
+    safe = re.sub(r"[^A-Za-z0-9._-]", "_", data_source)[:64].lstrip(".") or "_"
+    return f"{safe}-{hashlib.sha256(data_source.encode()).hexdigest()[:12]}.json"
+
+
 def _load_progress(path: Path, key: dict) -> dict | None:
     """A benchmark saved by a run with the same settings, else None (none, others, unreadable)."""
     try:
@@ -320,7 +331,7 @@ def evaluate_benchmarks(engine: Engine, tokenizer, benchmarks: dict[str, list[Ex
         start = time.perf_counter()
         n = args.n_mmlu_pro if name.startswith("mmlu_pro") else args.n
         prompts = [example_prompt(ex, tokenizer, args.system_prompt) for ex in examples]
-        path = progress_dir / f"{name}.json" if progress_dir is not None else None
+        path = progress_dir / progress_file_name(name) if progress_dir is not None else None
         key = _progress_key(args, examples, prompts) if path is not None and rank == 0 else None
         saved = [_load_progress(path, key) if key is not None else None]
         if group is not None:  # every rank skips a saved benchmark, or none does
@@ -375,11 +386,24 @@ def run_eval(args: Args) -> dict | None:
                          f"torchrun runs one engine per rank (data parallel); use one process for "
                          f"tensor parallelism")
     check_out_dir(args.out)
+    check_model_dir(args.model)
     benchmarks = load_benchmarks(args.data, args.limit)  # fail on bad data before loading a model
     rank, group = 0, None
     if "RANK" in os.environ:  # torchrun
         rank, world, _ = setup_distributed()
         group = dist.new_group(backend="gloo")  # objects (the blocks' samples) go over gloo
+    if rank == 0:
+        lock_dir(Path(args.out), "evaluation")             # one evaluation per output directory
+    try:
+        return evaluate_checkpoint(args, benchmarks, rank, world, group)
+    finally:
+        release()
+
+
+def evaluate_checkpoint(args: Args, benchmarks: dict[str, list[Example]], rank: int, world: int, group) -> dict | None:
+    """run_eval's work once OUT is held: the expert's entropy, the engine, the benchmarks, the files."""
+    if rank == 0:
+        verify_model_dir(args.model)                       # a damaged checkpoint stops here
     expert = None
     if args.sft_data and rank == 0:  # HF logits; first, so that vLLM gets the memory after
         examples = load_examples(args.sft_data, require_response=True)[: args.sft_examples]

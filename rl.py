@@ -25,10 +25,10 @@ import data
 from chunked_logits import chunked_sum, normed_hidden, select_targets, token_log_probs
 from plumbing import checkpoints, generation, run_dir
 from plumbing.cli import check_settings, parse_config, run_script
-from plumbing.distributed import print0, setup_distributed, shutdown
+from plumbing.distributed import StopSignal, print0, setup_distributed, shutdown
 from plumbing.grading import answer_kind, grade
-from plumbing.models import (clip_grad_norm, cpu_threads_per_rank, load_full_model, make_optimizer,
-                             shard_model)
+from plumbing.models import (check_model_dir, clip_grad_norm, cpu_threads_per_rank, load_full_model,
+                             load_tokenizer, make_optimizer, shard_model)
 
 
 POLICY_LOSSES = ("ppo_clip", "custom_loss_rl")
@@ -252,10 +252,11 @@ class Prompt:
     ids: list[int]   # its token ids
 
 
-def load_prompts(args, tokenizer) -> list[Prompt]:
-    """Every example of the training file whose prompt fits max_prompt_len."""
+def load_prompts(args, tokenizer) -> tuple[list[Prompt], int]:
+    """Every example of the training file whose prompt fits max_prompt_len, and the file's rows."""
     kept, dropped = [], 0
-    for ex in data.load_examples(args.train_file):
+    examples = data.load_examples(args.train_file)
+    for ex in examples:
         text = data.example_prompt(ex, tokenizer, args.system_prompt)
         ids = generation.encode(tokenizer, text)
         if len(ids) > args.max_prompt_len:
@@ -264,7 +265,7 @@ def load_prompts(args, tokenizer) -> list[Prompt]:
             kept.append(Prompt(ex, text, ids))
     print0(f"{args.train_file}: {len(kept)} prompts kept, {dropped} dropped "
            f"(> {args.max_prompt_len} tokens)")
-    return kept
+    return kept, len(examples)
 
 
 def step_prompts(n_prompts, step, args, rank, world):
@@ -353,18 +354,23 @@ def train(args, device, reward_fn=None):
                          f"--mini_batch {args.mini_batch}, and that of the ranks ({world})")
     bf16 = args.bf16 and device.type == "cuda"
     out_dir = Path(args.out_dir)
-    run_dir.claim(out_dir, asdict(args), MAY_CHANGE_ON_RESUME,
-                  resuming=checkpoints.latest(out_dir) is not None)
-    resume_from = checkpoints.resume_point(out_dir)
-    # the engine first: vLLM's share of the GPU must be free when it starts
-    engine, tokenizer = generation.rollout_engine(
-        args.model, args.engine, "bfloat16" if bf16 else "float32", args.seed + rank,
-        args.gpu_memory_utilization, args.max_prompt_len + args.max_response_len, args.vllm_sleep,
-        has_trainer_weights=resume_from is None)
-    prompts = load_prompts(args, tokenizer)
+    stop = StopSignal()                      # SIGTERM / Ctrl-C: finish the step, save, leave
+    check_model_dir(args.model)              # the inputs first: nothing is written till they pass
+    checkpoints.verify_model_dir(args.model, rank0=rank == 0)
+    tokenizer = load_tokenizer(args.model)
+    prompts, rows = load_prompts(args, tokenizer)
     if len(prompts) < args.prompts_per_step:
         raise SystemExit(f"{len(prompts)} prompts are fewer than one step's "
                          f"{args.prompts_per_step}")
+    train_data = {**run_dir.file_identity(args.train_file), "rows": rows} if rank == 0 else None
+    run_dir.claim(out_dir, asdict(args), MAY_CHANGE_ON_RESUME,
+                  resuming=checkpoints.latest(out_dir) is not None, data=train_data)
+    resume_from = checkpoints.resume_point(out_dir)
+    # the engine first: vLLM's share of the GPU must be free when it starts
+    engine, _ = generation.rollout_engine(
+        args.model, args.engine, "bfloat16" if bf16 else "float32", args.seed + rank,
+        args.gpu_memory_utilization, args.max_prompt_len + args.max_response_len, args.vllm_sleep,
+        has_trainer_weights=resume_from is None)
     model = shard_model(load_full_model(args.model, scratch=False, seed=args.seed), device, bf16,
                         args.grad_ckpt, offload=args.offload)
     optimizer = make_optimizer(model, args.lr, args.weight_decay, 0.999, device, args.offload)
@@ -433,13 +439,16 @@ def train(args, device, reward_fn=None):
         records.append(record)
         if log is not None:
             log.write(record)
-        if (args.save_every and step % args.save_every == 0) or step == args.steps:
+        stopping = step < args.steps and stop.requested(device)        # every rank agrees
+        if (args.save_every and step % args.save_every == 0) or step == args.steps or stopping:
             state = checkpoints.trainer_state(model, optimizer, None)
             path = checkpoints.save(out_dir, step, model, tokenizer, state, {"step": step},
                                     dtype=torch.bfloat16 if bf16 else torch.float32,
                                     keep_last=args.keep_last, keep=resume_from)
             last_saved = step
             print0(f"saved {path}")
+        if stopping:
+            run_dir.leave_after_signal(out_dir, step, stop.name, log)
     if log is not None:
         log.close()
     run_dir.release()

@@ -25,7 +25,7 @@ from chunked_logits import (cat_diags, chunked_sum, no_grad_logits, normed_hidde
                             token_log_probs)
 from plumbing import checkpoints, run_dir
 from plumbing.cli import check_settings, parse_config, run_script
-from plumbing.distributed import print0, setup_distributed, shutdown
+from plumbing.distributed import StopSignal, print0, setup_distributed, shutdown
 from plumbing.models import (check_model_dir, clip_grad_norm, cpu_threads_per_rank, load_full_model,
                              load_tokenizer, make_optimizer, shard_model)
 
@@ -308,7 +308,7 @@ def why_not_finite(model, teacher, base, micro_batches, old_logp, args, cfg) -> 
 
 def load_sft_data(args, tokenizer):
     """The tokenised examples (the response and its EOS are trained, the prompt is not), their
-    lengths, and their response-token counts."""
+    lengths, their response-token counts, and the file's rows."""
     examples = data.load_examples(args.train_file, require_response=True)
     dataset, stats = data.build_sft_data(tokenizer, examples, args.max_prompt_len,
                                          args.max_response_len, args.system_prompt)
@@ -320,7 +320,7 @@ def load_sft_data(args, tokenizer):
                          f"batch (--global_batch {args.global_batch})")
     lengths = [len(ids) for ids, _ in dataset]
     n_targets = [int(mask[1:].sum()) for _, mask in dataset]
-    return dataset, lengths, n_targets
+    return dataset, lengths, n_targets, len(examples)
 
 
 def load_models(args, device, bf16):
@@ -341,15 +341,17 @@ def main():
     args, user_loss_cfg = parse_config(Args, cl.LossConfig)
     cfg = cl.config_for(args.loss, user_loss_cfg)
     rank, world, device = setup_distributed(args.dist_timeout_min)
+    stop = StopSignal()                      # SIGTERM / Ctrl-C: finish the data batch, save, leave
     bf16 = args.bf16 and device.type == "cuda"
     out_dir = Path(args.out_dir)
     torch.manual_seed(args.seed)
+    check_model_dir(args.model, weights=not args.scratch)    # the inputs first: nothing is written
+    tokenizer = load_tokenizer(args.model)                    # before they are known good
+    dataset, lengths, n_targets, rows = load_sft_data(args, tokenizer)
     settings = run_dir.settings_of(args, user_loss_cfg)
-    run_dir.claim(out_dir, settings, MAY_CHANGE_ON_RESUME,    # one run per directory
-                  resuming=checkpoints.latest(out_dir) is not None)
-    check_model_dir(args.model, weights=not args.scratch)
-    tokenizer = load_tokenizer(args.model)
-    dataset, lengths, n_targets = load_sft_data(args, tokenizer)
+    train_data = {**run_dir.file_identity(args.train_file), "rows": rows} if rank == 0 else None
+    run_dir.claim(out_dir, settings, MAY_CHANGE_ON_RESUME,    # one run per directory, on one file
+                  resuming=checkpoints.latest(out_dir) is not None, data=train_data)
     batches_per_epoch = len(dataset) // args.global_batch
     total_steps = args.epochs * batches_per_epoch * args.updates_per_batch
     model, teacher, base = load_models(args, device, bf16)
@@ -442,6 +444,10 @@ def main():
                 epoch, batch_idx = epoch + 1, 0
             if args.save_every and step // args.save_every > last_saved // args.save_every:
                 save()                   # (a run stopped by --max_steps resumes at the next batch)
+            if step < last_steps and stop.requested(device):     # every rank agrees
+                if last_saved != step:
+                    save()
+                run_dir.leave_after_signal(out_dir, step, stop.name, log)
         if step == last_steps:
             break
     if last_saved != step:

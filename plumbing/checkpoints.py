@@ -7,6 +7,7 @@ before a resume. Every function here is collective: every rank calls it.
 Resuming loads trainer/.metadata, which torch.distributed.checkpoint unpickles: resume only from your own runs.
 The digests catch damaged files (a truncated write, flipped bits), not a directory crafted to match them."""
 import copy
+import errno
 import hashlib
 import json
 import os
@@ -27,42 +28,41 @@ def save(out_dir: Path, step: int, model, tokenizer, trainer_state: dict, extra_
     """out_dir/step_{step:06d}/: a Hugging Face directory (config.json, model*.safetensors in `dtype`, sharded
     with an index as save_pretrained writes them, tokenizer files) that from_pretrained and vLLM load, plus
     trainer/ (torch.distributed.checkpoint of `trainer_state`: sharded float32 model, optimiser, teacher...),
-    rng_rank{r}.pt per rank and state.json (`extra_state`: counters and data position).
-    Written under a .tmp name and renamed when complete: a crash mid-save never leaves a checkpoint that looks
-    finished. Then, with keep_last > 0, the oldest complete checkpoints beyond the newest keep_last are deleted,
-    never `keep` (the one this run resumed from). Every rank must call it."""
+    rng_rank{r}.pt per rank, state.json (`extra_state`: counters and data position) and sha256.json, the digest
+    of every other file. Written under a .tmp name and renamed when complete: a crash mid-save never leaves a
+    checkpoint that looks finished. A save that cannot fit stops before writing; one that fills the disk
+    anyway is removed and stops every rank with one line. Then, with keep_last > 0, the oldest complete
+    checkpoints beyond the newest keep_last are deleted, never `keep` (the one this run resumed from). Every
+    rank must call it."""
     import torch.distributed.checkpoint as dcp
 
     rank = dist.get_rank()
     final, tmp = out_dir / f"step_{step:06d}", out_dir / f"step_{step:06d}.tmp"
-    need = _tensor_bytes(trainer_state) + sum(p.numel() for p in model.state_dict().values()) * dtype.itemsize
+    failures = []                  # this rank's failed writes; every collective still runs to the end
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
-    free = [shutil.disk_usage(tmp).free if rank == 0 else 0]
+        _attempt(failures, _save_small_files, tmp, model, tokenizer, dtype, extra_state)
+    need = _large_files_bytes(trainer_state, model, dtype)
+    free = [shutil.disk_usage(tmp).free if rank == 0 else 0, bool(failures)]
     dist.broadcast_object_list(free, src=0)                  # one decision for every rank: none is left waiting
-    if need > free[0]:
+    if need > free[0] and not free[1]:
         if rank == 0:
             shutil.rmtree(tmp)
         raise SystemExit(f"{out_dir}: checkpoint step {step} needs {need / 1e9:.2f} GB, the disk has "
                          f"{free[0] / 1e9:.2f} GB free (--keep_last N deletes old checkpoints)")
-    save_hf_weights(model, tmp, dtype, int(max_shard_gb * 2**30), step)
-    dcp.save(trainer_state, checkpoint_id=str(tmp / "trainer"))
-    rng = {"cpu": torch.get_rng_state(), **({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})}
-    torch.save(rng, tmp / f"rng_rank{rank}.pt")
-    dist.barrier()
+    if not free[1]:
+        save_hf_weights(model, tmp, dtype, int(max_shard_gb * 2**30), step, failures)
+        _attempt(failures, dcp.save, trainer_state, checkpoint_id=str(tmp / "trainer"))
+        rng = {"cpu": torch.get_rng_state(),
+               **({"cuda": torch.cuda.get_rng_state()} if torch.cuda.is_available() else {})}
+        _attempt(failures, torch.save, rng, tmp / f"rng_rank{rank}.pt")
+    _stop_if_any_rank_failed(failures, out_dir, step, tmp)
+    digests = file_digests(tmp)   # every file is written (the flag above was a collective)
     if rank == 0:
-        config = copy.deepcopy(model.config)
-        config.dtype = dtype                 # vLLM's and from_pretrained's dtype="auto" read it
-        config.save_pretrained(tmp)
-        if getattr(model, "generation_config", None) is not None:
-            model.generation_config.save_pretrained(tmp)
-        tokenizer.save_pretrained(tmp)
-    dist.barrier()  # every file is written before the digests and the rename
-    digests = file_digests(tmp)
+        _attempt(failures, (tmp / "sha256.json").write_text, json.dumps(digests, indent=1))
+    _stop_if_any_rank_failed(failures, out_dir, step, tmp)
     if rank == 0:
-        (tmp / "sha256.json").write_text(json.dumps(digests, indent=1))
-        (tmp / "state.json").write_text(json.dumps(extra_state, indent=1))  # last file: marks completeness
         shutil.rmtree(final, ignore_errors=True)
         os.replace(tmp, final)
         if keep_last > 0:
@@ -71,6 +71,59 @@ def save(out_dir: Path, step: int, model, tokenizer, trainer_state: dict, extra_
                     shutil.rmtree(old)
     dist.barrier()
     return final
+
+
+def _save_small_files(directory: Path, model, tokenizer, dtype, extra_state: dict) -> None:
+    config = copy.deepcopy(model.config)
+    config.dtype = dtype                 # vLLM's and from_pretrained's dtype="auto" read it
+    config.save_pretrained(directory)
+    if getattr(model, "generation_config", None) is not None:
+        model.generation_config.save_pretrained(directory)
+    tokenizer.save_pretrained(directory)
+    (directory / "state.json").write_text(json.dumps(extra_state, indent=1))
+
+
+def _large_files_bytes(trainer_state, model, dtype) -> int:
+    """What the weights, trainer/ and the RNG files take on disk: their tensors, plus DCP's metadata and each
+    file's rounding to the filesystem's blocks (1% and 16 MiB leave room for both)."""
+    weights = sum(p.numel() for p in model.state_dict().values()) * dtype.itemsize
+    return int((_tensor_bytes(trainer_state) + weights) * 1.01) + (16 << 20)
+
+
+def _attempt(failures: list, write, *args, **kwargs) -> None:
+    """write(*args, **kwargs), a failure kept in `failures` rather than raised: the other ranks must not be
+    left waiting in a collective this rank would skip."""
+    try:
+        write(*args, **kwargs)
+    except (OSError, RuntimeError, _checkpoint_exception()) as e:
+        failures.append(e)
+
+
+def _checkpoint_exception():
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    return CheckpointException   # DCP raises it on every rank when one rank's write failed
+
+
+def _stop_if_any_rank_failed(failures: list, out_dir: Path, step: int, tmp: Path) -> None:
+    """Every rank learns whether any rank failed to write; then all remove the partial checkpoint and stop with
+    one line: a full disk (ENOSPC, or torch's "inline_container" error for it) or the first error."""
+    flag = torch.tensor([float(bool(failures))])
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    if flag.item() == 0:
+        return
+    dist.barrier()
+    if dist.get_rank() == 0:
+        shutil.rmtree(tmp, ignore_errors=True)
+    kept = latest(out_dir)
+    free = shutil.disk_usage(out_dir).free / 1e9
+    text = str(failures[0]).strip().splitlines()[0] if failures else "another rank could not write its part"
+    full = any(getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e) or "inline_container" in str(e)
+               for e in failures)
+    reason = f"the disk is full ({free:.2f} GB free)" if full or free < 0.001 else text
+    kept_text = f"the newest checkpoint is {kept}" if kept else "no checkpoint is kept"
+    raise SystemExit(f"{out_dir}: checkpoint step {step} could not be written: {reason}; it was removed and "
+                     f"{kept_text}")
 
 
 def _tensor_bytes(state) -> int:
@@ -84,11 +137,14 @@ def _tensor_bytes(state) -> int:
     return 0
 
 
-def save_hf_weights(model, directory: Path, dtype: torch.dtype, max_shard_bytes: int, step: int = 0) -> None:
+def save_hf_weights(model, directory: Path, dtype: torch.dtype, max_shard_bytes: int, step: int = 0,
+                    failures: list | None = None) -> None:
     """The model's weights as save_pretrained writes them: model.safetensors, or model-0000i-of-0000n.safetensors
     shards of at most max_shard_bytes (a larger tensor gets its own) and model.safetensors.index.json. Parameters
     are gathered one at a time and written shard by shard, so rank 0 never holds more than one shard.
-    A non-finite weight stops the save on every rank (each holds the same full tensor): no broken model is saved."""
+    A non-finite weight stops the save on every rank (each holds the same full tensor): no broken model is saved.
+    failures: rank 0's failed writes go there and the gathering goes on to the end (every rank takes part)."""
+    failures = [] if failures is None else failures
     tied = model.config.tie_word_embeddings        # safetensors refuses shared storage; HF re-ties on load
     sizes = {name: p.numel() * dtype.itemsize for name, p in model.state_dict().items()
              if not (tied and name == "lm_head.weight")}
@@ -109,13 +165,14 @@ def save_hf_weights(model, directory: Path, dtype: torch.dtype, max_shard_bytes:
         if rank0:
             shard[name] = full.cpu().contiguous()
         if name in closes:
-            if rank0:
-                save_file(shard, directory / closes[name], metadata={"format": "pt"})
+            if rank0 and not failures:
+                _attempt(failures, save_file, shard, directory / closes[name], metadata={"format": "pt"})
             shard = {}
-    if rank0 and len(files) > 1:
+    if rank0 and len(files) > 1 and not failures:
         index = {"metadata": {"total_size": sum(sizes.values())},
                  "weight_map": {name: file for names, file in zip(shards, files) for name in names}}
-        (directory / "model.safetensors.index.json").write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+        text = json.dumps(index, indent=2, sort_keys=True) + "\n"
+        _attempt(failures, (directory / "model.safetensors.index.json").write_text, text)
 
 
 def complete(out_dir: Path) -> list[Path]:
@@ -133,39 +190,38 @@ def file_digests(directory: Path) -> dict[str, str]:
     """{relative path: sha256} of every file below `directory`, the same dict on every rank; the files are
     hashed in parallel, rank r taking every world-th of them (each rank's trainer shard is one file)."""
     files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
-    mine = {}
-    for name in files[dist.get_rank() :: dist.get_world_size()]:
-        h = hashlib.sha256()
-        with open(directory / name, "rb") as f:
-            while block := f.read(1 << 24):
-                h.update(block)
-        mine[name] = h.hexdigest()
+    mine = {name: _sha256(directory / name) for name in files[dist.get_rank() :: dist.get_world_size()]}
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     return {k: v for part in everyone for k, v in sorted(part.items())}
 
 
-def damaged_files(path: Path) -> list[str]:
-    """The files of a complete checkpoint whose digest differs from sha256.json, or that are missing or extra.
-    A checkpoint written before digests existed (no sha256.json) counts as intact."""
+def damaged_files(path: Path) -> list[str] | None:
+    """The files of a complete checkpoint whose digest differs from sha256.json, or that are missing or extra;
+    None when it has no sha256.json (written before digests existed: nothing can be checked)."""
     if not (path / "sha256.json").is_file():
-        return []
+        return None
     try:
         recorded = json.loads((path / "sha256.json").read_text())
     except (ValueError, UnicodeDecodeError):
         return ["sha256.json"]
     found = file_digests(path)
-    found.pop("sha256.json"), found.pop("state.json", None)     # written after the digests
+    found.pop("sha256.json")
+    if "state.json" not in recorded:               # written after the digests before they covered it
+        found.pop("state.json", None)
     return sorted(name for name in recorded.keys() | found.keys() if recorded.get(name) != found.get(name))
 
 
 def resume_point(out_dir: Path) -> Path | None:
     """The newest complete checkpoint whose files match their digests, or None when there is none yet. A damaged
     one is skipped with a message naming its files (the previous one is used); if every one is damaged the run
-    stops rather than silently starting over."""
+    stops rather than silently starting over. A checkpoint without digests is used, and said to be unchecked."""
     done = complete(out_dir)
     for path in reversed(done):
         bad = damaged_files(path)
+        if bad is None:
+            print0(f"checkpoint {path}: no sha256.json, so its files cannot be checked; resuming from it unchecked")
+            return path
         if not bad:
             return path
         print0(f"checkpoint {path}: files do not match their digests ({', '.join(bad[:5])}); trying the previous one")
@@ -174,9 +230,42 @@ def resume_point(out_dir: Path) -> Path | None:
     return None
 
 
+def verify_model_dir(path: str, rank0: bool = True) -> None:
+    """Before evaluate.py or rl.py loads --model: a checkpoint this project saved carries digests, and the files
+    a model loads (config, weights, tokenizer: the top level, not trainer/) must match them, or the run stops
+    naming the damaged files. A directory without digests (a download) is used, and said to be unchecked.
+    Not collective: each caller hashes the files itself."""
+    p = Path(path)
+    if not (p / "sha256.json").is_file():
+        if rank0:
+            print(f"--model {path}: no sha256.json, so its files cannot be checked (a model from elsewhere)",
+                  flush=True)
+        return
+    try:
+        recorded = json.loads((p / "sha256.json").read_text())
+    except (ValueError, UnicodeDecodeError):
+        raise SystemExit(f"--model {path}: sha256.json is not valid JSON") from None
+    loaded = {name: digest for name, digest in recorded.items() if "/" not in name
+              and not name.startswith("rng_rank") and name != "state.json"}
+    bad = sorted(name for name, digest in loaded.items() if _sha256(p / name) != digest)
+    if bad:
+        raise SystemExit(f"--model {path}: files do not match their digests ({', '.join(bad[:5])}): the "
+                         f"checkpoint is damaged")
+
+
+def _sha256(file: Path) -> str | None:
+    if not file.is_file():
+        return None
+    h = hashlib.sha256()
+    with open(file, "rb") as f:
+        while block := f.read(1 << 24):
+            h.update(block)
+    return h.hexdigest()
+
+
 def load(path: Path, trainer_state: dict) -> dict:
     """Loads trainer/ into `trainer_state` in place (same structure as saved) and restores this rank's RNG;
-    returns state.json. RNG files are read with weights_only=True (no pickle)."""
+    returns state.json's counters, checked. RNG files are read with weights_only=True (no pickle)."""
     import torch.distributed.checkpoint as dcp
 
     dcp.load(trainer_state, checkpoint_id=str(path / "trainer"))
@@ -189,9 +278,13 @@ def load(path: Path, trainer_state: dict) -> dict:
     except Exception as e:
         raise SystemExit(f"{rng_file}: not a readable RNG state ({type(e).__name__}: {e})") from None
     try:
-        return json.loads(state_file.read_text())
+        state = json.loads(state_file.read_text())
     except (ValueError, UnicodeDecodeError) as e:
         raise SystemExit(f"{state_file}: not valid JSON ({e})") from None
+    counters = state.items() if isinstance(state, dict) else ()
+    if not state or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for _, v in counters):
+        raise SystemExit(f"{state_file}: expected counters such as {{\"step\": 12}}, got {json.dumps(state)[:80]}")
+    return state
 
 
 def trainer_state(model, optimizer, teacher):

@@ -146,12 +146,25 @@ def check_settings(config, positive=(), non_negative=(), fraction=(), at_least_o
 def run_script(main) -> None:
     """Run a stage script's main() with one error style: a user error (a SystemExit with a message, or a
     FileNotFoundError / ValueError, which the loaders raise naming the file, row or field) prints one line and
-    exits 1. Bugs keep their traceback; CURIOSFT_DEBUG=1 shows it for user errors too."""
+    exits 1. Bugs keep their traceback; CURIOSFT_DEBUG=1 shows it for user errors too. Every exit leaves
+    without the interpreter's teardown (plumbing/distributed.shutdown says why), and other ranks may be blocked
+    in a collective: torchrun then stops them."""
     try:
         main()
+    except SystemExit as e:                            # a one-line refusal, argparse's usage error, or --help
+        code = e.code
+        if isinstance(code, str):
+            print(code, file=sys.stderr)
+        _exit(1 if isinstance(code, str) else code or 0)
     except (FileNotFoundError, ValueError) as e:
         if os.environ.get("CURIOSFT_DEBUG") == "1":
             raise
         rank = f"[rank {dist.get_rank()}] " if dist.is_initialized() and dist.get_world_size() > 1 else ""
-        print(f"{rank}{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr, flush=True)
-        os._exit(1)        # no teardown: other ranks may be blocked in a collective (see shutdown)
+        print(f"{rank}{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
+        _exit(1)
+
+
+def _exit(code: int) -> None:
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)

@@ -2,6 +2,7 @@
 environment; a plain `python sft.py` runs as a world of one, so the same FSDP code path runs either way."""
 import datetime
 import os
+import signal
 import sys
 
 import torch
@@ -44,3 +45,29 @@ def shutdown(exit_code: int = 0):
 def print0(*args):
     if not dist.is_initialized() or dist.get_rank() == 0:
         print(*args, flush=True)
+
+
+STOPPED_EXIT = 75  # EX_TEMPFAIL: stopped by a signal after saving; the same command resumes the run
+
+
+class StopSignal:
+    """SIGTERM (what SLURM sends before its SIGKILL) and SIGINT (Ctrl-C) are noted, not obeyed at once: the
+    trainer asks `requested` where it can save (the end of a data batch) and every rank agrees on the answer (a
+    one-number all-reduce), so all save the same step and leave. A second Ctrl-C stops at once."""
+
+    def __init__(self):
+        self.name = None
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._note)
+
+    def _note(self, signum, frame):
+        if self.name is not None and signum == signal.SIGINT:
+            raise KeyboardInterrupt
+        self.name = signal.Signals(signum).name
+        print(f"[rank {dist.get_rank() if dist.is_initialized() else 0}] {self.name}: the run stops after this "
+              f"step, once it is saved", file=sys.stderr, flush=True)
+
+    def requested(self, device) -> bool:
+        flag = torch.tensor([0.0 if self.name is None else 1.0], device=device)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        return bool(flag.item())

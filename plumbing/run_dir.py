@@ -4,7 +4,9 @@ Shared by sft.py and rl.py: one run per directory (a lock, and the settings that
 checked on resume), stale partial checkpoints removed, and the run's log:
 log.jsonl always (cut back to the resumed step), a console line or a progress bar on rank 0, and optionally
 Weights & Biases and TensorBoard (imported only when asked for; neither is in requirements.txt)."""
+import errno
 import fcntl
+import hashlib
 import json
 import os
 import shutil
@@ -19,15 +21,17 @@ LOGGERS = ("wandb", "tensorboard")
 _HELD = []  # the locks this process holds: released when it exits
 
 
-def claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool):
-    """Every rank calls it; rank 0 does the work before anything is written: lock out_dir for this process's
-    lifetime (the lock's file is returned for tests to close), refuse to resume a run whose defining settings
-    differ from the recorded ones (every setting not in `may_change`), remove step_*.tmp left by an interrupted
-    save, and record the settings in run_config.json. A refusal stops every rank with the same one-line message."""
+def claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool, data: dict | None = None):
+    """Every rank calls it, once the run's inputs are known good; rank 0 does the work: lock out_dir for this
+    process's lifetime (the lock's file is returned for tests to close), refuse to resume a run whose defining
+    settings differ from the recorded ones (every setting not in `may_change`) or whose training data is not the
+    same (`data`: the file, its sha256 and rows), remove step_*.tmp left by an interrupted save and a `stopped`
+    marker, and record the settings in run_config.json. A refusal stops every rank with the same one-line
+    message."""
     lock, error = None, None
     if dist.get_rank() == 0:
         try:
-            lock = _claim(out_dir, settings, may_change, resuming)
+            lock = _claim(out_dir, settings, may_change, resuming, data)
         except SystemExit as e:
             error = str(e)
     outcome = [error]
@@ -43,31 +47,76 @@ def release() -> None:
         _HELD.pop().close()
 
 
-def _claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool):
+def lock_dir(out_dir: Path, what: str = "run"):
+    """Hold out_dir for this process's lifetime, or stop with one line when another process holds it."""
     out_dir.mkdir(parents=True, exist_ok=True)
     lock = open(out_dir / ".lock", "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
-        raise SystemExit(f"{out_dir}: another run is writing to this directory (it holds {lock.name})") from None
-    recorded_file = out_dir / "run_config.json"
-    if resuming and recorded_file.is_file():
-        recorded = json.loads(recorded_file.read_text())
-        recorded = {**recorded.pop("loss_config", {}), **recorded}    # the nested layout of earlier versions
-        settings = json.loads(json.dumps(settings))                      # compare as recorded: tuples are lists
-        changed = sorted(k for k in settings.keys() | recorded.keys()
-                         if k not in may_change and settings.get(k) != recorded.get(k))
-        if changed:
-            lock.close()
-            diffs = ", ".join(f"--{k} {recorded.get(k)!r} -> {settings.get(k)!r}" for k in changed)
-            raise SystemExit(f"{out_dir} holds a run with other settings ({diffs}); resume it with its own settings "
-                             f"or choose another --out_dir")
-    for stale in out_dir.glob("step_*.tmp"):
-        shutil.rmtree(stale)
-    recorded_file.write_text(json.dumps(settings, indent=1))
+        raise SystemExit(f"{out_dir}: another {what} is writing to this directory (it holds {lock.name})") from None
     _HELD.append(lock)
     return lock
+
+
+def _claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool, data: dict | None):
+    lock = lock_dir(out_dir)
+    recorded_file = out_dir / "run_config.json"
+    settings = json.loads(json.dumps(settings))                          # compare as recorded: tuples are lists
+    try:
+        if resuming and recorded_file.is_file():
+            try:
+                recorded = json.loads(recorded_file.read_text())
+            except (ValueError, UnicodeDecodeError) as e:
+                raise SystemExit(f"{recorded_file}: not valid JSON ({e}); the run's settings cannot be "
+                                 f"checked") from None
+            recorded_data = recorded.pop("data", None)
+            recorded = {**recorded.pop("loss_config", {}), **recorded}    # the nested layout of earlier versions
+            changed = sorted(k for k in settings.keys() | recorded.keys()
+                             if k not in may_change and settings.get(k) != recorded.get(k))
+            if changed:
+                diffs = ", ".join(f"--{k} {recorded.get(k)!r} -> {settings.get(k)!r}" for k in changed)
+                raise SystemExit(f"{out_dir} holds a run with other settings ({diffs}); resume it with its own "
+                                 f"settings or choose another --out_dir")
+            if data and recorded_data and recorded_data != data:
+                raise SystemExit(f"{data['file']} is not the file this run started on (then: "
+                                 f"{recorded_data['rows']} rows, sha256 {recorded_data['sha256'][:12]}; now: "
+                                 f"{data['rows']} rows, sha256 {data['sha256'][:12]}): resume with that file "
+                                 f"or choose another --out_dir")
+    except SystemExit:
+        _HELD.remove(lock)
+        lock.close()
+        raise
+    for stale in out_dir.glob("step_*.tmp"):
+        shutil.rmtree(stale)
+    (out_dir / "stopped").unlink(missing_ok=True)
+    write_atomic(recorded_file, json.dumps({**settings, **({"data": data} if data else {})}, indent=1))
+    return lock
+
+
+def leave_after_signal(out_dir: Path, step: int, signal_name: str | None, log) -> None:
+    """A run stopped by SIGTERM or SIGINT once its checkpoint is saved: rank 0 leaves `stopped` in out_dir (for
+    a requeue script: {"step", "signal"}; the next start removes it) and every rank exits with STOPPED_EXIT."""
+    from plumbing.distributed import STOPPED_EXIT, print0, shutdown
+
+    if dist.get_rank() == 0:
+        write_atomic(out_dir / "stopped", json.dumps({"step": step, "signal": signal_name}) + "\n")
+    print0(f"stopped by {signal_name} after step {step}, saved: the same command resumes the run "
+           f"(exit status {STOPPED_EXIT})")
+    if log is not None:
+        log.close()
+    release()
+    shutdown(STOPPED_EXIT)
+
+
+def file_identity(path) -> dict:
+    """What identifies a data file beyond its path: its sha256 and (given by the caller) its rows."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 24):
+            h.update(block)
+    return {"file": str(path), "sha256": h.hexdigest()}
 
 
 class RunLog:
@@ -87,7 +136,7 @@ class RunLog:
             except (ValueError, KeyError, TypeError):
                 if i < len(lines) - 1:                   # only a crash's half-written last line may be dropped
                     raise SystemExit(f"{self.path}, line {i + 1}: not a log record") from None
-        self.path.write_text("".join(line + "\n" for line in kept))
+        write_atomic(self.path, "".join(line + "\n" for line in kept))   # a kill here keeps the old log
         self.file = open(self.path, "a")
         self.bar = None
         if sys.stderr.isatty():
@@ -97,8 +146,13 @@ class RunLog:
         self.backends = [_open_backend(name, out_dir, config or {}, project) for name in loggers]
 
     def write(self, record: dict) -> None:
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        try:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        except OSError as e:
+            if e.errno != errno.ENOSPC:
+                raise
+            raise SystemExit(f"{self.path}: the disk is full: step {record['step']} could not be logged") from None
         line = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
         step = record["step"]
         if self.bar is not None:
@@ -135,7 +189,7 @@ def _open_backend(name: str, out_dir: Path, config: dict, project: str):
 
             run_id_file = out_dir / "wandb_run_id"    # a resumed run continues the same W&B run
             run_id = run_id_file.read_text().strip() if run_id_file.is_file() else wandb.util.generate_id()
-            run_id_file.write_text(run_id)
+            write_atomic(run_id_file, run_id)
             run = wandb.init(project=project, name=out_dir.name, id=run_id, resume="allow", config=config,
                              dir=str(out_dir))
             return lambda record: run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
@@ -162,11 +216,19 @@ def settings_of(*configs) -> dict:
 
 
 def write_atomic(path: Path, text: str) -> None:
-    """Write to a temporary name, then rename: a crash or a full disk never leaves a partial file under `path`
-    (the demo takes an existing results.json as a finished stage)."""
+    """Write to a temporary name, then rename: a crash never leaves a partial file under `path` (the demo takes
+    an existing results.json as a finished stage), and a full disk stops the run with one line, the file as it
+    was before."""
+    path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
         tmp.write_text(text)
         os.replace(tmp, path)
+    except OSError as e:
+        if e.errno != errno.ENOSPC:
+            raise
+        free = shutil.disk_usage(path.parent).free / 1e6
+        raise SystemExit(f"{path}: the disk is full ({free:.1f} MB free): it was not written (an earlier "
+                         f"version, if any, is kept)") from None
     finally:
         tmp.unlink(missing_ok=True)

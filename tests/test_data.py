@@ -100,7 +100,7 @@ def test_example_prompt_paper_or_row_system(tmp_path):
     assert data.example_prompt(with_system, system_prompt="row") == (
         f"<|im_start|>system\nsys<|im_end|>\n<|im_start|>user\n{data.USER_PREFIX}{QUESTION}<|im_end|>\n"
         "<|im_start|>assistant\n<think>\n")
-    with pytest.raises(ValueError, match="row 1: field 'prompt' has no system message"):
+    with pytest.raises(ValueError, match=r"p.jsonl row 1: field 'prompt' has no system message"):
         data.example_prompt(without, system_prompt="row")
     with pytest.raises(ValueError, match="system_prompt 'table7': expected one of paper, row, messages"):
         data.example_prompt(with_system, system_prompt="table7")

@@ -44,7 +44,7 @@ def test_atomic_write_keeps_the_old_file_when_writing_fails(tmp_path, monkeypatc
         raise OSError(28, "No space left on device")
 
     monkeypatch.setattr(Path, "write_text", full_disk)
-    with pytest.raises(OSError):
+    with pytest.raises(SystemExit, match="results.json: the disk is full .*: it was not written"):
         run_dir.write_atomic(target, "new contents")
     assert target.read_text() == "old" and [p.name for p in tmp_path.iterdir()] == ["results.json"]
 
@@ -98,7 +98,8 @@ def test_a_rerun_after_a_crash_keeps_the_finished_benchmarks(checkpoint, tmp_pat
     with pytest.raises(RuntimeError, match="killed"):
         ev.main(argv + ["--out", str(out)])
     first = next(iter(ev.load_benchmarks(str(bench))))
-    assert [p.name for p in (out / "progress").iterdir()] == [f"{first}.json"] and not (out / "results.json").exists()
+    assert [p.name for p in (out / "progress").iterdir()] == [ev.progress_file_name(first)]
+    assert not (out / "results.json").exists()
 
     calls.clear()
     monkeypatch.setattr(ev, "generate", crash_on(0))

@@ -1,14 +1,22 @@
 """Nothing broken is saved or resumed: non-finite weights stop a save, damaged checkpoint files are found by
-their digests and the previous checkpoint is used, unreadable files are named."""
+their digests and the previous checkpoint is used, unreadable files are named, a changed training file or a
+damaged --model is refused, a full disk stops a save with one line, SIGTERM saves and a resume finishes the run
+as if uninterrupted, and a second run on one directory is refused cleanly."""
+import errno
 import json
 import re
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+import evaluate as ev
 from plumbing import checkpoints, models
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture()
@@ -39,7 +47,7 @@ def test_digests_cover_every_file(model_and_tokenizer, tmp_path):
     path = save(*model_and_tokenizer, tmp_path, 1)
     recorded = json.loads((path / "sha256.json").read_text())
     on_disk = {str(p.relative_to(path)) for p in path.rglob("*") if p.is_file()}
-    assert set(recorded) == on_disk - {"sha256.json", "state.json"}
+    assert set(recorded) == on_disk - {"sha256.json"}          # state.json included: a resume reads it
     assert any(name.startswith("trainer/") for name in recorded) and "model.safetensors" in recorded
     assert checkpoints.damaged_files(path) == []
 
@@ -86,6 +94,115 @@ def test_a_checkpoint_that_cannot_fit_on_the_disk_stops_before_writing(model_and
     assert list(tmp_path.iterdir()) == []
 
 
+def test_a_flipped_byte_in_state_json_is_found_and_bad_counters_are_named(model_and_tokenizer, tmp_path):
+    model, tokenizer = model_and_tokenizer
+    first, second = save(model, tokenizer, tmp_path, 1), save(model, tokenizer, tmp_path, 2)
+    state_file = second / "state.json"
+    state_file.write_text(state_file.read_text().replace('"step": 2', '"step": 3'))
+    assert checkpoints.damaged_files(second) == ["state.json"]
+    assert checkpoints.resume_point(tmp_path) == first
+    state = checkpoints.trainer_state(model, torch.optim.AdamW(model.parameters()), None)
+    for bad in ("{}", "[]", '{"step": -1}', '{"step": "2"}'):
+        state_file.write_text(bad)
+        with pytest.raises(SystemExit, match=r"state.json: expected counters such as \{\"step\": 12\}"):
+            checkpoints.load(second, state)
+
+
+def test_a_checkpoint_without_digests_is_resumed_and_said_to_be_unchecked(model_and_tokenizer, tmp_path, capsys):
+    path = save(*model_and_tokenizer, tmp_path, 1)
+    (path / "sha256.json").unlink()
+    assert checkpoints.resume_point(tmp_path) == path
+    assert f"checkpoint {path}: no sha256.json" in capsys.readouterr().out
+
+
+def test_a_write_that_fills_the_disk_removes_the_checkpoint_and_says_so(model_and_tokenizer, tmp_path,
+                                                                        monkeypatch):
+    model, tokenizer = model_and_tokenizer
+    kept = save(model, tokenizer, tmp_path, 1)
+
+    def no_space(*args, **kwargs):
+        raise OSError(errno.ENOSPC, "No space left on device")
+    monkeypatch.setattr(checkpoints, "save_file", no_space)
+    with pytest.raises(SystemExit, match=r"checkpoint step 2 could not be written: the disk is full .*; it was "
+                                         rf"removed and the newest checkpoint is {re.escape(str(kept))}$"):
+        save(model, tokenizer, tmp_path, 2)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000001"]
+
+
+def test_a_save_on_a_nearly_full_filesystem_stops_with_one_line(model_and_tokenizer, tmp_path, monkeypatch):
+    """A real full disk: a tmpfs with room for the pre-check's estimate of one checkpoint and half a checkpoint
+    more (mounting needs root; skipped elsewhere). The second save is stopped by the pre-check; with the
+    estimate forced to 0 and the disk filled to half a checkpoint, by the filesystem's own ENOSPC mid-write."""
+    model, tokenizer = model_and_tokenizer
+    probe = save(model, tokenizer, tmp_path / "probe", 1)
+    size = sum(f.stat().st_size for f in probe.rglob("*") if f.is_file())
+    state = checkpoints.trainer_state(model, torch.optim.AdamW(model.parameters()), None)
+    room = checkpoints._large_files_bytes(state, model, torch.float32) + size // 2
+    mount = tmp_path / "small"
+    mount.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={room // 1024}k", "tmpfs", str(mount)],
+                      capture_output=True).returncode != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    try:
+        first = save(model, tokenizer, mount, 1)
+        with pytest.raises(SystemExit, match=r"checkpoint step 2 needs .* GB free"):
+            save(model, tokenizer, mount, 2)
+        monkeypatch.setattr(checkpoints, "_large_files_bytes", lambda *args: 0)
+        with open(mount / "filler", "wb") as f:                # leave room for half a checkpoint
+            f.write(bytes(shutil.disk_usage(mount).free - size // 2))
+        with pytest.raises(SystemExit, match=r"checkpoint step 2 could not be written: the disk is full .*; it "
+                                             r"was removed and the newest checkpoint is .*step_000001$"):
+            save(model, tokenizer, mount, 2)
+        assert checkpoints.complete(mount) == [first] and checkpoints.damaged_files(first) == []
+        assert not list(mount.glob("*.tmp"))
+    finally:
+        subprocess.run(["umount", "--lazy", str(mount)], check=True)   # a failed write may hold a file
+
+
+@pytest.mark.parametrize("name", ["../../x", "/etc/passwd", "..", ".", "a/b", "\\..\\x", "", "x" * 300,
+                                  "results", "../progress/../../results"])
+def test_a_hostile_data_source_never_names_a_file_outside_progress(tmp_path, name):
+    progress = tmp_path / "out" / "progress"
+    target = progress / ev.progress_file_name(name)
+    assert target.parent == progress and target.name not in (".", "..") and len(target.name) < 100
+    assert target.resolve().parent == progress.resolve()
+    assert ev.progress_file_name(name) != ev.progress_file_name(name + "/")   # distinct names stay distinct
+
+
+def test_a_damaged_model_is_refused_by_evaluate_and_rl(model_and_tokenizer, tmp_path, toy_sft_file, capsys):
+    path = save(*model_and_tokenizer, tmp_path, 1)
+    weights = path / "model.safetensors"
+    raw = bytearray(weights.read_bytes())
+    raw[-5] ^= 0x01
+    weights.write_bytes(bytes(raw))
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(toy_sft_file.read_text())
+    with pytest.raises(SystemExit, match=r"files do not match their digests \(model.safetensors\)"):
+        ev.run_eval(ev.Args(model=str(path), data=str(bench), out=str(tmp_path / "eval"), engine="hf"))
+    proc = subprocess.run([sys.executable, "rl.py", "config/rl_tiny.py", "--model", str(path), "--train_file",
+                           str(toy_sft_file), "--out_dir", str(tmp_path / "rl")],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
+    assert "files do not match their digests (model.safetensors)" in proc.stderr
+    assert not (tmp_path / "rl").exists()                  # nothing written for a refused run
+
+
+def test_two_evaluations_into_one_directory_are_refused(model_and_tokenizer, tmp_path, toy_sft_file):
+    from plumbing import run_dir
+
+    model = save(*model_and_tokenizer, tmp_path, 1)
+    bench = tmp_path / "bench.jsonl"
+    bench.write_text(toy_sft_file.read_text())
+    out = tmp_path / "eval"
+    run_dir.lock_dir(out, "evaluation")                 # the first evaluation (flock: per open file)
+    try:
+        with pytest.raises(SystemExit, match="another evaluation is writing to this directory"):
+            ev.run_eval(ev.Args(model=str(model), data=str(bench), out=str(out), engine="hf"))
+    finally:
+        run_dir.release()
+    assert list(out.iterdir()) == [out / ".lock"]
+
+
 # ---------------------------------------------------------------- whole sft.py runs (subprocesses)
 def run_sft(tiny_model_dir, toy_sft_file, out_dir, *extra, check=True):
     import subprocess
@@ -119,3 +236,63 @@ def test_resume_refuses_other_settings_and_logs_each_step_once(tiny_model_dir, t
     run_sft(tiny_model_dir, toy_sft_file, tmp_path, "--max_steps", "6", "--save_every", "2", "--epochs", "2")
     steps = [json.loads(line)["step"] for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]
+
+
+def test_a_changed_training_file_is_refused_on_resume(tiny_model_dir, toy_sft_file, tmp_path):
+    train = tmp_path / "train.jsonl"
+    train.write_text(toy_sft_file.read_text())
+    out = tmp_path / "run"
+    run_sft(tiny_model_dir, train, out, "--max_steps", "2", "--save_every", "1")
+    lines = train.read_text().splitlines()
+    train.write_text("\n".join(lines[:-1]))                     # the same path, one row fewer
+    proc = run_sft(tiny_model_dir, train, out, "--max_steps", "4", check=False)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
+    assert re.match(rf"{re.escape(str(train))} is not the file this run started on \(then: 40 rows, .*now: 39 "
+                    r"rows", proc.stderr)
+    assert [p.name for p in checkpoints.complete(out)] == ["step_000001", "step_000002"]
+
+
+STOP_AT_STEP_3 = """
+import os, runpy, signal, sys
+from plumbing import run_dir
+write = run_dir.RunLog.write
+def write_then_signal(self, record):
+    write(self, record)
+    if record["step"] == 3:
+        os.kill(os.getpid(), signal.SIGTERM)   # as SLURM does, in the middle of the run
+run_dir.RunLog.write = write_then_signal
+sys.argv = ["sft.py", *sys.argv[1:]]
+runpy.run_path("sft.py", run_name="__main__")
+"""
+
+
+def test_sigterm_saves_and_the_resumed_run_equals_an_uninterrupted_one(tiny_model_dir, toy_sft_file, tmp_path):
+    flags = ["--max_steps", "6", "--epochs", "2", "--save_every", "0"]
+    run_sft(tiny_model_dir, toy_sft_file, tmp_path / "whole", *flags)
+    stopped = tmp_path / "stopped"
+    cmd = [sys.executable, "-c", STOP_AT_STEP_3, "config/sft_tiny.py", "--model", str(tiny_model_dir), "--scratch",
+           "--train_file", str(toy_sft_file), "--out_dir", str(stopped), "--loss", "curio", *flags]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 75, proc.stdout[-2000:] + proc.stderr[-2000:]    # STOPPED_EXIT: requeue me
+    assert "stopped by SIGTERM after step 3, saved" in proc.stdout
+    assert json.loads((stopped / "stopped").read_text()) == {"step": 3, "signal": "SIGTERM"}
+    assert [p.name for p in checkpoints.complete(stopped)] == ["step_000003"]
+    run_sft(tiny_model_dir, toy_sft_file, stopped, *flags)           # the same command resumes
+    assert not (stopped / "stopped").exists()
+    whole, resumed = tmp_path / "whole" / "step_000006", stopped / "step_000006"
+    assert (whole / "model.safetensors").read_bytes() == (resumed / "model.safetensors").read_bytes()
+
+    def losses(run):
+        return [json.loads(line)["loss"] for line in (run / "log.jsonl").read_text().splitlines()]
+    assert losses(stopped) == losses(tmp_path / "whole") and len(losses(stopped)) == 6
+
+
+def test_two_simultaneous_starts_one_runs_one_is_refused_cleanly(tiny_model_dir, toy_sft_file, tmp_path):
+    cmd = [sys.executable, "sft.py", "config/sft_tiny.py", "--model", str(tiny_model_dir), "--scratch",
+           "--train_file", str(toy_sft_file), "--out_dir", str(tmp_path), "--max_steps", "2"]
+    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = sorted((p.wait(timeout=600), p.communicate()[1]) for p in procs)
+    assert [code for code, _ in results] == [0, 1], results           # never 134 (an abort)
+    assert "another run is writing to this directory" in results[1][1] and results[1][1].count("\n") == 1
+    assert [p.name for p in checkpoints.complete(tmp_path)] == ["step_000002"]
