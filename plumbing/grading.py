@@ -13,7 +13,8 @@
   the WHOLE response, no `</think>` needed, scored by math-verify (reward_api.py lines 22-31, 61-68) and by a
   boxed-answer grader (oat_math_grader.py `boxed_reward_fn`, lines 1006-1023), the better of the two (lines 71-76).
   Multiple choice goes through the same code: a letter counts when math-verify or the boxed grader reads it.
-  This mode reproduces their numbers, including what their grader misses (e.g. a ground truth `4.5e33`).
+  This mode reproduces their numbers, including what their grader misses (e.g. a ground truth `4.5e33`) and what it
+  wrongly accepts (its unit words are unescaped regular expressions: `\\boxed{a + b}` is right for `b`).
 
 math-verify can hang (huge expressions); its own timeouts use signal.alarm, which only works in a main thread and
 not inside long C calls. So `grade` grades in worker processes under a wall-clock deadline; an overrunning worker
@@ -39,8 +40,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 import sympy
-from latex2sympy2_extended.math_normalization import _fix_a_slash_b, _fix_fracs, _fix_sqrt
-from latex2sympy2_extended.math_normalization import units as MATHQA_UNITS
+from latex2sympy2_extended.math_normalization import _fix_a_slash_b, _fix_fracs
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from sympy.parsing.sympy_parser import implicit_multiplication_application, parse_expr, standard_transformations
 from tqdm import tqdm
@@ -223,39 +223,69 @@ def mc_answer(text: str) -> str | None:
 # =========================================================================================================
 # Authors mode: math-verify on the whole response, or their boxed-answer grader (oat_math_grader.py)
 # =========================================================================================================
-# oat_math_grader.py's MathQA unit words (lines 52-187) are latex2sympy2_extended's list but for these words.
-_OAT_UNITS = set(MATHQA_UNITS) - {"cent", "children ticket", "digit", "edge", "integerpoint", "m square", "meal",
-                                  "multiple", "pound", "student", "sue"} | {"a", "percent", "m sqaure"}
-_MATHQA_UNIT_WORDS = re.compile(
-    r"(^|\W)(?:" + "|".join(re.escape(u) for u in sorted(_OAT_UNITS, key=len, reverse=True)) + r")s?($|\W)")
+# oat_math_grader.py's unit words (lines 52-185), in their order, then each with an "s" (line 187). They are used as
+# regular expressions, unescaped (line 302): "a ." is "a", a space and any character.
+_OAT_UNIT_TEXTS = (
+    "east", "degree", "mph", "kmph", "ft", "m sqaure", " m east", "sq m", "deg", "mile", "q .", "monkey", "prime",
+    "ratio", "profit of rs", "rd", "o", "gm", "p . m", "lb", "tile", "per", "dm", "lt", "gain", "ab", "way", "west",
+    "a .", "b .", "c .", "d .", "e .", "f .", "g .", "h .", "t", "a", "h", "no change", "men", "soldier", "pie", "bc",
+    "excess", "st", "inches", "noon", "percent", "by", "gal", "kmh", "c", "acre", "rise", "a . m", "th", "π r 2", "sq",
+    "mark", "l", "toy", "coin", "sq . m", "gallon", "° f", "profit", "minw", "yr", "women", "feet", "am", "pm", "hr",
+    "cu cm", "square", "v â € ™", "are", "rupee", "rounds", "cubic", "cc", "mtr", "s", "ohm", "number", "kmph", "day",
+    "hour", "minute", "min", "second", "man", "woman", "sec", "cube", "mt", "sq inch", "mp", "∏ cm ³", "hectare",
+    "more", "sec", "unit", "cu . m", "cm 2", "rs .", "rs", "kg", "g", "month", "km", "m", "cm", "mm", "apple", "liter",
+    "loss", "yard", "pure", "year", "increase", "decrease", "d", "less", "Surface", "litre", "pi sq m", "s .", "metre",
+    "meter", "inch")
+_OAT_UNIT_PATTERNS = [re.compile(r"(^|\W)" + unit + r"($|\W)") for unit in (*_OAT_UNIT_TEXTS,
+                                                                              *(u + "s" for u in _OAT_UNIT_TEXTS))]
 _LOOSE_UNIT_WORDS = re.compile(  # no word boundaries, as there: "parameter" loses its "meter"
     r"(?:degree|cm|centimeter|meter|mile|second|minute|hour|day|week|month|year|foot|feet|inch|yard)"
     r"(es)?(s)? *(\^[0-9]+)?")
 
 
+def _oat_fix_sqrt(s: str) -> str:
+    """oat_math_grader.py `_fix_sqrt`, lines 245-257: \\sqrt3 -> \\sqrt{3}; "\\sqrt 3" -> "\\sqrt{ }3" (spaces go
+    later), and an IndexError for a "\\sqrt" at the very end."""
+    head, *pieces = s.split("\\sqrt")
+    return head + "".join("\\sqrt" + (p if p[0] == "{" else "{" + p[0] + "}" + p[1:]) for p in pieces)
+
+
 def _hendrycks_normalize(answer: str) -> str:
-    """MATH's answer normalisation as oat_math_grader.py lines 37-48 and 190-350 apply it (`mathd_normalize_answer`):
-    unwrap \\text{}, drop \\left/\\right, units and unit words, degrees, dollars, percent, a short "x =" prefix and
-    spaces; canonical \\frac, \\sqrt and a/b."""
-    s = answer.strip()
-    if m := re.fullmatch(r"\\text\{(.+)\}", s):
-        s = m[1].strip()
-    s = s.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
+    """MATH's answer normalisation as oat_math_grader.py applies it (`mathd_normalize_answer` and `_strip_string`,
+    lines 37-48 and 190-350), quirks included: unwrap \\text{}, drop \\left/\\right, a trailing \\text{...}, unit
+    words, degrees, dollars, percent, a short "x =" prefix and spaces; canonical \\frac, \\sqrt and a/b. The unit
+    words are unescaped regular expressions there, so "a + b" loses "a +" to the unit "a ." and reads "b". Any
+    error on the way (a second "\\text{ ", a "\\sqrt" or "\\frac" at the end) leaves the answer as it was."""
+    answer = answer.strip()
+    if m := re.fullmatch(r"\\text\{(.+?)\}", answer):
+        answer = m[1].strip()
+    s = answer.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
     s = re.sub(r"\\begin\{array\}\{.*?\}", r"\\begin{pmatrix}", s).replace("\\end{array}", "\\end{pmatrix}")
     s = s.replace("bmatrix", "pmatrix").replace("tfrac", "frac").replace("dfrac", "frac")
     s = s.replace("\\neq", "\\ne").replace("\\leq", "\\le").replace("\\geq", "\\ge")
     s = s.replace("\\left", "").replace("\\right", "")
     s = re.sub(r"\\text\{.*?\}$", "", s).strip() or s  # a trailing unit
     for _ in range(2):
-        s = _MATHQA_UNIT_WORDS.sub(r"\1\2", s) or s
+        for unit in _OAT_UNIT_PATTERNS:
+            s = unit.sub(r"\1\2", s) or s
     s = s.replace("^{\\circ}", "").replace("^\\circ", "").replace("\\$", "")
-    s = s.split("\\text{ ")[0].replace("\\%", "")
-    s = s.replace(" .", " 0.").replace("{.", "{0.")
+    if "\\text{ " in s:  # a unit on the right; their assert fails on a second one
+        s, *rest = s.split("\\text{ ")
+        if len(rest) != 1:
+            return answer
+    s = s.replace("\\%", "").replace(" .", " 0.").replace("{.", "{0.")
     if s.startswith("."):
         s = "0" + s
     if s.count("=") == 1 and len(s.split("=")[0]) <= 2:
         s = s.split("=")[1]
-    s = _fix_fracs(_fix_sqrt(s).replace(" ", ""))
+    try:
+        s = _oat_fix_sqrt(s).replace(" ", "")
+    except IndexError:
+        return answer
+    pieces = s.split("\\frac")
+    if "" in pieces[1:]:  # their _fix_fracs indexes an empty piece
+        return answer
+    s = _fix_fracs(s)
     return _fix_a_slash_b("\\frac{1}{2}" if s == "0.5" else s)
 
 

@@ -126,9 +126,12 @@ INTERVAL_WITHOUT_IN = [  # OlympiadBench's "t(0,4]" lost its "\in"
     ("\\boxed{(0,4]}", "$t(0,4]$", 1), ("\\boxed{t \\in (0, 4]}", "$t(0,4]$", 1), ("\\boxed{(0,4)}", "$t(0,4]$", 0),
     ("\\boxed{[0,4]}", "$t(0,4]$", 0),
 ]
+NOT_UNITS = [  # the authors' grader reads "a + b" as "b" (unit words as unescaped regexes); here it stays wrong
+    ("\\boxed{a + b}", "b", 0), ("\\boxed{c + 1}", "1", 0), ("\\boxed{e + 5}", "5", 0), ("\\boxed{a + b}", "a + b", 1),
+]
 MATH_CASES = [(T + a, gt, "math", e) for cases in (GENERAL, SCIENTIFIC_NOTATION, PYTHON_SYNTAX, UNICODE,
                                                    DOLLARS_IN_GROUND_TRUTH, SYMBOLS, VARIABLES_NOT_UNITS, PERCENT,
-                                                   INTERVAL_WITHOUT_IN) for a, gt, e in cases]
+                                                   INTERVAL_WITHOUT_IN, NOT_UNITS) for a, gt, e in cases]
 THINK_RULE = [  # the paper grades the text after the LAST </think>; no </think>, no credit
     ("\\boxed{3}", "3", "math", 0), ("<think>\\boxed{3}</think> so the answer is \\boxed{4}", "3", "math", 0),
     ("<think>a</think>\\boxed{4} wait</think>\\boxed{3}", "3", "math", 1), ("\\boxed{C}", "C", "mc", 0),
@@ -233,6 +236,9 @@ AUTHORS_CASES = [  # (response, ground truth, expected)
     ("ANSWER: C", "C", 0),  # a bare letter: neither grader reads it, in the authors' own code either
     ("\\boxed{4.5 \\times 10^{33}}", "4.5e33", 0),  # what their grader misses (the paper mode gets it right)
     ("\\boxed{5 \\text{ apples}}", "5", 1), ("\\boxed{k=5}", "5", 1), ("\\boxed{\\text{Evelyn}}", "\\text{Evelyn}", 1),
+    # their unit words are unescaped regular expressions: "a .", "c .", "e .", "q ." eat a letter, a space and one more
+    ("\\boxed{a + b}", "b", 1), ("\\boxed{c + 1}", "1", 1), ("\\boxed{e + 5}", "5", 1), ("\\boxed{q + r}", "r", 1),
+    ("\\boxed{a - b}", "b", 1), ("\\boxed{a + b}", "a", 0), ("\\boxed{a+b}", "b", 0), ("\\boxed{x + y}", "y", 0),
 ]
 
 
@@ -248,6 +254,12 @@ def test_authors_boxed_grader_follows_their_logic():
     # their sympy step: fractions must match as written, integers stay integers, sympy for the rest
     assert gr._sympy_grade("(1, \\frac{1}{2})", "(1,0.5)") and not gr._sympy_grade("\\frac{2}{4}", "\\frac{1}{2}")
     assert not gr._sympy_grade("2.5", "2") and gr._sympy_grade("3 million", "3*10^6")
+    # their _strip_string as written: unit words as regular expressions, "\sqrt 3" before spaces go, and an error
+    # (a second "\text{ ", a "\sqrt" or "\frac" at the end) leaves the answer as it came
+    assert gr._hendrycks_normalize("a + b") == "b" and gr._hendrycks_normalize("s . t") == "0."
+    assert gr._hendrycks_normalize("\\sqrt 3") == "\\sqrt{}3" and gr._hendrycks_normalize("\\sqrt3") == "\\sqrt{3}"
+    for broken in ("k = 2\\text{ x}+\\text{ y}7", "k = x\\sqrt", "k = 1+\\frac"):
+        assert gr._hendrycks_normalize(broken) == broken
     # only the last \boxed{...} counts, and only when it is followed by "{"
     assert gr.boxed_answer_correct("\\boxed{4} no, \\boxed{3}", "3")
     assert not gr.boxed_answer_correct("\\boxed{3} \\boxed 4", "3")
