@@ -298,19 +298,21 @@ _PLAIN_MACROS = {  # what pylatexenc writes for the commands answers use; the re
     **{g.capitalize(): unicodedata.lookup("GREEK CAPITAL LETTER " + g.upper().replace("LAMB", "LAM")) for g in _GREEK},
     "phi": "ϕ", "epsilon": "ϵ", "pi": "pi", "infty": "inf", "cup": "U", "cdot": "*", "times": "*", "pm": "±",
     "in": "∈", "le": "≤", "leq": "≤", "ge": "≥", "geq": "≥", "ne": "≠", "neq": "≠", "circ": "∘", "prime": "'",
-    "%": "%"}
+    "odot": "⊙", "hbar": "ħ", "%": "%"}
 
 
 def _latex_to_plain(expr: str) -> str:
     """LaTeX to the plain text sympy reads, as the pylatexenc latex2text call of oat_math_grader.py lines 687-702
     does it for the commands answers use: \\frac{a}{b} -> a/b (no parentheses, as pylatexenc writes it),
-    \\sqrt{x} -> sqrt(x), \\text{x} -> x, \\pi -> pi, \\cdot -> *, Greek letters -> Unicode, unknown commands
-    dropped."""
+    \\sqrt{x} and \\sqrt2 -> sqrt(x), sqrt(2), \\text{x} -> x, braces of sub- and superscripts dropped (x^{2+1} ->
+    x^2+1), \\pi -> pi, \\cdot -> *, Greek letters and a few symbols -> Unicode, unknown commands dropped."""
     expr = re.sub(r"\\[dt]frac", r"\\frac", expr).replace("\\left", "").replace("\\right", "")
     for _ in range(8):  # innermost first
         expr = re.sub(r"\\frac\s*(?:\{([^{}]*)\}|([^\s{}\\]))\s*(?:\{([^{}]*)\}|([^\s{}\\]))",  # \\frac{a}{b}, \\frac65
                       lambda m: f" {m[1] or m[2]}/{m[3] or m[4]}", expr)
-        expr = re.sub(r"\\sqrt\s*(?:\[[^\]]*\])?\s*\{([^{}]*)\}", r"sqrt(\1)", expr)
+        expr = re.sub(r"\\sqrt\s*(?:\[[^\]]*\])?\s*(?:\{([^{}]*)\}|(\\[A-Za-z]+|[^\s{}\\[]))",  # \\sqrt{x}, \\sqrt2
+                      lambda m: f"sqrt({m[1] if m[1] is not None else m[2]})", expr)
+        expr = re.sub(r"([_^])\s*\{([^{}]*)\}", r"\1\2", expr)  # x_{red} -> x_red, x^{2+1} -> x^2+1
         expr = re.sub(r"\\(?:text|textbf|mathrm|mathbf|mbox)\s*\{([^{}]*)\}", r"\1", expr)
     return re.sub(r"\\([A-Za-z]+|%)", lambda m: _PLAIN_MACROS.get(m[1], ""), expr).strip()
 

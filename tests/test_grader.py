@@ -260,6 +260,9 @@ def test_authors_boxed_grader_follows_their_logic():
     assert gr._hendrycks_normalize("\\sqrt 3") == "\\sqrt{}3" and gr._hendrycks_normalize("\\sqrt3") == "\\sqrt{3}"
     for broken in ("k = 2\\text{ x}+\\text{ y}7", "k = x\\sqrt", "k = 1+\\frac"):
         assert gr._hendrycks_normalize(broken) == broken
+    # pylatexenc's text: \sqrt2 -> sqrt(2), the braces of a subscript dropped, \frac{a}{b} -> a/b
+    assert gr._loose_normalize("\\frac{c}{\\sqrt 2}") == "c/sqrt(2)"
+    assert gr._loose_normalize("\\frac{\\lambda_{\\text{red}}}{\\sqrt{2}}") == "λ_red/sqrt(2)"
     # only the last \boxed{...} counts, and only when it is followed by "{"
     assert gr.boxed_answer_correct("\\boxed{4} no, \\boxed{3}", "3")
     assert not gr.boxed_answer_correct("\\boxed{3} \\boxed 4", "3")
