@@ -1,20 +1,27 @@
 # Plumbing (a reader of the method may skip this file): grading of model responses for evaluate.py and the RL
 # reward (paper Sec. 5.1, App. E). It imports no torch, so its worker processes start several times faster than ones
 # importing torch would, and take 58 MiB instead of 334.
-"""Is a response right? Two modes (`evaluate.py --grading`):
+"""Is a response right? Three modes (`evaluate.py --grading`, `rl.py --reward`):
 
-- "paper" (default): the paper's rule, also its RL reward (App. E; the authors' training reward,
-  reward_impl_version=1, custom_verl/recipe/curio_sft/reward_function/reward_api.py lines 47-59): only the text
-  after the last `</think>` counts and a response without one is wrong. Math answers are judged by math-verify after
-  both sides are normalised the same way (`normalize_answer`, `gold_latex`); multiple choice by the option label the
-  text names (`mc_answer`).
+- "paper" (default): the paper's rule, for its evaluation and its RL reward (App. E): only the text after the last
+  `</think>` counts and a response without one is wrong. Math answers are judged by math-verify after both sides
+  are normalised the same way (`normalize_answer`, `gold_latex`); multiple choice by the option label the text
+  names (`mc_answer`).
 - "authors": the authors' validation reward (reward_impl_version=0, which their eval scripts
   scripts/3_eval_math.sh and 4_eval_ood_*.sh get from main_ppo.py line 218), which produced the paper's tables:
   the WHOLE response, no `</think>` needed, scored by math-verify (reward_api.py lines 22-31, 61-68) and by a
   boxed-answer grader (oat_math_grader.py `boxed_reward_fn`, lines 1006-1023), the better of the two (lines 71-76).
   Multiple choice goes through the same code: a letter counts when math-verify or the boxed grader reads it.
-  This mode reproduces their numbers, including what their grader misses (e.g. a ground truth `4.5e33`) and what it
-  wrongly accepts (its unit words are unescaped regular expressions: `\\boxed{a + b}` is right for `b`).
+- "authors_rl": the authors' RL training reward (reward_impl_version=1, scripts/2_rl.sh line 81): math-verify on
+  the text after the last `</think>` (none: 0, reward_api.py lines 47-59), or the boxed grader on the last
+  `\\boxed{}` of the WHOLE response, reasoning included (reward_manager.py line 58 always sets oat_grader).
+
+The authors' modes grade the text with its end token (`graded_text`) and reproduce their grader's mistakes: what
+it misses (a ground truth `4.5e33`, an unboxed `7/12` just before the end token) and what it wrongly accepts (its
+unit words are unescaped regular expressions: `\\boxed{a + b}` is right for `b`). They do not reproduce their time
+limits within a response (5 s for math-verify, 1 s in the boxed grader's math-verify step; here `grader_timeout`
+bounds the whole response, as their server's 10 s does), their guard against long repetitive answers, or
+pylatexenc's LaTeX-to-text step, which `_latex_to_plain` approximates for the commands answers use.
 
 math-verify can hang (huge expressions); its own timeouts use signal.alarm, which only works in a main thread and
 not inside long C calls. So `grade` grades in worker processes under a wall-clock deadline; an overrunning worker
@@ -48,7 +55,7 @@ from tqdm import tqdm
 # math-verify logs every timeout together with the whole (possibly huge) input.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
-GRADING_MODES = ("paper", "authors")
+GRADING_MODES = ("paper", "authors", "authors_rl")
 MC_LABEL = re.compile(r"[A-J1-9]")  # option labels; 22 ARC-Challenge questions number their options 1-4
 
 
@@ -56,6 +63,14 @@ def answer_kind(data_source: str, ground_truth: str) -> str:
     """"mc" for a multiple-choice benchmark whose ground truth is an option label, else "math"."""
     mc = data_source.lower().startswith(("arc", "gpqa", "mmlu"))
     return "mc" if mc and MC_LABEL.fullmatch(ground_truth.strip()) else "math"
+
+
+def graded_text(text: str, stop_text: str, grading: str) -> str:
+    """The text `grading` grades of a response decoded without its end token (`stop_text`, "" when none ended it).
+    The authors' modes grade it with the end token: their rollouts stop on it (agent_loop/custom_loop.py line 97),
+    vLLM keeps it, and their reward manager decodes without skipping special tokens (reward_manager.py line 106).
+    That changes what math-verify reads at the very end: "is 7/12<|im_end|>" reads as 7."""
+    return text if grading == "paper" else text + stop_text
 
 
 def final_answer_text(response: str) -> str | None:
@@ -435,12 +450,13 @@ def boxed_answer_correct(response: str, ground_truth: str, timeout_s: int | None
             or _math_verify_boxed_grade(given, truth, timeout_s))
 
 
-def _score_authors(response: str, ground_truth: str, timeout_s: int | None) -> float:
-    """The authors' validation reward (reward_api.py `process_single_item_worker` with reward_impl_version=0,
-    lines 34-84): math-verify on the whole response, else the boxed grader; their errors score 0, as there."""
+def _score_authors(solution: str, response: str, ground_truth: str, timeout_s: int | None) -> float:
+    """The authors' reward (reward_api.py `process_single_item_worker`, lines 34-84): math-verify on `solution`,
+    else their boxed grader on the whole `response` (reward_manager.py line 58 always sets oat_grader, lines 71-76
+    take the better); their errors score 0, as there."""
     try:
         gold = parse("$" + ground_truth + "$", parsing_timeout=timeout_s)
-        if verify(gold, parse(response, parsing_timeout=timeout_s), timeout_seconds=timeout_s):
+        if verify(gold, parse(solution, parsing_timeout=timeout_s), timeout_seconds=timeout_s):
             return 1.0
     except Exception:
         pass
@@ -452,11 +468,13 @@ def _score_authors(response: str, ground_truth: str, timeout_s: int | None) -> f
 
 def _score(response: str, ground_truth: str, kind: str, grading: str, timeout_s: int | None) -> float:
     """1.0 if the response is right, else 0.0. Raises on grader errors (paper mode)."""
-    if grading == "authors":
-        return _score_authors(response, ground_truth, timeout_s)
+    if grading == "authors":  # reward_impl_version=0: math-verify reads the whole response
+        return _score_authors(response, response, ground_truth, timeout_s)
     answer = final_answer_text(response)
-    if answer is None:
+    if answer is None:  # every mode but "authors" (reward_api.py lines 49-59)
         return 0.0
+    if grading == "authors_rl":  # reward_impl_version=1: math-verify reads the text after </think>
+        return _score_authors(answer, response, ground_truth, timeout_s)
     if kind == "mc":
         return float(mc_answer(answer) == ground_truth.strip().upper())
     return float(math_answer_correct(answer, ground_truth, timeout_s))

@@ -240,11 +240,49 @@ AUTHORS_CASES = [  # (response, ground truth, expected)
     ("\\boxed{a + b}", "b", 1), ("\\boxed{c + 1}", "1", 1), ("\\boxed{e + 5}", "5", 1), ("\\boxed{q + r}", "r", 1),
     ("\\boxed{a - b}", "b", 1), ("\\boxed{a + b}", "a", 0), ("\\boxed{a+b}", "b", 0), ("\\boxed{x + y}", "y", 0),
 ]
+END = "<|im_end|>"
+END_TOKEN = [  # (response without its end token, ground truth, the authors' score without it, with it)
+    ("The probability is 7/12", "\\frac{7}{12}", 1, 0), ("The answer is 2^10", "1024", 1, 0),
+    ("x = 3/4", "\\frac{3}{4}", 1, 0), ("The answer is 84/2", "42", 1, 0),  # math-verify reads 7, 2, 3, 84
+    ("so 7/12.", "\\frac{7}{12}", 0, 1),  # and the other way round
+    ("The answer is $\\frac{7}{12}$.", "\\frac{7}{12}", 1, 1), ("The answer is 7/12 exactly.", "\\frac{7}{12}", 1, 1),
+    ("\\boxed{7/12}", "\\frac{7}{12}", 1, 1), ("The answer is 42", "42", 1, 1), ("\\boxed{2^{10}}", "1024", 1, 1),
+    ("The answer is 2^10", "2", 0, 1),  # wrong, and right for them
+]
+AUTHORS_RL_CASES = [  # (response, ground truth, expected): the authors' RL reward
+    ("<think>so \\boxed{3}</think> That is all.", "3", 1),  # boxed only in the reasoning: their boxed grader reads it
+    ("<think>\\boxed{3}</think> so the answer is \\boxed{4}", "3", 0),  # the last \boxed{} counts
+    ("<think>a</think>\\boxed{4} wait</think>\\boxed{3}", "3", 1), ("<think>x</think>\\boxed{4}", "3", 0),
+    ("<think>\\boxed{3}", "3", 0), ("\\boxed{3}", "3", 0),  # no </think>: 0 before either grader
+    ("<think>x</think> The answer is $3$.", "3", 1),  # math-verify on the text after </think>
+    ("<think>The answer is $3$.</think> That is all.", "3", 0),  # ... and only there
+    ("<think>x</think> The probability is 7/12" + END, "\\frac{7}{12}", 0),
+    ("<think>x</think>\\boxed{a + b}", "b", 1),  # the same boxed grader, unit words included
+]
 
 
 @pytest.mark.parametrize("response,gt,expected", AUTHORS_CASES)
 def test_authors_grading(response, gt, expected):
     assert gr.grade_one(response, gt, gr.answer_kind("gpqa", gt), grading="authors") == expected
+
+
+@pytest.mark.parametrize("text,gt,without_end,with_end", END_TOKEN)
+@pytest.mark.parametrize("end", ["<|im_end|>", "<|endoftext|>"])
+def test_the_authors_grade_the_text_with_its_end_token(text, gt, without_end, with_end, end):
+    assert gr.grade_one(gr.graded_text(text, "", "authors"), gt, grading="authors") == without_end
+    assert gr.grade_one(gr.graded_text(text, end, "authors"), gt, grading="authors") == with_end
+    assert gr.grade_one(gr.graded_text(T + text, end, "authors_rl"), gt, grading="authors_rl") == with_end
+    assert gr.graded_text(T + text, end, "paper") == T + text  # the paper's rule grades the text alone
+
+
+@pytest.mark.parametrize("response,gt,expected", AUTHORS_RL_CASES)
+def test_authors_rl_reward(response, gt, expected):
+    assert gr.grade_one(response, gt, grading="authors_rl") == expected
+
+
+def test_a_right_answer_boxed_in_the_reasoning_earns_the_authors_reward_only():
+    response = "<think>so \\boxed{3}</think> That is all."
+    assert (gr.grade_one(response, "3", grading="authors_rl"), gr.grade_one(response, "3")) == (1, 0)
 
 
 def test_authors_boxed_grader_follows_their_logic():
@@ -272,12 +310,14 @@ def test_authors_boxed_grader_follows_their_logic():
 # ---------------------------------------------------------------------------------------------------------
 # Worker processes
 # ---------------------------------------------------------------------------------------------------------
-def test_grade_batched_matches_grade_one_in_both_modes():
-    responses, gts, kinds, expected = map(list, zip(*(PAPER_CASES[::8] + THINK_RULE)))
-    assert gr.grade(responses, gts, kinds, timeout_s=20, workers=2) == (expected, 0)
-    authors = [gr.grade_one(r, g, k, grading="authors") for r, g, k in zip(responses, gts, kinds)]
-    assert gr.grade(responses, gts, kinds, timeout_s=20, workers=2, grading="authors") == (authors, 0)
-    assert authors != expected  # the modes differ on these cases (the </think> rule, 4.5e33, bare letters)
+def test_grade_batched_matches_grade_one_in_every_mode():
+    cases = PAPER_CASES[::8] + THINK_RULE + [(r, g, "math", e) for r, g, e in AUTHORS_RL_CASES]
+    responses, gts, kinds, _ = map(list, zip(*cases))
+    by_mode = {}
+    for grading in gr.GRADING_MODES:
+        by_mode[grading] = [gr.grade_one(r, g, k, grading=grading) for r, g, k in zip(responses, gts, kinds)]
+        assert gr.grade(responses, gts, kinds, timeout_s=20, workers=2, grading=grading) == (by_mode[grading], 0)
+    assert len({tuple(scores) for scores in by_mode.values()}) == 3  # the modes differ on these cases
     with pytest.raises(ValueError, match="unknown grading 'oat'"):
         gr.grade(responses, gts, kinds, grading="oat")
 
