@@ -32,7 +32,7 @@ from plumbing import report
 from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import print0, setup_distributed, shutdown
 from plumbing.generation import ENGINES, Engine, Sample, encode, engine_kind, generate, load_engine
-from plumbing.grading import GRADING_MODES, answer_kind, grade
+from plumbing.grading import GRADING_MODES, answer_kind, grade, graded_text
 from plumbing.run_dir import write_atomic
 
 
@@ -83,7 +83,7 @@ class Args:
     grader_workers: int = 4
     """grader processes"""
     grading: Literal[GRADING_MODES] = "paper"
-    """paper: the text after </think>, math-verify | authors: their grader (plumbing/grading.py)"""
+    """paper: App. E's rule | authors: the authors' evaluation | authors_rl: their RL reward"""
     sft_data: str = ""
     """optional SFT file: also measure the entropy at its expert tokens (Fig. 2a/b)"""
     sft_examples: int = 256
@@ -206,7 +206,8 @@ def sample_and_grade(engine: Engine, tokenizer, name: str, examples: list[Exampl
                             "kind": answer_kind(name, ex.ground_truth), "sample": j,
                             "response": s.text, "length": len(s.token_ids),
                             "finish_reason": s.finish_reason})
-    scores, failures = grade([r["response"] for r in records], [r["ground_truth"] for r in records],
+    texts = [graded_text(s.text, s.stop_text, args.grading) for q in samples for s in q]
+    scores, failures = grade(texts, [r["ground_truth"] for r in records],
                              [r["kind"] for r in records], args.grader_timeout, args.grader_workers,
                              args.grading)
     for r, s in zip(records, scores):

@@ -26,7 +26,7 @@ from chunked_logits import chunked_sum, normed_hidden, select_targets, token_log
 from plumbing import checkpoints, generation, run_dir
 from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import print0, setup_distributed, shutdown
-from plumbing.grading import answer_kind, grade
+from plumbing.grading import GRADING_MODES, answer_kind, grade, graded_text
 from plumbing.models import clip_grad_norm, load_full_model, make_optimizer, shard_model
 
 
@@ -68,6 +68,8 @@ class Args:
     """ppo_clip: GRPO's (Sec. 5.2) | custom_loss_rl: the authors' scripts' (`clipped_loss`)"""
     loss_agg: Literal[LOSS_AGGS] = "token_mean"
     """how a mini-batch's per-token losses are combined (`loss_denominator`)"""
+    reward: Literal[GRADING_MODES] = "paper"
+    """paper: App. E's rule | authors_rl: the authors' RL reward | authors: their evaluation's"""
     temperature: float = 1.0
     """rollout temperature; the trainer scores tokens at the same temperature (Table 6)"""
     top_p: float = 0.95
@@ -131,13 +133,15 @@ MAY_CHANGE_ON_RESUME = {"out_dir", "steps", "save_every", "keep_last", "loggers"
 # ================================================================================================
 # ALGO LOGIC: reward, group advantages, the clipped surrogate, the loss of one micro-batch
 # ================================================================================================
-def math_reward(samples, examples, timeout_s=10.0, workers=4):
-    """App. E: 1 when the response closes </think> and the text after it verifies against the
-    ground truth with math-verify (an option label for multiple choice), else 0. The reward hook's
-    contract: (samples, examples) -> (rewards, grader failures)."""
+def math_reward(samples, examples, grading="paper", timeout_s=10.0, workers=4):
+    """App. E ("paper"): 1 when the response closes </think> and the text after it verifies against
+    the ground truth with math-verify (an option label for multiple choice), else 0. "authors_rl":
+    the authors' reward, which also counts the last \\boxed{} of the whole response, reasoning
+    included (plumbing/grading.py). The reward hook's contract: (samples, examples) -> (rewards,
+    grader failures)."""
     kinds = [answer_kind(ex.data_source, ex.ground_truth) for ex in examples]
-    return grade([s.text for s in samples], [ex.ground_truth for ex in examples], kinds, timeout_s,
-                 workers)
+    texts = [graded_text(s.text, s.stop_text, grading) for s in samples]
+    return grade(texts, [ex.ground_truth for ex in examples], kinds, timeout_s, workers, grading)
 
 
 def group_advantages(rewards, eps=1e-6):
@@ -345,7 +349,8 @@ def train(args, device, reward_fn=None):
     defaults to math_reward. Returns the log records (every rank computes them)."""
     if reward_fn is None:
         def reward_fn(samples, examples):
-            return math_reward(samples, examples, args.grader_timeout, args.grader_workers)
+            return math_reward(samples, examples, args.reward, args.grader_timeout,
+                               args.grader_workers)
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.prompts_per_step % args.mini_batch or args.mini_batch % world:
         raise SystemExit(f"--prompts_per_step {args.prompts_per_step} must be a multiple of "

@@ -10,6 +10,7 @@ clip_low = 0.2
 clip_high = 0.28
 policy_loss = "ppo_clip"     # GRPO with DAPO's clip-higher
 loss_agg = "token_mean"      # the paper does not say: verl's default, DAPO's token-level mean
+reward = "paper"             # App. E: math-verify on the text after </think>
 temperature = 1.0
 top_p = 0.95
 max_prompt_len = 1024
