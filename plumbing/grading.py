@@ -5,8 +5,8 @@
 
 - "paper" (default): the paper's rule, for its evaluation and its RL reward (App. E): only the text after the last
   `</think>` counts and a response without one is wrong. Math answers are judged by math-verify after both sides
-  are normalised the same way (`normalize_answer`, `gold_latex`); multiple choice by the option label the text
-  names (`mc_answer`).
+  are normalised the same way (`normalize_answer`, `gold_latex`), numbers by their relative error too; multiple
+  choice by the option label the text names (`mc_answer`).
 - "authors": the authors' validation reward (reward_impl_version=0, which their eval scripts
   scripts/3_eval_math.sh and 4_eval_ood_*.sh get from main_ppo.py line 218), which produced the paper's tables:
   the WHOLE response, no `</think>` needed, scored by math-verify (reward_api.py lines 22-31, 61-68) and by a
@@ -109,6 +109,7 @@ _ANSWER_REWRITES = [  # (pattern, replacement), applied in order
     # Scientific notation: 4.5e33 would parse as Euler's e times 33; 4.5 x 10^33 as a variable x.
     (re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d+)(?!\w)(?!\.\d)"), r"\1\\times 10^{\2}"),
     (re.compile(r"(\d)\s*x\s*(?=10\s*\^)"), r"\1\\times "),
+    (re.compile(r"\^\s*([-+])\s*(\d+(?:\.\d+)?)"), r"^{\1\2}"),  # 10^-27: in LaTeX only the sign is raised
     # Python/NumPy syntax: np.arcsin(10/13), -1./3 (which would read as -1).
     (re.compile(r"\b(?:np|numpy|math|sp|sympy)\.(arcsin|arccos|arctan|sinh|cosh|tanh|sin|cos|tan|exp|sqrt|pi)\b"),
      r"\\\1"),
@@ -128,7 +129,7 @@ _ANSWER_REWRITES = [  # (pattern, replacement), applied in order
 def normalize_answer(text: str) -> str:
     """Rewrite forms math-verify misreads into ones it reads right, the same for a response and a ground truth:
     Unicode (full-width digits, degree sign, minus, times, superscripts), scientific notation (4.5e33,
-    4.5 x 10^33), Python/NumPy syntax (np.arcsin, -1./3), subscripts with commands or text, E_1, \\gamma."""
+    4.5 x 10^33, 10^-27), Python/NumPy syntax (np.arcsin, -1./3), subscripts with commands or text, E_1, \\gamma."""
     text = text.translate(_UNICODE) if not text.isascii() else text
     for pattern, replacement in _ANSWER_REWRITES:
         text = pattern.sub(replacement, text)
@@ -159,10 +160,36 @@ _WITHOUT_UNITS = LatexExtractionConfig(
 _UNIT_MARKUP = re.compile(r"\\(?:text|mbox|mathrm)")
 
 
+_RELATIVE_TOLERANCE = 1e-4
+
+
+def _real_value(expr) -> sympy.Float | None:
+    """The value of a parsed answer that is a real number (of an equation's right side: "x = 5"), else None."""
+    if isinstance(expr, sympy.Eq):
+        expr = expr.rhs
+    if not isinstance(expr, sympy.Expr) or not expr.is_number:
+        return None
+    value = sympy.N(expr, 30)
+    return value if value.is_real else None
+
+
+def _numbers_disagree(gold: list, predicted: list) -> bool:
+    """Both sides are real numbers, further apart than _RELATIVE_TOLERANCE of the larger. math-verify compares
+    numbers with absolute tolerances (floats rounded to 6 decimals; other expressions evaluated to 15 digits, with
+    anything below about 1e-15 chopped to 0), so 1.325e-26 passed for 1.325e-27 and 0.0000002 for 1e-7. From
+    about 0.01 up its rounding is as tight as this, so its verdict stands there. Percentages keep math-verify's
+    reading (9% is 9 or 0.09)."""
+    if not gold or not predicted or "%" in str(gold[-1]) + str(predicted[-1]):
+        return False
+    g, p = _real_value(gold[0]), _real_value(predicted[0])
+    return g is not None and p is not None and abs(g - p) > _RELATIVE_TOLERANCE * max(abs(g), abs(p))
+
+
 def math_answer_correct(answer: str, ground_truth: str, timeout_s: int | None = None) -> bool:
-    """math-verify's verdict on `answer` (a response tail) against `ground_truth`, both normalised alike.
-    Raises ValueError if the ground truth parses to nothing. timeout_s: math-verify's own signal.alarm limits
-    (only possible in a main thread); None = unbounded, the caller bounds the time.
+    """math-verify's verdict on `answer` (a response tail) against `ground_truth`, both normalised alike, where
+    two numbers must also agree to a relative 1e-4 (`_numbers_disagree`). Raises ValueError if the ground truth
+    parses to nothing. timeout_s: math-verify's own signal.alarm limits (only possible in a main thread); None =
+    unbounded, the caller bounds the time.
 
     Two ground-truth classes need more than rewriting. A bare letter after an expression ("\\frac{37}{4} m",
     "\\frac{1}{\\sqrt{2}} c", "6m") is a variable of the question, which math-verify drops as a unit (m = metres);
@@ -180,7 +207,8 @@ def math_answer_correct(answer: str, ground_truth: str, timeout_s: int | None = 
     if "%" in gold:
         golds.append(parse("$" + gold.replace("\\%", "").replace("%", "") + "$", parsing_timeout=timeout_s))
     predicted = parse(normalize_answer(answer), [config, ExprExtractionConfig()], parsing_timeout=timeout_s)
-    return any(verify(g, predicted, timeout_seconds=timeout_s) for g in golds)  # gold first
+    return any(verify(g, predicted, timeout_seconds=timeout_s) and not _numbers_disagree(g, predicted)
+               for g in golds)  # gold first
 
 
 # =========================================================================================================

@@ -7,6 +7,7 @@ import sys
 import textwrap
 import threading
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import pandas as pd
@@ -126,12 +127,41 @@ INTERVAL_WITHOUT_IN = [  # OlympiadBench's "t(0,4]" lost its "\in"
     ("\\boxed{(0,4]}", "$t(0,4]$", 1), ("\\boxed{t \\in (0, 4]}", "$t(0,4]$", 1), ("\\boxed{(0,4)}", "$t(0,4]$", 0),
     ("\\boxed{[0,4]}", "$t(0,4]$", 0),
 ]
+
+
+def number_forms(mantissa: str, exponent: int) -> list[tuple[str, str, int]]:
+    """(answer, ground truth, expected) for the ground truth `mantissa`e`exponent`, as Minerva writes it: the number
+    however written is right; another exponent, mantissa or sign is wrong."""
+    m, e = Decimal(mantissa), exponent
+    right = [f"{m}e{e}", f"{m}E{e:+d}", f"{m} \\times 10^{{{e}}}", f"{m}\\times10^{{{e}}}", f"{m} \\cdot 10^{{{e}}}",
+             f"{m} x 10^{e}", f"{m * 10} \\times 10^{{{e - 1}}}", f"{m / 10} \\times 10^{{{e + 1}}}",
+             f"{m.scaleb(e):f}", f"\\frac{{{m}}}{{10^{{{-e}}}}}" if e < 0 else f"{m}\\cdot10^{{{e}}}",
+             f"{m} \\times 10^{{{e}}} \\text{{ J}}", f"x = {m} \\times 10^{{{e}}}"]
+    wrong = [f"{m} \\times 10^{{{e + 1}}}", f"{m} \\times 10^{{{e - 1}}}", f"{m}e{e + 2}", f"{m} \\times 10^{{{-e}}}",
+             f"{m * 10} \\times 10^{{{e}}}", f"{m.scaleb(e - 1):f}", f"{m + Decimal('0.01')} \\times 10^{{{e}}}",
+             f"-{m} \\times 10^{{{e}}}", "0"]
+    return [(f"\\boxed{{{a}}}", f"{mantissa}e{exponent}", int(a in right)) for a in right + wrong]
+
+
+# math-verify compared numbers with absolute tolerances (1.325e-26 passed for 1.325e-27); Minerva's physics answers
+# live down there. Real ground truths from 1e-27 to 1e33, and one far below any of them.
+NUMBERS_BY_RELATIVE_ERROR = [case for m, e in [("1.325", -27), ("4.6", -24), ("2.88", -19), ("7.4", -12), ("3.89", -10),
+                                               ("1", -8), ("5.89", -7), ("1.45", -5), ("6.5", -2), ("1.7", 4),
+                                               ("4.5", 33), ("2.5", -40)] for case in number_forms(m, e)] + [
+    ("\\boxed{0.0000002}", "1e-7", 0), ("\\boxed{0.0000001}", "1e-7", 1),  # floats were rounded to 6 decimals
+    ("\\boxed{0.000067}", ".0000672", 0), ("\\boxed{6.72 \\times 10^{-5}}", ".0000672", 1),
+    ("\\boxed{0.0000001}", "0", 0), ("\\boxed{1.3 \\times 10^{-27}}", "1.325e-27", 0),
+    # from 0.01 up math-verify's verdict stands: six decimals, a percentage read either way
+    ("\\boxed{0.333333}", "\\frac{1}{3}", 1), ("\\boxed{0.333}", "\\frac{1}{3}", 0),
+    ("\\boxed{0.012346}", "0.01234567", 1),
+    ("\\boxed{8\\%}", "8", 1), ("\\boxed{2^-10}", "\\frac{1}{1024}", 1), ("\\boxed{2^-9}", "\\frac{1}{1024}", 0),
+]
 NOT_UNITS = [  # the authors' grader reads "a + b" as "b" (unit words as unescaped regexes); here it stays wrong
     ("\\boxed{a + b}", "b", 0), ("\\boxed{c + 1}", "1", 0), ("\\boxed{e + 5}", "5", 0), ("\\boxed{a + b}", "a + b", 1),
 ]
 MATH_CASES = [(T + a, gt, "math", e) for cases in (GENERAL, SCIENTIFIC_NOTATION, PYTHON_SYNTAX, UNICODE,
                                                    DOLLARS_IN_GROUND_TRUTH, SYMBOLS, VARIABLES_NOT_UNITS, PERCENT,
-                                                   INTERVAL_WITHOUT_IN, NOT_UNITS) for a, gt, e in cases]
+                                                   INTERVAL_WITHOUT_IN, NUMBERS_BY_RELATIVE_ERROR, NOT_UNITS) for a, gt, e in cases]
 THINK_RULE = [  # the paper grades the text after the LAST </think>; no </think>, no credit
     ("\\boxed{3}", "3", "math", 0), ("<think>\\boxed{3}</think> so the answer is \\boxed{4}", "3", "math", 0),
     ("<think>a</think>\\boxed{4} wait</think>\\boxed{3}", "3", "math", 1), ("\\boxed{C}", "C", "mc", 0),
