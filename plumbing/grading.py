@@ -160,6 +160,11 @@ _WITHOUT_UNITS = LatexExtractionConfig(
 _UNIT_MARKUP = re.compile(r"\\(?:text|mbox|mathrm)")
 
 
+# An option label before its value, as AMC answers are often boxed: \boxed{\textbf{(B) }142} is 142.
+_OPTION_BEFORE_VALUE = re.compile(
+    r"(\\boxed\s*\{|\$|\\\(|\\\[)\s*(?:\\(?:textbf|text|textrm|mathrm|mathbf)\s*\{\s*\([A-E]\)\s*\}|\([A-E]\))"
+    r"(?:\s|~|\\[ ,;:!]|\\q?quad(?![A-Za-z]))*(?=[-+.\d]|\\(?:[dt]?frac|sqrt|pi)(?![A-Za-z]))")
+_OPTION_LABEL = re.compile(r"\([A-E]\)")
 _RELATIVE_TOLERANCE = 1e-4
 
 
@@ -191,10 +196,11 @@ def math_answer_correct(answer: str, ground_truth: str, timeout_s: int | None = 
     parses to nothing. timeout_s: math-verify's own signal.alarm limits (only possible in a main thread); None =
     unbounded, the caller bounds the time.
 
-    Two ground-truth classes need more than rewriting. A bare letter after an expression ("\\frac{37}{4} m",
+    Three classes need more than rewriting. A bare letter after an expression ("\\frac{37}{4} m",
     "\\frac{1}{\\sqrt{2}} c", "6m") is a variable of the question, which math-verify drops as a unit (m = metres);
     when the ground truth writes no unit markup, both sides are then parsed with units kept. A percentage
-    ("62.5%") also accepts the bare number (62.5) besides the fraction (0.625)."""
+    ("62.5%") also accepts the bare number (62.5) besides the fraction (0.625). An option label before a value
+    ("\\textbf{(B) }142") is dropped unless the ground truth is itself an option ("\\text{(C)}")."""
     gold = gold_latex(ground_truth)
     config = _WITH_UNITS
     golds = [parse(f"${gold}$", [config, ExprExtractionConfig()], parsing_timeout=timeout_s)]
@@ -206,7 +212,10 @@ def math_answer_correct(answer: str, ground_truth: str, timeout_s: int | None = 
         raise ValueError(f"math-verify cannot parse the ground truth {ground_truth!r}")
     if "%" in gold:
         golds.append(parse("$" + gold.replace("\\%", "").replace("%", "") + "$", parsing_timeout=timeout_s))
-    predicted = parse(normalize_answer(answer), [config, ExprExtractionConfig()], parsing_timeout=timeout_s)
+    answer = normalize_answer(answer)
+    if not _OPTION_LABEL.search(gold):
+        answer = _OPTION_BEFORE_VALUE.sub(r"\1", answer)
+    predicted = parse(answer, [config, ExprExtractionConfig()], parsing_timeout=timeout_s)
     return any(verify(g, predicted, timeout_seconds=timeout_s) and not _numbers_disagree(g, predicted)
                for g in golds)  # gold first
 

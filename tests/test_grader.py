@@ -156,12 +156,26 @@ NUMBERS_BY_RELATIVE_ERROR = [case for m, e in [("1.325", -27), ("4.6", -24), ("2
     ("\\boxed{0.012346}", "0.01234567", 1),
     ("\\boxed{8\\%}", "8", 1), ("\\boxed{2^-10}", "\\frac{1}{1024}", 1), ("\\boxed{2^-9}", "\\frac{1}{1024}", 0),
 ]
+OPTION_WITH_VALUE = [  # AMC's ground truths are numbers ("142.0"); a boxed answer may name its option too
+    ("\\boxed{\\textbf{(B) }142}", "142.0", 1), ("\\boxed{\\text{(B) } 142}", "142.0", 1),
+    ("\\boxed{(B) 142}", "142.0", 1), ("\\boxed{\\textbf{(B)}\\ 142}", "142.0", 1),
+    ("\\boxed{\\mathrm{(B)}\\quad 142}", "142.0", 1), ("\\boxed{(B)~142}", "142.0", 1),
+    ("\\boxed{\\textbf{(B) } 142.0}", "142.0", 1), ("$\\textbf{(B) }142$", "142.0", 1),
+    ("\\(\\textbf{(E)}\\ 8178\\)", "8178.0", 1), ("\\boxed{\\textbf{(A) }-4}", "-4.0", 1),
+    ("\\boxed{\\textbf{(C) }\\frac{1}{2}}", "0.5", 1), ("\\boxed{（Ｂ） 142}", "142.0", 1),
+    ("\\boxed{\\textbf{(B) }143}", "142.0", 0), ("\\boxed{\\textbf{(B) }1420}", "142.0", 0),
+    ("\\boxed{\\textbf{(A) }4}", "-4.0", 0), ("\\boxed{\\textbf{(B)}}", "142.0", 0), ("\\boxed{B}", "142.0", 0),
+    # a ground truth that is itself an option keeps the label
+    ("\\boxed{\\text{(C)}}", "\\text{(C)}", 1), ("\\boxed{(C)}", "\\text{(C)}", 1),
+    ("\\boxed{\\text{(B)}}", "\\text{(C)}", 0),
+]
 NOT_UNITS = [  # the authors' grader reads "a + b" as "b" (unit words as unescaped regexes); here it stays wrong
     ("\\boxed{a + b}", "b", 0), ("\\boxed{c + 1}", "1", 0), ("\\boxed{e + 5}", "5", 0), ("\\boxed{a + b}", "a + b", 1),
 ]
 MATH_CASES = [(T + a, gt, "math", e) for cases in (GENERAL, SCIENTIFIC_NOTATION, PYTHON_SYNTAX, UNICODE,
                                                    DOLLARS_IN_GROUND_TRUTH, SYMBOLS, VARIABLES_NOT_UNITS, PERCENT,
-                                                   INTERVAL_WITHOUT_IN, NUMBERS_BY_RELATIVE_ERROR, NOT_UNITS) for a, gt, e in cases]
+                                                   INTERVAL_WITHOUT_IN, NUMBERS_BY_RELATIVE_ERROR, OPTION_WITH_VALUE,
+                                                   NOT_UNITS) for a, gt, e in cases]
 THINK_RULE = [  # the paper grades the text after the LAST </think>; no </think>, no credit
     ("\\boxed{3}", "3", "math", 0), ("<think>\\boxed{3}</think> so the answer is \\boxed{4}", "3", "math", 0),
     ("<think>a</think>\\boxed{4} wait</think>\\boxed{3}", "3", "math", 1), ("\\boxed{C}", "C", "mc", 0),
