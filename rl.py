@@ -66,6 +66,8 @@ class Args:
     """eps_high: the ratio is clipped above at 1 + eps_high (Table 6: DAPO's clip-higher)"""
     policy_loss: Literal[POLICY_LOSSES] = "ppo_clip"
     """ppo_clip: GRPO's (Sec. 5.2) | custom_loss_rl: the authors' scripts' (`clipped_loss`)"""
+    clip_ratio_c: float | None = None
+    """ppo_clip's dual-clip: for A < 0 the loss is at most -A * this (verl's 3) | none: no cap"""
     loss_agg: Literal[LOSS_AGGS] = "token_mean"
     """how a mini-batch's per-token losses are combined (`loss_denominator`)"""
     reward: Literal[GRADING_MODES] = "paper"
@@ -121,6 +123,12 @@ class Args:
             at_least_one=["steps", "prompts_per_step", "rollouts", "mini_batch", "micro_batch",
                           "max_prompt_len", "max_response_len", "loss_chunk", "sync_bucket_mb",
                           "gen_batch_size", "grader_workers"])
+        if self.clip_ratio_c is not None:
+            if not self.clip_ratio_c > 1:                   # verl asserts it too
+                raise SystemExit(f"--clip_ratio_c {self.clip_ratio_c!r}: must be > 1 (or none)")
+            if self.policy_loss != "ppo_clip":
+                raise SystemExit(f"--clip_ratio_c {self.clip_ratio_c!r}: only --policy_loss "
+                                 f"ppo_clip has a dual clip")
 
 
 # settings a resumed run may change: they change nothing it computes (run_dir.claim checks the rest)
@@ -159,28 +167,34 @@ def group_advantages(rewards, eps=1e-6):
     return adv.float(), (adv == 0).all(-1)
 
 
-def clipped_loss(lp, old_lp, adv, clip_low, clip_high, policy_loss="ppo_clip"):
+def clipped_loss(lp, old_lp, adv, clip_low, clip_high, policy_loss="ppo_clip", clip_ratio_c=None):
     """Per-token policy loss and diagnostics, r = pi_theta / pi_old, clip(r) = r clipped to
     [1 - eps_low, 1 + eps_high].
     ppo_clip (GRPO with clip-higher): max(-A r, -A clip(r)). With A > 0 only the upper clip can bind
     (r > 1 + eps_high: no gradient), with A < 0 only the lower one; eps_high > eps_low lets unlikely
-    good tokens grow further, against entropy collapse.
+    good tokens grow further, against entropy collapse. With clip_ratio_c (dual-clip, Ye et al.
+    2020, as verl's vanilla loss): for A < 0 at most -A clip_ratio_c, no gradient beyond.
     custom_loss_rl (the authors' scripts): min(-A log pi, -A clip(r)). For A < 0 the first term is
     the smaller (-A log pi <= 0 < -A clip(r)): REINFORCE, never clipped; for A > 0 the second:
     gradient -A r inside the range, none outside it on either side.
-    The clip fractions count the tokens whose gradient a clip cut off; "kl" is Schulman's k3
-    estimate of KL(pi_old || pi_theta), r - 1 - log r ("Approximating KL Divergence", 2020)."""
+    The clip fractions count the tokens whose gradient a clip cut off (clip_high: the ratio above
+    its upper bound, the dual clip's included); "kl" is Schulman's k3 estimate of
+    KL(pi_old || pi_theta), r - 1 - log r ("Approximating KL Divergence", 2020)."""
     log_ratio = (lp - old_lp).clamp(-20.0, 20.0)                    # verl's guard against overflow
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1 - clip_low, 1 + clip_high)
+    dual = torch.zeros_like(ratio, dtype=torch.bool)
     if policy_loss == "ppo_clip":
         loss, low_binds = torch.maximum(-adv * ratio, -adv * clipped), adv < 0
+        if clip_ratio_c is not None:
+            dual = (adv < 0) & (ratio > clip_ratio_c)
+            loss = torch.where(adv < 0, torch.minimum(loss, -adv * clip_ratio_c), loss)
     elif policy_loss == "custom_loss_rl":
         loss, low_binds = torch.minimum(-adv * lp, -adv * clipped), adv > 0
     else:
         raise ValueError(f"policy_loss {policy_loss!r}: expected one of {', '.join(POLICY_LOSSES)}")
     with torch.no_grad():
-        diag = {"clip_high": ((adv > 0) & (ratio > 1 + clip_high)).float(),
+        diag = {"clip_high": (((adv > 0) & (ratio > 1 + clip_high)) | dual).float(),
                 "clip_low": (low_binds & (ratio < 1 - clip_low)).float(),
                 "kl": ratio - 1 - log_ratio}
     return loss, diag
@@ -202,7 +216,8 @@ def micro_batch_loss(model, mb: MicroBatch, args):
     def chunk_loss(h_c, y_c, old_c, adv_c):
         logits = model.lm_head(h_c).float() / args.temperature          # [n, V]
         lp, _ = cl.student_log_prob(logits, y_c)
-        loss, diag = clipped_loss(lp, old_c, adv_c, args.clip_low, args.clip_high, args.policy_loss)
+        loss, diag = clipped_loss(lp, old_c, adv_c, args.clip_low, args.clip_high, args.policy_loss,
+                                  args.clip_ratio_c)
         return loss.sum(), diag
 
     return chunked_sum(chunk_loss, args.loss_chunk, h, y, mb.old_lp, mb.adv)

@@ -9,6 +9,7 @@ lr = 1e-6
 clip_low = 0.2
 clip_high = 0.28
 policy_loss = "ppo_clip"     # GRPO with DAPO's clip-higher
+clip_ratio_c = None          # no dual clip: the paper names none (verl's vanilla loss caps at -3A for A < 0)
 loss_agg = "token_mean"      # the paper does not say: verl's default, DAPO's token-level mean
 reward = "paper"             # App. E: math-verify on the text after </think>
 temperature = 1.0

@@ -164,11 +164,11 @@ PRESETS = {
         max_response_len=8192, offload=True)),
     "config/rl_paper.py": ((rl.Args,), dict(
         steps=500, prompts_per_step=128, rollouts=8, mini_batch=64, lr=1e-6, clip_low=0.2, clip_high=0.28,
-        policy_loss="ppo_clip", loss_agg="token_mean", reward="paper", temperature=1.0,
+        policy_loss="ppo_clip", clip_ratio_c=None, loss_agg="token_mean", reward="paper", temperature=1.0,
         top_p=0.95, system_prompt="paper")),
     "config/rl_authors.py": ((rl.Args,), dict(
         steps=500, prompts_per_step=128, rollouts=8, mini_batch=32, lr=1e-6, clip_low=0.2, clip_high=0.2,
-        policy_loss="custom_loss_rl", loss_agg="seq_sum_over_max_len", reward="authors_rl",
+        policy_loss="custom_loss_rl", clip_ratio_c=None, loss_agg="seq_sum_over_max_len", reward="authors_rl",
         temperature=1.0, top_p=1.0, system_prompt="messages", offload=True)),
     "config/eval_paper.py": ((evaluate.Args,), dict(
         n=8, n_mmlu_pro=1, temperature=0.6, top_p=0.95, max_new_tokens=8192, system_prompt="paper", grading="paper")),

@@ -90,6 +90,41 @@ def test_unknown_recipe_values_stop_before_anything_loads(world_of_one, flag, va
         rl.train(rl.Args(**{flag: value}, model="/nonexistent"), world_of_one)
 
 
+def test_dual_clip_is_verls_vanilla_loss_and_only_caps_negative_advantages():
+    """--clip_ratio_c against verl's compute_policy_loss_vanilla, as the authors' fork writes it
+    (custom_verl/verl/trainer/ppo/core_algos.py lines 858-883), on ratios far off policy on both sides."""
+    def verl_vanilla(lp, old, adv, low, high, c):
+        ratio = torch.exp((lp - old).clamp(-20.0, 20.0))
+        clip_pg_losses1 = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - low, 1 + high))
+        clip_pg_losses2 = torch.min(-adv * c, clip_pg_losses1)
+        return torch.where(adv < 0, clip_pg_losses2, clip_pg_losses1)
+
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(4000, generator=g, dtype=torch.float64) * 5
+    lp = (old + torch.randn(4000, generator=g, dtype=torch.float64) * 1.5).requires_grad_()
+    adv = torch.randn(4000, generator=g, dtype=torch.float64)
+    loss, diag = rl.clipped_loss(lp, old, adv, 0.2, 0.28, "ppo_clip", clip_ratio_c=3.0)
+    torch.testing.assert_close(loss, verl_vanilla(lp, old, adv, 0.2, 0.28, 3.0), rtol=0, atol=0)
+    plain, plain_diag = rl.clipped_loss(lp, old, adv, 0.2, 0.28)
+    ratio = (lp - old).exp().detach()
+    capped = (adv < 0) & (ratio > 3.0)
+    assert capped.sum() > 100 and (loss[capped] == -3.0 * adv[capped]).all() and (loss < plain)[capped].all()
+    assert torch.equal(loss[~capped], plain[~capped])                     # the cap changes nothing else
+    loss.sum().backward()
+    assert (lp.grad[capped] == 0).all()                                    # no gradient beyond the cap
+    assert torch.equal(diag["clip_high"], (plain_diag["clip_high"].bool() | capped).float())
+
+
+@pytest.mark.parametrize("kw,message", [(dict(clip_ratio_c=1.0), "--clip_ratio_c 1.0: must be > 1"),
+                                        (dict(clip_ratio_c=float("nan")), "--clip_ratio_c nan: must be > 1"),
+                                        (dict(clip_ratio_c=3.0, policy_loss="custom_loss_rl"),
+                                         "--clip_ratio_c 3.0: only --policy_loss ppo_clip has a dual clip")])
+def test_bad_dual_clip_settings_are_one_line_errors(kw, message):
+    with pytest.raises(SystemExit, match=message):
+        rl.Args(**kw)
+    assert rl.Args(clip_ratio_c=3.0).clip_ratio_c == 3.0
+
+
 def test_math_reward_grades_as_its_reward_says():
     """paper: the text after </think>, alone. authors_rl: the authors' reward, with the end token the engine stopped
     on (an unboxed 7/12 just before it reads as 7) and the last \\boxed{} of the whole response."""
