@@ -225,7 +225,8 @@ def micro_batch_loss(model, mb: MicroBatch, args):
 
 def loss_denominator(mbs: list[MicroBatch], args, device):
     """What a mini-batch's summed per-token loss is divided by, over all ranks. token_mean: its
-    response tokens (DAPO's token-level mean; the paper does not say). seq_sum_over_max_len: its
+    response tokens (DAPO's token-level mean; the paper does not say; verl 0.5's "token-mean" is
+    another, a mean per micro-batch: docs/recipes.md). seq_sum_over_max_len: its
     sequences x max_response_len, i.e. each sequence's token sum / max_response_len averaged over
     sequences (the authors' scripts: micro-batches of one sequence)."""
     if args.loss_agg == "token_mean":
