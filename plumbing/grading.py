@@ -619,7 +619,7 @@ def _stop_workers() -> None:
 def grade(responses: list[str], ground_truths: list[str], kinds: list[str], timeout_s: float = 10.0,
           workers: int = 4, grading: str = "paper") -> tuple[list[float], int]:
     """(scores, n_failures). A response whose grading raises or overruns timeout_s scores 0 and is a failure.
-    grading: "paper" or "authors" (see the module docstring)."""
+    grading: one of GRADING_MODES (see the module docstring)."""
     _check_grading(grading)
     scores, failures = [0.0] * len(responses), 0
     todo = deque(range(len(responses)))
@@ -627,7 +627,10 @@ def grade(responses: list[str], ground_truths: list[str], kinds: list[str], time
     with _POOL_LOCK, tqdm(total=len(responses), desc="grading", disable=len(responses) < 1000) as bar:
         _POOL[:] = [w for w in _POOL if w.process.poll() is None]
         _POOL.extend(_start_worker() for _ in range(min(max(workers, 1), len(responses)) - len(_POOL)))
-        while todo or busy:
+        # Called from a thread, also until every worker is ready: one still starting has not armed PR_SET_PDEATHSIG,
+        # and would outlive the thread if the thread ended first. (The main thread ends with the process.)
+        from_thread = threading.current_thread() is not threading.main_thread()
+        while todo or busy or (from_thread and not all(w.ready for w in _POOL)):
             for slot, w in enumerate(_POOL):
                 if todo and w.ready and slot not in busy:
                     i = todo.popleft()

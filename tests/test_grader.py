@@ -389,14 +389,18 @@ def test_grade_from_a_thread():
     out = {}
 
     def work():
+        gr.grade([T + "\\boxed{1}"], ["1"], ["math"], workers=1)
+        # the ready worker grades both while a second one still starts: grade() returns once that one is ready too,
+        # else it would not yet have armed PR_SET_PDEATHSIG when this thread ends
         out["batched"] = gr.grade([T + "\\boxed{\\frac{1}{2}}", T + "\\boxed{2}"], ["0.5", "3"], ["math"] * 2,
                                   workers=2)
+        out["ready"] = [w.ready for w in gr._POOL]
         out["one"] = gr.grade_one(T + "\\boxed{(1,2)}", "(1, 2)")
 
     thread = threading.Thread(target=work)
     thread.start()
     thread.join(60)
-    assert out == {"batched": ([1.0, 0.0], 0), "one": 1.0}
+    assert out == {"batched": ([1.0, 0.0], 0), "ready": [True, True], "one": 1.0}
     if sys.platform.startswith("linux"):  # workers die with the thread that started them (PR_SET_PDEATHSIG) ...
         assert _wait_gone([w.process.pid for w in gr._POOL], 5.0)
     # ... and the next call replaces them
