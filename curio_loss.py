@@ -272,8 +272,9 @@ def ce_loss(logits, targets, cfg: LossConfig = LossConfig()):
 
 
 def entropy_reg_loss(logits, targets, cfg: LossConfig = LossConfig(), bonus_mask=None):
-    """CE - coef * H (Eq. 2). bonus_mask [N] (bool): the bonus only where it is True, as the top-20%
-    variant (Sec. 3, Table 1) takes it on the micro-batch's highest-entropy tokens (`top_entropy_mask`)."""
+    """CE - coef * H (Eq. 2). bonus_mask [N] (bool): the bonus only where it is True, as the
+    top-20% variant (Sec. 3, Table 1) takes it on the micro-batch's highest-entropy tokens
+    (`top_entropy_mask`)."""
     lp, _ = student_log_prob(logits, targets)
     h = entropy(logits)
     bonus = h if bonus_mask is None else torch.where(bonus_mask, h, 0.0)
@@ -281,9 +282,10 @@ def entropy_reg_loss(logits, targets, cfg: LossConfig = LossConfig(), bonus_mask
 
 
 def top_entropy_mask(h: torch.Tensor, top_frac: float = 0.2) -> torch.Tensor:
-    """[N] bool: the ceil(top_frac * N) positions of highest entropy among h [N], the set the 80/20 paper
-    (Wang et al. 2025, arXiv:2506.01939) trains on: all response tokens of a micro-batch, chosen with
-    topk (their get_global_entropy_top_mask, k = int(N * top_frac + 0.9999))."""
+    """[N] bool: the ceil(top_frac * N) positions of highest entropy among h [N], the set the
+    80/20 paper (Wang et al. 2025, arXiv:2506.01939) trains on: all response tokens of a
+    micro-batch, chosen with topk (their get_global_entropy_top_mask, k = int(N * top_frac +
+    0.9999))."""
     mask = torch.zeros_like(h, dtype=torch.bool)
     if h.numel():
         mask[h.topk(max(1, int(h.numel() * top_frac + 0.9999))).indices] = True
@@ -336,7 +338,8 @@ def psft_loss(logits, targets, old_logp=None, cfg: LossConfig = LossConfig()):
 
 
 # the baselines that need nothing beyond the student's logits: --loss name -> loss
-STUDENT_ONLY_LOSSES = {"sft": ce_loss, "entropy": entropy_reg_loss, "dft": dft_loss, "gem": gem_loss}
+STUDENT_ONLY_LOSSES = {"sft": ce_loss, "entropy": entropy_reg_loss, "dft": dft_loss,
+                       "gem": gem_loss}
 
 
 def check_finite(loss, logits, targets, other=None) -> None:

@@ -30,11 +30,11 @@ from curio_loss import entropy
 from data import ID_BENCHMARKS, OOD_BENCHMARKS, SYSTEM_PROMPT_MODES, Example, example_prompt
 from data import load_examples, tokenize_sft
 from plumbing import report
+from plumbing.checkpoints import verify_model_dir
 from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import print0, setup_distributed, shutdown
 from plumbing.generation import ENGINES, Engine, Sample, encode, engine_kind, generate, load_engine
-from plumbing.grading import GRADING_MODES, answer_kind, grade
-from plumbing.checkpoints import verify_model_dir
+from plumbing.grading import GRADING_MODES, answer_kind, grade, graded_text
 from plumbing.models import check_model_dir
 from plumbing.run_dir import lock_dir, release, write_atomic
 
@@ -86,7 +86,7 @@ class Args:
     grader_workers: int = 4
     """grader processes"""
     grading: Literal[GRADING_MODES] = "paper"
-    """paper: the text after </think>, math-verify | authors: their grader (plumbing/grading.py)"""
+    """paper: App. E's rule | authors: the authors' evaluation | authors_rl: their RL reward"""
     sft_data: str = ""
     """optional SFT file: also measure the entropy at its expert tokens (Fig. 2a/b)"""
     sft_examples: int = 256
@@ -209,7 +209,8 @@ def sample_and_grade(engine: Engine, tokenizer, name: str, examples: list[Exampl
                             "kind": answer_kind(name, ex.ground_truth), "sample": j,
                             "response": s.text, "length": len(s.token_ids),
                             "finish_reason": s.finish_reason})
-    scores, failures = grade([r["response"] for r in records], [r["ground_truth"] for r in records],
+    texts = [graded_text(s.text, s.stop_text, args.grading) for q in samples for s in q]
+    scores, failures = grade(texts, [r["ground_truth"] for r in records],
                              [r["kind"] for r in records], args.grader_timeout, args.grader_workers,
                              args.grading)
     for r, s in zip(records, scores):
@@ -400,8 +401,9 @@ def run_eval(args: Args) -> dict | None:
         release()
 
 
-def evaluate_checkpoint(args: Args, benchmarks: dict[str, list[Example]], rank: int, world: int, group) -> dict | None:
-    """run_eval's work once OUT is held: the expert's entropy, the engine, the benchmarks, the files."""
+def evaluate_checkpoint(args: Args, benchmarks: dict[str, list[Example]], rank: int, world: int,
+                        group) -> dict | None:
+    """run_eval's work once OUT is held: expert entropy, engine, benchmarks, result files."""
     if rank == 0:
         verify_model_dir(args.model)                       # a damaged checkpoint stops here
     expert = None

@@ -26,7 +26,7 @@ from chunked_logits import chunked_sum, normed_hidden, select_targets, token_log
 from plumbing import checkpoints, generation, run_dir
 from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import StopSignal, print0, setup_distributed, shutdown
-from plumbing.grading import answer_kind, grade
+from plumbing.grading import GRADING_MODES, answer_kind, grade, graded_text
 from plumbing.models import (check_model_dir, clip_grad_norm, cpu_threads_per_rank, load_full_model,
                              load_tokenizer, make_optimizer, shard_model)
 
@@ -67,8 +67,12 @@ class Args:
     """eps_high: the ratio is clipped above at 1 + eps_high (Table 6: DAPO's clip-higher)"""
     policy_loss: Literal[POLICY_LOSSES] = "ppo_clip"
     """ppo_clip: GRPO's (Sec. 5.2) | custom_loss_rl: the authors' scripts' (`clipped_loss`)"""
+    clip_ratio_c: float | None = None
+    """ppo_clip's dual-clip: for A < 0 the loss is at most -A * this (verl's 3) | none: no cap"""
     loss_agg: Literal[LOSS_AGGS] = "token_mean"
     """how a mini-batch's per-token losses are combined (`loss_denominator`)"""
+    reward: Literal[GRADING_MODES] = "paper"
+    """paper: App. E's rule | authors_rl: the authors' RL reward | authors: their evaluation's"""
     temperature: float = 1.0
     """rollout temperature; the trainer scores tokens at the same temperature (Table 6)"""
     top_p: float = 0.95
@@ -120,6 +124,12 @@ class Args:
             at_least_one=["steps", "prompts_per_step", "rollouts", "mini_batch", "micro_batch",
                           "max_prompt_len", "max_response_len", "loss_chunk", "sync_bucket_mb",
                           "gen_batch_size", "grader_workers"])
+        if self.clip_ratio_c is not None:
+            if not self.clip_ratio_c > 1:                   # verl asserts it too
+                raise SystemExit(f"--clip_ratio_c {self.clip_ratio_c!r}: must be > 1 (or none)")
+            if self.policy_loss != "ppo_clip":
+                raise SystemExit(f"--clip_ratio_c {self.clip_ratio_c!r}: only --policy_loss "
+                                 f"ppo_clip has a dual clip")
 
 
 # settings a resumed run may change: they change nothing it computes (run_dir.claim checks the rest)
@@ -132,13 +142,15 @@ MAY_CHANGE_ON_RESUME = {"out_dir", "steps", "save_every", "keep_last", "loggers"
 # ================================================================================================
 # ALGO LOGIC: reward, group advantages, the clipped surrogate, the loss of one micro-batch
 # ================================================================================================
-def math_reward(samples, examples, timeout_s=10.0, workers=4):
-    """App. E: 1 when the response closes </think> and the text after it verifies against the
-    ground truth with math-verify (an option label for multiple choice), else 0. The reward hook's
-    contract: (samples, examples) -> (rewards, grader failures)."""
+def math_reward(samples, examples, grading="paper", timeout_s=10.0, workers=4):
+    """App. E ("paper"): 1 when the response closes </think> and the text after it verifies against
+    the ground truth with math-verify (an option label for multiple choice), else 0. "authors_rl":
+    the authors' reward, which also counts the last \\boxed{} of the whole response, reasoning
+    included (plumbing/grading.py). The reward hook's contract: (samples, examples) -> (rewards,
+    grader failures)."""
     kinds = [answer_kind(ex.data_source, ex.ground_truth) for ex in examples]
-    return grade([s.text for s in samples], [ex.ground_truth for ex in examples], kinds, timeout_s,
-                 workers)
+    texts = [graded_text(s.text, s.stop_text, grading) for s in samples]
+    return grade(texts, [ex.ground_truth for ex in examples], kinds, timeout_s, workers, grading)
 
 
 def group_advantages(rewards, eps=1e-6):
@@ -156,28 +168,34 @@ def group_advantages(rewards, eps=1e-6):
     return adv.float(), (adv == 0).all(-1)
 
 
-def clipped_loss(lp, old_lp, adv, clip_low, clip_high, policy_loss="ppo_clip"):
+def clipped_loss(lp, old_lp, adv, clip_low, clip_high, policy_loss="ppo_clip", clip_ratio_c=None):
     """Per-token policy loss and diagnostics, r = pi_theta / pi_old, clip(r) = r clipped to
     [1 - eps_low, 1 + eps_high].
     ppo_clip (GRPO with clip-higher): max(-A r, -A clip(r)). With A > 0 only the upper clip can bind
     (r > 1 + eps_high: no gradient), with A < 0 only the lower one; eps_high > eps_low lets unlikely
-    good tokens grow further, against entropy collapse.
+    good tokens grow further, against entropy collapse. With clip_ratio_c (dual-clip, Ye et al.
+    2020, as verl's vanilla loss): for A < 0 at most -A clip_ratio_c, no gradient beyond.
     custom_loss_rl (the authors' scripts): min(-A log pi, -A clip(r)). For A < 0 the first term is
     the smaller (-A log pi <= 0 < -A clip(r)): REINFORCE, never clipped; for A > 0 the second:
     gradient -A r inside the range, none outside it on either side.
-    The clip fractions count the tokens whose gradient a clip cut off; "kl" is Schulman's k3
-    estimate of KL(pi_old || pi_theta), r - 1 - log r ("Approximating KL Divergence", 2020)."""
+    The clip fractions count the tokens whose gradient a clip cut off (clip_high: the ratio above
+    its upper bound, the dual clip's included); "kl" is Schulman's k3 estimate of
+    KL(pi_old || pi_theta), r - 1 - log r ("Approximating KL Divergence", 2020)."""
     log_ratio = (lp - old_lp).clamp(-20.0, 20.0)                    # verl's guard against overflow
     ratio = torch.exp(log_ratio)
     clipped = ratio.clamp(1 - clip_low, 1 + clip_high)
+    dual = torch.zeros_like(ratio, dtype=torch.bool)
     if policy_loss == "ppo_clip":
         loss, low_binds = torch.maximum(-adv * ratio, -adv * clipped), adv < 0
+        if clip_ratio_c is not None:
+            dual = (adv < 0) & (ratio > clip_ratio_c)
+            loss = torch.where(adv < 0, torch.minimum(loss, -adv * clip_ratio_c), loss)
     elif policy_loss == "custom_loss_rl":
         loss, low_binds = torch.minimum(-adv * lp, -adv * clipped), adv > 0
     else:
         raise ValueError(f"policy_loss {policy_loss!r}: expected one of {', '.join(POLICY_LOSSES)}")
     with torch.no_grad():
-        diag = {"clip_high": ((adv > 0) & (ratio > 1 + clip_high)).float(),
+        diag = {"clip_high": (((adv > 0) & (ratio > 1 + clip_high)) | dual).float(),
                 "clip_low": (low_binds & (ratio < 1 - clip_low)).float(),
                 "kl": ratio - 1 - log_ratio}
     return loss, diag
@@ -199,7 +217,8 @@ def micro_batch_loss(model, mb: MicroBatch, args):
     def chunk_loss(h_c, y_c, old_c, adv_c):
         logits = model.lm_head(h_c).float() / args.temperature          # [n, V]
         lp, _ = cl.student_log_prob(logits, y_c)
-        loss, diag = clipped_loss(lp, old_c, adv_c, args.clip_low, args.clip_high, args.policy_loss)
+        loss, diag = clipped_loss(lp, old_c, adv_c, args.clip_low, args.clip_high, args.policy_loss,
+                                  args.clip_ratio_c)
         return loss.sum(), diag
 
     return chunked_sum(chunk_loss, args.loss_chunk, h, y, mb.old_lp, mb.adv)
@@ -207,7 +226,8 @@ def micro_batch_loss(model, mb: MicroBatch, args):
 
 def loss_denominator(mbs: list[MicroBatch], args, device):
     """What a mini-batch's summed per-token loss is divided by, over all ranks. token_mean: its
-    response tokens (DAPO's token-level mean; the paper does not say). seq_sum_over_max_len: its
+    response tokens (DAPO's token-level mean; the paper does not say; verl 0.5's "token-mean" is
+    another, a mean per micro-batch: docs/recipes.md). seq_sum_over_max_len: its
     sequences x max_response_len, i.e. each sequence's token sum / max_response_len averaged over
     sequences (the authors' scripts: micro-batches of one sequence)."""
     if args.loss_agg == "token_mean":
@@ -347,7 +367,8 @@ def train(args, device, reward_fn=None):
     defaults to math_reward. Returns the log records (every rank computes them)."""
     if reward_fn is None:
         def reward_fn(samples, examples):
-            return math_reward(samples, examples, args.grader_timeout, args.grader_workers)
+            return math_reward(samples, examples, args.reward, args.grader_timeout,
+                               args.grader_workers)
     rank, world = dist.get_rank(), dist.get_world_size()
     if args.prompts_per_step % args.mini_batch or args.mini_batch % world:
         raise SystemExit(f"--prompts_per_step {args.prompts_per_step} must be a multiple of "

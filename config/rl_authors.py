@@ -11,6 +11,7 @@ clip_low = 0.2                       # never set: verl's clip_ratio 0.2 on both 
 clip_high = 0.2
 policy_loss = "custom_loss_rl"       # lines 78-79: custom_loss with algo_type="rl" (core_algos.py lines 779-783)
 loss_agg = "seq_sum_over_max_len"    # core_algos.py line 783, micro-batches of 1 sequence (line 39)
+reward = "authors_rl"                # line 81: reward_impl_version=1, with the boxed grader (reward_manager.py l. 58)
 temperature = 1.0                    # line 56
 top_p = 1.0                          # never set: verl's default (recipe/curio_sft/config/rollout/rollout.yaml line 14)
 max_prompt_len = 1024                # lines 30, 32

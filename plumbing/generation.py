@@ -33,6 +33,7 @@ class Sample:
     # HF: "stop" (an EOS) or "length". vLLM: as it reports it: also "abort", "error", "repetition", which are not
     # truncations; the truncation metrics count "length" only.
     finish_reason: str
+    stop_text: str = ""  # the EOS left out of `text`, decoded ("" when none ended it): the authors grade text + it
 
 
 @dataclass
@@ -55,11 +56,13 @@ def encode(tokenizer, text: str) -> list[int]:
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
-def _decode(tokenizer, token_ids: list[int], stopped: bool) -> str:
-    """Text of a response without its final EOS. Other special tokens stay: a tokenizer may mark </think> special."""
+def _decode(tokenizer, token_ids: list[int], stopped: bool) -> tuple[str, str]:
+    """(text of a response without its final EOS, that EOS decoded or ""). Other special tokens stay in the text: a
+    tokenizer may mark </think> special."""
     if stopped and token_ids and token_ids[-1] in tokenizer.all_special_ids:
-        token_ids = token_ids[:-1]
-    return tokenizer.decode(token_ids, skip_special_tokens=False)
+        return (tokenizer.decode(token_ids[:-1], skip_special_tokens=False),
+                tokenizer.decode(token_ids[-1:], skip_special_tokens=False))
+    return tokenizer.decode(token_ids, skip_special_tokens=False), ""
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
@@ -159,8 +162,9 @@ def _generate_vllm(llm, tokenizer, prompts, n, temperature, top_p, max_new_token
             # finish_reason as vLLM 0.32 names it (v1/engine/__init__.py FINISH_REASON_STRINGS): "stop" (an EOS or
             # stop token, kept in token_ids, as SFT trains it), "length" (max_tokens or max_model_len), "abort",
             # "error", "repetition"
-            samples.append(Sample(ids, _decode(tokenizer, ids, o.finish_reason == "stop"), lps,
-                                  None if lps is None else [-lp for lp in lps], o.finish_reason))
+            text, stop_text = _decode(tokenizer, ids, o.finish_reason == "stop")
+            samples.append(Sample(ids, text, lps, None if lps is None else [-lp for lp in lps], o.finish_reason,
+                                  stop_text))
         result.append(samples)
     return result
 
@@ -230,9 +234,10 @@ def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_token
             stop = next((t for t, i in enumerate(ids) if i in eos), None)
             length = len(ids) if stop is None else stop + 1  # keep the EOS, drop the padding after it
             stopped = stop is not None
-            sample = Sample(ids[:length], _decode(tokenizer, ids[:length], stopped),
-                            logp[row, :length].tolist() if logprobs else None,
-                            ent[row, :length].tolist() if logprobs else None, "stop" if stopped else "length")
+            text, stop_text = _decode(tokenizer, ids[:length], stopped)
+            sample = Sample(ids[:length], text, logp[row, :length].tolist() if logprobs else None,
+                            ent[row, :length].tolist() if logprobs else None, "stop" if stopped else "length",
+                            stop_text)
             if row % n == 0:
                 result.append([])
             result[-1].append(sample)

@@ -1,19 +1,27 @@
 # Plumbing (a reader of the method may skip this file): grading of model responses for evaluate.py and the RL
 # reward (paper Sec. 5.1, App. E). It imports no torch, so its worker processes start several times faster than ones
 # importing torch would, and take 58 MiB instead of 334.
-"""Is a response right? Two modes (`evaluate.py --grading`):
+"""Is a response right? Three modes (`evaluate.py --grading`, `rl.py --reward`):
 
-- "paper" (default): the paper's rule, also its RL reward (App. E; the authors' training reward,
-  reward_impl_version=1, custom_verl/recipe/curio_sft/reward_function/reward_api.py lines 47-59): only the text
-  after the last `</think>` counts and a response without one is wrong. Math answers are judged by math-verify after
-  both sides are normalised the same way (`normalize_answer`, `gold_latex`); multiple choice by the option label the
-  text names (`mc_answer`).
+- "paper" (default): the paper's rule, for its evaluation and its RL reward (App. E): only the text after the last
+  `</think>` counts and a response without one is wrong. Math answers are judged by math-verify after both sides
+  are normalised the same way (`normalize_answer`, `gold_latex`), numbers by their relative error too; multiple
+  choice by the option label the text names (`mc_answer`).
 - "authors": the authors' validation reward (reward_impl_version=0, which their eval scripts
   scripts/3_eval_math.sh and 4_eval_ood_*.sh get from main_ppo.py line 218), which produced the paper's tables:
   the WHOLE response, no `</think>` needed, scored by math-verify (reward_api.py lines 22-31, 61-68) and by a
   boxed-answer grader (oat_math_grader.py `boxed_reward_fn`, lines 1006-1023), the better of the two (lines 71-76).
   Multiple choice goes through the same code: a letter counts when math-verify or the boxed grader reads it.
-  This mode reproduces their numbers, including what their grader misses (e.g. a ground truth `4.5e33`).
+- "authors_rl": the authors' RL training reward (reward_impl_version=1, scripts/2_rl.sh line 81): math-verify on
+  the text after the last `</think>` (none: 0, reward_api.py lines 47-59), or the boxed grader on the last
+  `\\boxed{}` of the WHOLE response, reasoning included (reward_manager.py line 58 always sets oat_grader).
+
+The authors' modes grade the text with its end token (`graded_text`) and reproduce their grader's mistakes: what
+it misses (a ground truth `4.5e33`, an unboxed `7/12` just before the end token) and what it wrongly accepts (its
+unit words are unescaped regular expressions: `\\boxed{a + b}` is right for `b`). They do not reproduce their time
+limits within a response (5 s for math-verify, 1 s in the boxed grader's math-verify step; here `grader_timeout`
+bounds the whole response, as their server's 10 s does), their guard against long repetitive answers, or
+pylatexenc's LaTeX-to-text step, which `_latex_to_plain` approximates for the commands answers use.
 
 math-verify can hang (huge expressions); its own timeouts use signal.alarm, which only works in a main thread and
 not inside long C calls. So `grade` grades in worker processes under a wall-clock deadline; an overrunning worker
@@ -39,8 +47,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 import sympy
-from latex2sympy2_extended.math_normalization import _fix_a_slash_b, _fix_fracs, _fix_sqrt
-from latex2sympy2_extended.math_normalization import units as MATHQA_UNITS
+from latex2sympy2_extended.math_normalization import _fix_a_slash_b, _fix_fracs
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 from sympy.parsing.sympy_parser import implicit_multiplication_application, parse_expr, standard_transformations
 from tqdm import tqdm
@@ -48,7 +55,7 @@ from tqdm import tqdm
 # math-verify logs every timeout together with the whole (possibly huge) input.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
-GRADING_MODES = ("paper", "authors")
+GRADING_MODES = ("paper", "authors", "authors_rl")
 MC_LABEL = re.compile(r"[A-J1-9]")  # option labels; 22 ARC-Challenge questions number their options 1-4
 
 
@@ -56,6 +63,14 @@ def answer_kind(data_source: str, ground_truth: str) -> str:
     """"mc" for a multiple-choice benchmark whose ground truth is an option label, else "math"."""
     mc = data_source.lower().startswith(("arc", "gpqa", "mmlu"))
     return "mc" if mc and MC_LABEL.fullmatch(ground_truth.strip()) else "math"
+
+
+def graded_text(text: str, stop_text: str, grading: str) -> str:
+    """The text `grading` grades of a response decoded without its end token (`stop_text`, "" when none ended it).
+    The authors' modes grade it with the end token: their rollouts stop on it (agent_loop/custom_loop.py line 97),
+    vLLM keeps it, and their reward manager decodes without skipping special tokens (reward_manager.py line 106).
+    That changes what math-verify reads at the very end: "is 7/12<|im_end|>" reads as 7."""
+    return text if grading == "paper" else text + stop_text
 
 
 def final_answer_text(response: str) -> str | None:
@@ -94,6 +109,7 @@ _ANSWER_REWRITES = [  # (pattern, replacement), applied in order
     # Scientific notation: 4.5e33 would parse as Euler's e times 33; 4.5 x 10^33 as a variable x.
     (re.compile(r"(?<![\w.\\])(\d+(?:\.\d*)?|\.\d+)[eE]([+-]?\d+)(?!\w)(?!\.\d)"), r"\1\\times 10^{\2}"),
     (re.compile(r"(\d)\s*x\s*(?=10\s*\^)"), r"\1\\times "),
+    (re.compile(r"\^\s*([-+])\s*(\d+(?:\.\d+)?)"), r"^{\1\2}"),  # 10^-27: in LaTeX only the sign is raised
     # Python/NumPy syntax: np.arcsin(10/13), -1./3 (which would read as -1).
     (re.compile(r"\b(?:np|numpy|math|sp|sympy)\.(arcsin|arccos|arctan|sinh|cosh|tanh|sin|cos|tan|exp|sqrt|pi)\b"),
      r"\\\1"),
@@ -113,7 +129,7 @@ _ANSWER_REWRITES = [  # (pattern, replacement), applied in order
 def normalize_answer(text: str) -> str:
     """Rewrite forms math-verify misreads into ones it reads right, the same for a response and a ground truth:
     Unicode (full-width digits, degree sign, minus, times, superscripts), scientific notation (4.5e33,
-    4.5 x 10^33), Python/NumPy syntax (np.arcsin, -1./3), subscripts with commands or text, E_1, \\gamma."""
+    4.5 x 10^33, 10^-27), Python/NumPy syntax (np.arcsin, -1./3), subscripts with commands or text, E_1, \\gamma."""
     text = text.translate(_UNICODE) if not text.isascii() else text
     for pattern, replacement in _ANSWER_REWRITES:
         text = pattern.sub(replacement, text)
@@ -144,15 +160,47 @@ _WITHOUT_UNITS = LatexExtractionConfig(
 _UNIT_MARKUP = re.compile(r"\\(?:text|mbox|mathrm)")
 
 
-def math_answer_correct(answer: str, ground_truth: str, timeout_s: int | None = None) -> bool:
-    """math-verify's verdict on `answer` (a response tail) against `ground_truth`, both normalised alike.
-    Raises ValueError if the ground truth parses to nothing. timeout_s: math-verify's own signal.alarm limits
-    (only possible in a main thread); None = unbounded, the caller bounds the time.
+# An option label before its value, as AMC answers are often boxed: \boxed{\textbf{(B) }142} is 142.
+_OPTION_BEFORE_VALUE = re.compile(
+    r"(\\boxed\s*\{|\$|\\\(|\\\[)\s*(?:\\(?:textbf|text|textrm|mathrm|mathbf)\s*\{\s*\([A-E]\)\s*\}|\([A-E]\))"
+    r"(?:\s|~|\\[ ,;:!]|\\q?quad(?![A-Za-z]))*(?=[-+.\d]|\\(?:[dt]?frac|sqrt|pi)(?![A-Za-z]))")
+_OPTION_LABEL = re.compile(r"\([A-E]\)")
+_RELATIVE_TOLERANCE = 1e-4
 
-    Two ground-truth classes need more than rewriting. A bare letter after an expression ("\\frac{37}{4} m",
+
+def _real_value(expr) -> sympy.Float | None:
+    """The value of a parsed answer that is a real number (of an equation's right side: "x = 5"), else None."""
+    if isinstance(expr, sympy.Eq):
+        expr = expr.rhs
+    if not isinstance(expr, sympy.Expr) or not expr.is_number:
+        return None
+    value = sympy.N(expr, 30)
+    return value if value.is_real else None
+
+
+def _numbers_disagree(gold: list, predicted: list) -> bool:
+    """Both sides are real numbers, further apart than _RELATIVE_TOLERANCE of the larger. math-verify compares
+    numbers with absolute tolerances (floats rounded to 6 decimals; other expressions evaluated to 15 digits, with
+    anything below about 1e-15 chopped to 0), so 1.325e-26 passed for 1.325e-27 and 0.0000002 for 1e-7. From
+    about 0.01 up its rounding is as tight as this, so its verdict stands there. Percentages keep math-verify's
+    reading (9% is 9 or 0.09)."""
+    if not gold or not predicted or "%" in str(gold[-1]) + str(predicted[-1]):
+        return False
+    g, p = _real_value(gold[0]), _real_value(predicted[0])
+    return g is not None and p is not None and abs(g - p) > _RELATIVE_TOLERANCE * max(abs(g), abs(p))
+
+
+def math_answer_correct(answer: str, ground_truth: str, timeout_s: int | None = None) -> bool:
+    """math-verify's verdict on `answer` (a response tail) against `ground_truth`, both normalised alike, where
+    two numbers must also agree to a relative 1e-4 (`_numbers_disagree`). Raises ValueError if the ground truth
+    parses to nothing. timeout_s: math-verify's own signal.alarm limits (only possible in a main thread); None =
+    unbounded, the caller bounds the time.
+
+    Three classes need more than rewriting. A bare letter after an expression ("\\frac{37}{4} m",
     "\\frac{1}{\\sqrt{2}} c", "6m") is a variable of the question, which math-verify drops as a unit (m = metres);
     when the ground truth writes no unit markup, both sides are then parsed with units kept. A percentage
-    ("62.5%") also accepts the bare number (62.5) besides the fraction (0.625)."""
+    ("62.5%") also accepts the bare number (62.5) besides the fraction (0.625). An option label before a value
+    ("\\textbf{(B) }142") is dropped unless the ground truth is itself an option ("\\text{(C)}")."""
     gold = gold_latex(ground_truth)
     config = _WITH_UNITS
     golds = [parse(f"${gold}$", [config, ExprExtractionConfig()], parsing_timeout=timeout_s)]
@@ -164,8 +212,12 @@ def math_answer_correct(answer: str, ground_truth: str, timeout_s: int | None = 
         raise ValueError(f"math-verify cannot parse the ground truth {ground_truth!r}")
     if "%" in gold:
         golds.append(parse("$" + gold.replace("\\%", "").replace("%", "") + "$", parsing_timeout=timeout_s))
-    predicted = parse(normalize_answer(answer), [config, ExprExtractionConfig()], parsing_timeout=timeout_s)
-    return any(verify(g, predicted, timeout_seconds=timeout_s) for g in golds)  # gold first
+    answer = normalize_answer(answer)
+    if not _OPTION_LABEL.search(gold):
+        answer = _OPTION_BEFORE_VALUE.sub(r"\1", answer)
+    predicted = parse(answer, [config, ExprExtractionConfig()], parsing_timeout=timeout_s)
+    return any(verify(g, predicted, timeout_seconds=timeout_s) and not _numbers_disagree(g, predicted)
+               for g in golds)  # gold first
 
 
 # =========================================================================================================
@@ -223,39 +275,69 @@ def mc_answer(text: str) -> str | None:
 # =========================================================================================================
 # Authors mode: math-verify on the whole response, or their boxed-answer grader (oat_math_grader.py)
 # =========================================================================================================
-# oat_math_grader.py's MathQA unit words (lines 52-187) are latex2sympy2_extended's list but for these words.
-_OAT_UNITS = set(MATHQA_UNITS) - {"cent", "children ticket", "digit", "edge", "integerpoint", "m square", "meal",
-                                  "multiple", "pound", "student", "sue"} | {"a", "percent", "m sqaure"}
-_MATHQA_UNIT_WORDS = re.compile(
-    r"(^|\W)(?:" + "|".join(re.escape(u) for u in sorted(_OAT_UNITS, key=len, reverse=True)) + r")s?($|\W)")
+# oat_math_grader.py's unit words (lines 52-185), in their order, then each with an "s" (line 187). They are used as
+# regular expressions, unescaped (line 302): "a ." is "a", a space and any character.
+_OAT_UNIT_TEXTS = (
+    "east", "degree", "mph", "kmph", "ft", "m sqaure", " m east", "sq m", "deg", "mile", "q .", "monkey", "prime",
+    "ratio", "profit of rs", "rd", "o", "gm", "p . m", "lb", "tile", "per", "dm", "lt", "gain", "ab", "way", "west",
+    "a .", "b .", "c .", "d .", "e .", "f .", "g .", "h .", "t", "a", "h", "no change", "men", "soldier", "pie", "bc",
+    "excess", "st", "inches", "noon", "percent", "by", "gal", "kmh", "c", "acre", "rise", "a . m", "th", "π r 2", "sq",
+    "mark", "l", "toy", "coin", "sq . m", "gallon", "° f", "profit", "minw", "yr", "women", "feet", "am", "pm", "hr",
+    "cu cm", "square", "v â € ™", "are", "rupee", "rounds", "cubic", "cc", "mtr", "s", "ohm", "number", "kmph", "day",
+    "hour", "minute", "min", "second", "man", "woman", "sec", "cube", "mt", "sq inch", "mp", "∏ cm ³", "hectare",
+    "more", "sec", "unit", "cu . m", "cm 2", "rs .", "rs", "kg", "g", "month", "km", "m", "cm", "mm", "apple", "liter",
+    "loss", "yard", "pure", "year", "increase", "decrease", "d", "less", "Surface", "litre", "pi sq m", "s .", "metre",
+    "meter", "inch")
+_OAT_UNIT_PATTERNS = [re.compile(r"(^|\W)" + unit + r"($|\W)") for unit in (*_OAT_UNIT_TEXTS,
+                                                                              *(u + "s" for u in _OAT_UNIT_TEXTS))]
 _LOOSE_UNIT_WORDS = re.compile(  # no word boundaries, as there: "parameter" loses its "meter"
     r"(?:degree|cm|centimeter|meter|mile|second|minute|hour|day|week|month|year|foot|feet|inch|yard)"
     r"(es)?(s)? *(\^[0-9]+)?")
 
 
+def _oat_fix_sqrt(s: str) -> str:
+    """oat_math_grader.py `_fix_sqrt`, lines 245-257: \\sqrt3 -> \\sqrt{3}; "\\sqrt 3" -> "\\sqrt{ }3" (spaces go
+    later), and an IndexError for a "\\sqrt" at the very end."""
+    head, *pieces = s.split("\\sqrt")
+    return head + "".join("\\sqrt" + (p if p[0] == "{" else "{" + p[0] + "}" + p[1:]) for p in pieces)
+
+
 def _hendrycks_normalize(answer: str) -> str:
-    """MATH's answer normalisation as oat_math_grader.py lines 37-48 and 190-350 apply it (`mathd_normalize_answer`):
-    unwrap \\text{}, drop \\left/\\right, units and unit words, degrees, dollars, percent, a short "x =" prefix and
-    spaces; canonical \\frac, \\sqrt and a/b."""
-    s = answer.strip()
-    if m := re.fullmatch(r"\\text\{(.+)\}", s):
-        s = m[1].strip()
-    s = s.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
+    """MATH's answer normalisation as oat_math_grader.py applies it (`mathd_normalize_answer` and `_strip_string`,
+    lines 37-48 and 190-350), quirks included: unwrap \\text{}, drop \\left/\\right, a trailing \\text{...}, unit
+    words, degrees, dollars, percent, a short "x =" prefix and spaces; canonical \\frac, \\sqrt and a/b. The unit
+    words are unescaped regular expressions there, so "a + b" loses "a +" to the unit "a ." and reads "b". Any
+    error on the way (a second "\\text{ ", a "\\sqrt" or "\\frac" at the end) leaves the answer as it was."""
+    answer = answer.strip()
+    if m := re.fullmatch(r"\\text\{(.+?)\}", answer):
+        answer = m[1].strip()
+    s = answer.replace("\n", "").replace("\\!", "").replace("\\\\", "\\")
     s = re.sub(r"\\begin\{array\}\{.*?\}", r"\\begin{pmatrix}", s).replace("\\end{array}", "\\end{pmatrix}")
     s = s.replace("bmatrix", "pmatrix").replace("tfrac", "frac").replace("dfrac", "frac")
     s = s.replace("\\neq", "\\ne").replace("\\leq", "\\le").replace("\\geq", "\\ge")
     s = s.replace("\\left", "").replace("\\right", "")
     s = re.sub(r"\\text\{.*?\}$", "", s).strip() or s  # a trailing unit
     for _ in range(2):
-        s = _MATHQA_UNIT_WORDS.sub(r"\1\2", s) or s
+        for unit in _OAT_UNIT_PATTERNS:
+            s = unit.sub(r"\1\2", s) or s
     s = s.replace("^{\\circ}", "").replace("^\\circ", "").replace("\\$", "")
-    s = s.split("\\text{ ")[0].replace("\\%", "")
-    s = s.replace(" .", " 0.").replace("{.", "{0.")
+    if "\\text{ " in s:  # a unit on the right; their assert fails on a second one
+        s, *rest = s.split("\\text{ ")
+        if len(rest) != 1:
+            return answer
+    s = s.replace("\\%", "").replace(" .", " 0.").replace("{.", "{0.")
     if s.startswith("."):
         s = "0" + s
     if s.count("=") == 1 and len(s.split("=")[0]) <= 2:
         s = s.split("=")[1]
-    s = _fix_fracs(_fix_sqrt(s).replace(" ", ""))
+    try:
+        s = _oat_fix_sqrt(s).replace(" ", "")
+    except IndexError:
+        return answer
+    pieces = s.split("\\frac")
+    if "" in pieces[1:]:  # their _fix_fracs indexes an empty piece
+        return answer
+    s = _fix_fracs(s)
     return _fix_a_slash_b("\\frac{1}{2}" if s == "0.5" else s)
 
 
@@ -268,19 +350,21 @@ _PLAIN_MACROS = {  # what pylatexenc writes for the commands answers use; the re
     **{g.capitalize(): unicodedata.lookup("GREEK CAPITAL LETTER " + g.upper().replace("LAMB", "LAM")) for g in _GREEK},
     "phi": "ϕ", "epsilon": "ϵ", "pi": "pi", "infty": "inf", "cup": "U", "cdot": "*", "times": "*", "pm": "±",
     "in": "∈", "le": "≤", "leq": "≤", "ge": "≥", "geq": "≥", "ne": "≠", "neq": "≠", "circ": "∘", "prime": "'",
-    "%": "%"}
+    "odot": "⊙", "hbar": "ħ", "%": "%"}
 
 
 def _latex_to_plain(expr: str) -> str:
     """LaTeX to the plain text sympy reads, as the pylatexenc latex2text call of oat_math_grader.py lines 687-702
     does it for the commands answers use: \\frac{a}{b} -> a/b (no parentheses, as pylatexenc writes it),
-    \\sqrt{x} -> sqrt(x), \\text{x} -> x, \\pi -> pi, \\cdot -> *, Greek letters -> Unicode, unknown commands
-    dropped."""
+    \\sqrt{x} and \\sqrt2 -> sqrt(x), sqrt(2), \\text{x} -> x, braces of sub- and superscripts dropped (x^{2+1} ->
+    x^2+1), \\pi -> pi, \\cdot -> *, Greek letters and a few symbols -> Unicode, unknown commands dropped."""
     expr = re.sub(r"\\[dt]frac", r"\\frac", expr).replace("\\left", "").replace("\\right", "")
     for _ in range(8):  # innermost first
         expr = re.sub(r"\\frac\s*(?:\{([^{}]*)\}|([^\s{}\\]))\s*(?:\{([^{}]*)\}|([^\s{}\\]))",  # \\frac{a}{b}, \\frac65
                       lambda m: f" {m[1] or m[2]}/{m[3] or m[4]}", expr)
-        expr = re.sub(r"\\sqrt\s*(?:\[[^\]]*\])?\s*\{([^{}]*)\}", r"sqrt(\1)", expr)
+        expr = re.sub(r"\\sqrt\s*(?:\[[^\]]*\])?\s*(?:\{([^{}]*)\}|(\\[A-Za-z]+|[^\s{}\\[]))",  # \\sqrt{x}, \\sqrt2
+                      lambda m: f"sqrt({m[1] if m[1] is not None else m[2]})", expr)
+        expr = re.sub(r"([_^])\s*\{([^{}]*)\}", r"\1\2", expr)  # x_{red} -> x_red, x^{2+1} -> x^2+1
         expr = re.sub(r"\\(?:text|textbf|mathrm|mathbf|mbox)\s*\{([^{}]*)\}", r"\1", expr)
     return re.sub(r"\\([A-Za-z]+|%)", lambda m: _PLAIN_MACROS.get(m[1], ""), expr).strip()
 
@@ -403,12 +487,13 @@ def boxed_answer_correct(response: str, ground_truth: str, timeout_s: int | None
             or _math_verify_boxed_grade(given, truth, timeout_s))
 
 
-def _score_authors(response: str, ground_truth: str, timeout_s: int | None) -> float:
-    """The authors' validation reward (reward_api.py `process_single_item_worker` with reward_impl_version=0,
-    lines 34-84): math-verify on the whole response, else the boxed grader; their errors score 0, as there."""
+def _score_authors(solution: str, response: str, ground_truth: str, timeout_s: int | None) -> float:
+    """The authors' reward (reward_api.py `process_single_item_worker`, lines 34-84): math-verify on `solution`,
+    else their boxed grader on the whole `response` (reward_manager.py line 58 always sets oat_grader, lines 71-76
+    take the better); their errors score 0, as there."""
     try:
         gold = parse("$" + ground_truth + "$", parsing_timeout=timeout_s)
-        if verify(gold, parse(response, parsing_timeout=timeout_s), timeout_seconds=timeout_s):
+        if verify(gold, parse(solution, parsing_timeout=timeout_s), timeout_seconds=timeout_s):
             return 1.0
     except Exception:
         pass
@@ -420,11 +505,13 @@ def _score_authors(response: str, ground_truth: str, timeout_s: int | None) -> f
 
 def _score(response: str, ground_truth: str, kind: str, grading: str, timeout_s: int | None) -> float:
     """1.0 if the response is right, else 0.0. Raises on grader errors (paper mode)."""
-    if grading == "authors":
-        return _score_authors(response, ground_truth, timeout_s)
+    if grading == "authors":  # reward_impl_version=0: math-verify reads the whole response
+        return _score_authors(response, response, ground_truth, timeout_s)
     answer = final_answer_text(response)
-    if answer is None:
+    if answer is None:  # every mode but "authors" (reward_api.py lines 49-59)
         return 0.0
+    if grading == "authors_rl":  # reward_impl_version=1: math-verify reads the text after </think>
+        return _score_authors(answer, response, ground_truth, timeout_s)
     if kind == "mc":
         return float(mc_answer(answer) == ground_truth.strip().upper())
     return float(math_answer_correct(answer, ground_truth, timeout_s))
@@ -532,7 +619,7 @@ def _stop_workers() -> None:
 def grade(responses: list[str], ground_truths: list[str], kinds: list[str], timeout_s: float = 10.0,
           workers: int = 4, grading: str = "paper") -> tuple[list[float], int]:
     """(scores, n_failures). A response whose grading raises or overruns timeout_s scores 0 and is a failure.
-    grading: "paper" or "authors" (see the module docstring)."""
+    grading: one of GRADING_MODES (see the module docstring)."""
     _check_grading(grading)
     scores, failures = [0.0] * len(responses), 0
     todo = deque(range(len(responses)))
@@ -540,7 +627,10 @@ def grade(responses: list[str], ground_truths: list[str], kinds: list[str], time
     with _POOL_LOCK, tqdm(total=len(responses), desc="grading", disable=len(responses) < 1000) as bar:
         _POOL[:] = [w for w in _POOL if w.process.poll() is None]
         _POOL.extend(_start_worker() for _ in range(min(max(workers, 1), len(responses)) - len(_POOL)))
-        while todo or busy:
+        # Called from a thread, also until every worker is ready: one still starting has not armed PR_SET_PDEATHSIG,
+        # and would outlive the thread if the thread ended first. (The main thread ends with the process.)
+        from_thread = threading.current_thread() is not threading.main_thread()
+        while todo or busy or (from_thread and not all(w.ready for w in _POOL)):
             for slot, w in enumerate(_POOL):
                 if todo and w.ready and slot not in busy:
                     i = todo.popleft()

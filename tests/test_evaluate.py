@@ -187,6 +187,22 @@ def test_evaluate_wiring_with_canned_responses(tmp_path, monkeypatch):
     assert sum(r["score"] for r in records if r["data_source"] == "math") == 5
 
 
+def test_the_authors_grading_sees_the_end_token(tmp_path, monkeypatch):
+    """Each response is graded as its grading reads it: the authors' with the end token the engine stopped on
+    (an unboxed 84/2 just before it reads as 84), the paper's rule the text alone."""
+    def fake_generate(engine, tokenizer, prompts, n, *args, **kwargs):
+        answers = [next(a for q, a in (("2+3", "10/2"), ("7*6", "84/2")) if q in p) for p in prompts]
+        return [[generation.Sample([1, 2], T + f"The answer is {a}", [-1.0] * 2, [0.1] * 2, "stop", stop)
+                 for stop in ("<|im_end|>", "")] for a in answers]
+
+    monkeypatch.setattr(ev, "generate", fake_generate)
+    math = {"math": ev.load_benchmarks(str(_write_benchmarks(tmp_path)))["math"]}
+    for grading, scores in (("paper", [1.0] * 4), ("authors", [0.0, 1.0] * 2), ("authors_rl", [0.0, 1.0] * 2)):
+        args = ev.Args(n=2, grader_workers=1, model="m", grading=grading)
+        _, records = ev.evaluate_benchmarks(None, None, math, args)
+        assert [r["score"] for r in records] == scores, grading
+
+
 def test_end_to_end_cpu(checkpoint, tmp_path):
     bench = _write_benchmarks(tmp_path)
     sft = _write_sft_data(tmp_path)

@@ -59,7 +59,7 @@ def test_hf_generation_stops_on_endoftext_that_the_checkpoint_does_not_name(chat
     engine.model.lm_head.register_forward_hook(force_endoftext)
     out = generation.generate(engine, tok, [build_prompt(q, tok) for q in QUESTIONS[:2]], n=2, max_new_tokens=5)
     for s in (s for q in out for s in q):
-        assert (s.token_ids, s.text, s.finish_reason) == ([endoftext], "", "stop")
+        assert (s.token_ids, s.text, s.stop_text, s.finish_reason) == ([endoftext], "", "<|endoftext|>", "stop")
         assert len(s.logprobs) == len(s.entropy) == 1
 
 
@@ -178,6 +178,9 @@ def test_vllm_sampling_params_finish_reasons_and_lean_engine(chat_checkpoint, mo
     assert [s.finish_reason for q in out for s in q] == ["stop", "length", "abort", "repetition"]
     stopped = out[0][0]
     assert stopped.token_ids[-1] == endoftext and stopped.text == tok.decode(body)   # the EOS kept, not in text
+    # the EOS as text beside it: the authors grade the decode with special tokens, which is text + stop_text
+    assert stopped.stop_text == "<|endoftext|>" and out[0][1].stop_text == ""
+    assert stopped.text + stopped.stop_text == tok.decode(stopped.token_ids, skip_special_tokens=False)
     assert stopped.logprobs == [-0.25] * len(stopped.token_ids) and stopped.entropy == [0.25] * len(stopped.token_ids)
     scores = [[1.0, 0.0], [0.0, 0.0]]
     assert ev.benchmark_metrics(out, scores)["truncated"] == 0.25    # abort and repetition are not truncations

@@ -7,6 +7,7 @@ import sys
 import textwrap
 import threading
 import time
+from decimal import Decimal
 from pathlib import Path
 
 import pandas as pd
@@ -126,9 +127,55 @@ INTERVAL_WITHOUT_IN = [  # OlympiadBench's "t(0,4]" lost its "\in"
     ("\\boxed{(0,4]}", "$t(0,4]$", 1), ("\\boxed{t \\in (0, 4]}", "$t(0,4]$", 1), ("\\boxed{(0,4)}", "$t(0,4]$", 0),
     ("\\boxed{[0,4]}", "$t(0,4]$", 0),
 ]
+
+
+def number_forms(mantissa: str, exponent: int) -> list[tuple[str, str, int]]:
+    """(answer, ground truth, expected) for the ground truth `mantissa`e`exponent`, as Minerva writes it: the number
+    however written is right; another exponent, mantissa or sign is wrong."""
+    m, e = Decimal(mantissa), exponent
+    right = [f"{m}e{e}", f"{m}E{e:+d}", f"{m} \\times 10^{{{e}}}", f"{m}\\times10^{{{e}}}", f"{m} \\cdot 10^{{{e}}}",
+             f"{m} x 10^{e}", f"{m * 10} \\times 10^{{{e - 1}}}", f"{m / 10} \\times 10^{{{e + 1}}}",
+             f"{m.scaleb(e):f}", f"\\frac{{{m}}}{{10^{{{-e}}}}}" if e < 0 else f"{m}\\cdot10^{{{e}}}",
+             f"{m} \\times 10^{{{e}}} \\text{{ J}}", f"x = {m} \\times 10^{{{e}}}"]
+    wrong = [f"{m} \\times 10^{{{e + 1}}}", f"{m} \\times 10^{{{e - 1}}}", f"{m}e{e + 2}", f"{m} \\times 10^{{{-e}}}",
+             f"{m * 10} \\times 10^{{{e}}}", f"{m.scaleb(e - 1):f}", f"{m + Decimal('0.01')} \\times 10^{{{e}}}",
+             f"-{m} \\times 10^{{{e}}}", "0"]
+    return [(f"\\boxed{{{a}}}", f"{mantissa}e{exponent}", int(a in right)) for a in right + wrong]
+
+
+# math-verify compared numbers with absolute tolerances (1.325e-26 passed for 1.325e-27); Minerva's physics answers
+# live down there. Real ground truths from 1e-27 to 1e33, and one far below any of them.
+NUMBERS_BY_RELATIVE_ERROR = [case for m, e in [("1.325", -27), ("4.6", -24), ("2.88", -19), ("7.4", -12), ("3.89", -10),
+                                               ("1", -8), ("5.89", -7), ("1.45", -5), ("6.5", -2), ("1.7", 4),
+                                               ("4.5", 33), ("2.5", -40)] for case in number_forms(m, e)] + [
+    ("\\boxed{0.0000002}", "1e-7", 0), ("\\boxed{0.0000001}", "1e-7", 1),  # floats were rounded to 6 decimals
+    ("\\boxed{0.000067}", ".0000672", 0), ("\\boxed{6.72 \\times 10^{-5}}", ".0000672", 1),
+    ("\\boxed{0.0000001}", "0", 0), ("\\boxed{1.3 \\times 10^{-27}}", "1.325e-27", 0),
+    # from 0.01 up math-verify's verdict stands: six decimals, a percentage read either way
+    ("\\boxed{0.333333}", "\\frac{1}{3}", 1), ("\\boxed{0.333}", "\\frac{1}{3}", 0),
+    ("\\boxed{0.012346}", "0.01234567", 1),
+    ("\\boxed{8\\%}", "8", 1), ("\\boxed{2^-10}", "\\frac{1}{1024}", 1), ("\\boxed{2^-9}", "\\frac{1}{1024}", 0),
+]
+OPTION_WITH_VALUE = [  # AMC's ground truths are numbers ("142.0"); a boxed answer may name its option too
+    ("\\boxed{\\textbf{(B) }142}", "142.0", 1), ("\\boxed{\\text{(B) } 142}", "142.0", 1),
+    ("\\boxed{(B) 142}", "142.0", 1), ("\\boxed{\\textbf{(B)}\\ 142}", "142.0", 1),
+    ("\\boxed{\\mathrm{(B)}\\quad 142}", "142.0", 1), ("\\boxed{(B)~142}", "142.0", 1),
+    ("\\boxed{\\textbf{(B) } 142.0}", "142.0", 1), ("$\\textbf{(B) }142$", "142.0", 1),
+    ("\\(\\textbf{(E)}\\ 8178\\)", "8178.0", 1), ("\\boxed{\\textbf{(A) }-4}", "-4.0", 1),
+    ("\\boxed{\\textbf{(C) }\\frac{1}{2}}", "0.5", 1), ("\\boxed{（Ｂ） 142}", "142.0", 1),
+    ("\\boxed{\\textbf{(B) }143}", "142.0", 0), ("\\boxed{\\textbf{(B) }1420}", "142.0", 0),
+    ("\\boxed{\\textbf{(A) }4}", "-4.0", 0), ("\\boxed{\\textbf{(B)}}", "142.0", 0), ("\\boxed{B}", "142.0", 0),
+    # a ground truth that is itself an option keeps the label
+    ("\\boxed{\\text{(C)}}", "\\text{(C)}", 1), ("\\boxed{(C)}", "\\text{(C)}", 1),
+    ("\\boxed{\\text{(B)}}", "\\text{(C)}", 0),
+]
+NOT_UNITS = [  # the authors' grader reads "a + b" as "b" (unit words as unescaped regexes); here it stays wrong
+    ("\\boxed{a + b}", "b", 0), ("\\boxed{c + 1}", "1", 0), ("\\boxed{e + 5}", "5", 0), ("\\boxed{a + b}", "a + b", 1),
+]
 MATH_CASES = [(T + a, gt, "math", e) for cases in (GENERAL, SCIENTIFIC_NOTATION, PYTHON_SYNTAX, UNICODE,
                                                    DOLLARS_IN_GROUND_TRUTH, SYMBOLS, VARIABLES_NOT_UNITS, PERCENT,
-                                                   INTERVAL_WITHOUT_IN) for a, gt, e in cases]
+                                                   INTERVAL_WITHOUT_IN, NUMBERS_BY_RELATIVE_ERROR, OPTION_WITH_VALUE,
+                                                   NOT_UNITS) for a, gt, e in cases]
 THINK_RULE = [  # the paper grades the text after the LAST </think>; no </think>, no credit
     ("\\boxed{3}", "3", "math", 0), ("<think>\\boxed{3}</think> so the answer is \\boxed{4}", "3", "math", 0),
     ("<think>a</think>\\boxed{4} wait</think>\\boxed{3}", "3", "math", 1), ("\\boxed{C}", "C", "mc", 0),
@@ -233,12 +280,53 @@ AUTHORS_CASES = [  # (response, ground truth, expected)
     ("ANSWER: C", "C", 0),  # a bare letter: neither grader reads it, in the authors' own code either
     ("\\boxed{4.5 \\times 10^{33}}", "4.5e33", 0),  # what their grader misses (the paper mode gets it right)
     ("\\boxed{5 \\text{ apples}}", "5", 1), ("\\boxed{k=5}", "5", 1), ("\\boxed{\\text{Evelyn}}", "\\text{Evelyn}", 1),
+    # their unit words are unescaped regular expressions: "a .", "c .", "e .", "q ." eat a letter, a space and one more
+    ("\\boxed{a + b}", "b", 1), ("\\boxed{c + 1}", "1", 1), ("\\boxed{e + 5}", "5", 1), ("\\boxed{q + r}", "r", 1),
+    ("\\boxed{a - b}", "b", 1), ("\\boxed{a + b}", "a", 0), ("\\boxed{a+b}", "b", 0), ("\\boxed{x + y}", "y", 0),
+]
+END = "<|im_end|>"
+END_TOKEN = [  # (response without its end token, ground truth, the authors' score without it, with it)
+    ("The probability is 7/12", "\\frac{7}{12}", 1, 0), ("The answer is 2^10", "1024", 1, 0),
+    ("x = 3/4", "\\frac{3}{4}", 1, 0), ("The answer is 84/2", "42", 1, 0),  # math-verify reads 7, 2, 3, 84
+    ("so 7/12.", "\\frac{7}{12}", 0, 1),  # and the other way round
+    ("The answer is $\\frac{7}{12}$.", "\\frac{7}{12}", 1, 1), ("The answer is 7/12 exactly.", "\\frac{7}{12}", 1, 1),
+    ("\\boxed{7/12}", "\\frac{7}{12}", 1, 1), ("The answer is 42", "42", 1, 1), ("\\boxed{2^{10}}", "1024", 1, 1),
+    ("The answer is 2^10", "2", 0, 1),  # wrong, and right for them
+]
+AUTHORS_RL_CASES = [  # (response, ground truth, expected): the authors' RL reward
+    ("<think>so \\boxed{3}</think> That is all.", "3", 1),  # boxed only in the reasoning: their boxed grader reads it
+    ("<think>\\boxed{3}</think> so the answer is \\boxed{4}", "3", 0),  # the last \boxed{} counts
+    ("<think>a</think>\\boxed{4} wait</think>\\boxed{3}", "3", 1), ("<think>x</think>\\boxed{4}", "3", 0),
+    ("<think>\\boxed{3}", "3", 0), ("\\boxed{3}", "3", 0),  # no </think>: 0 before either grader
+    ("<think>x</think> The answer is $3$.", "3", 1),  # math-verify on the text after </think>
+    ("<think>The answer is $3$.</think> That is all.", "3", 0),  # ... and only there
+    ("<think>x</think> The probability is 7/12" + END, "\\frac{7}{12}", 0),
+    ("<think>x</think>\\boxed{a + b}", "b", 1),  # the same boxed grader, unit words included
 ]
 
 
 @pytest.mark.parametrize("response,gt,expected", AUTHORS_CASES)
 def test_authors_grading(response, gt, expected):
     assert gr.grade_one(response, gt, gr.answer_kind("gpqa", gt), grading="authors") == expected
+
+
+@pytest.mark.parametrize("text,gt,without_end,with_end", END_TOKEN)
+@pytest.mark.parametrize("end", ["<|im_end|>", "<|endoftext|>"])
+def test_the_authors_grade_the_text_with_its_end_token(text, gt, without_end, with_end, end):
+    assert gr.grade_one(gr.graded_text(text, "", "authors"), gt, grading="authors") == without_end
+    assert gr.grade_one(gr.graded_text(text, end, "authors"), gt, grading="authors") == with_end
+    assert gr.grade_one(gr.graded_text(T + text, end, "authors_rl"), gt, grading="authors_rl") == with_end
+    assert gr.graded_text(T + text, end, "paper") == T + text  # the paper's rule grades the text alone
+
+
+@pytest.mark.parametrize("response,gt,expected", AUTHORS_RL_CASES)
+def test_authors_rl_reward(response, gt, expected):
+    assert gr.grade_one(response, gt, grading="authors_rl") == expected
+
+
+def test_a_right_answer_boxed_in_the_reasoning_earns_the_authors_reward_only():
+    response = "<think>so \\boxed{3}</think> That is all."
+    assert (gr.grade_one(response, "3", grading="authors_rl"), gr.grade_one(response, "3")) == (1, 0)
 
 
 def test_authors_boxed_grader_follows_their_logic():
@@ -248,6 +336,15 @@ def test_authors_boxed_grader_follows_their_logic():
     # their sympy step: fractions must match as written, integers stay integers, sympy for the rest
     assert gr._sympy_grade("(1, \\frac{1}{2})", "(1,0.5)") and not gr._sympy_grade("\\frac{2}{4}", "\\frac{1}{2}")
     assert not gr._sympy_grade("2.5", "2") and gr._sympy_grade("3 million", "3*10^6")
+    # their _strip_string as written: unit words as regular expressions, "\sqrt 3" before spaces go, and an error
+    # (a second "\text{ ", a "\sqrt" or "\frac" at the end) leaves the answer as it came
+    assert gr._hendrycks_normalize("a + b") == "b" and gr._hendrycks_normalize("s . t") == "0."
+    assert gr._hendrycks_normalize("\\sqrt 3") == "\\sqrt{}3" and gr._hendrycks_normalize("\\sqrt3") == "\\sqrt{3}"
+    for broken in ("k = 2\\text{ x}+\\text{ y}7", "k = x\\sqrt", "k = 1+\\frac"):
+        assert gr._hendrycks_normalize(broken) == broken
+    # pylatexenc's text: \sqrt2 -> sqrt(2), the braces of a subscript dropped, \frac{a}{b} -> a/b
+    assert gr._loose_normalize("\\frac{c}{\\sqrt 2}") == "c/sqrt(2)"
+    assert gr._loose_normalize("\\frac{\\lambda_{\\text{red}}}{\\sqrt{2}}") == "λ_red/sqrt(2)"
     # only the last \boxed{...} counts, and only when it is followed by "{"
     assert gr.boxed_answer_correct("\\boxed{4} no, \\boxed{3}", "3")
     assert not gr.boxed_answer_correct("\\boxed{3} \\boxed 4", "3")
@@ -257,12 +354,14 @@ def test_authors_boxed_grader_follows_their_logic():
 # ---------------------------------------------------------------------------------------------------------
 # Worker processes
 # ---------------------------------------------------------------------------------------------------------
-def test_grade_batched_matches_grade_one_in_both_modes():
-    responses, gts, kinds, expected = map(list, zip(*(PAPER_CASES[::8] + THINK_RULE)))
-    assert gr.grade(responses, gts, kinds, timeout_s=20, workers=2) == (expected, 0)
-    authors = [gr.grade_one(r, g, k, grading="authors") for r, g, k in zip(responses, gts, kinds)]
-    assert gr.grade(responses, gts, kinds, timeout_s=20, workers=2, grading="authors") == (authors, 0)
-    assert authors != expected  # the modes differ on these cases (the </think> rule, 4.5e33, bare letters)
+def test_grade_batched_matches_grade_one_in_every_mode():
+    cases = PAPER_CASES[::8] + THINK_RULE + [(r, g, "math", e) for r, g, e in AUTHORS_RL_CASES]
+    responses, gts, kinds, _ = map(list, zip(*cases))
+    by_mode = {}
+    for grading in gr.GRADING_MODES:
+        by_mode[grading] = [gr.grade_one(r, g, k, grading=grading) for r, g, k in zip(responses, gts, kinds)]
+        assert gr.grade(responses, gts, kinds, timeout_s=20, workers=2, grading=grading) == (by_mode[grading], 0)
+    assert len({tuple(scores) for scores in by_mode.values()}) == 3  # the modes differ on these cases
     with pytest.raises(ValueError, match="unknown grading 'oat'"):
         gr.grade(responses, gts, kinds, grading="oat")
 
@@ -290,14 +389,18 @@ def test_grade_from_a_thread():
     out = {}
 
     def work():
+        gr.grade([T + "\\boxed{1}"], ["1"], ["math"], workers=1)
+        # the ready worker grades both while a second one still starts: grade() returns once that one is ready too,
+        # else it would not yet have armed PR_SET_PDEATHSIG when this thread ends
         out["batched"] = gr.grade([T + "\\boxed{\\frac{1}{2}}", T + "\\boxed{2}"], ["0.5", "3"], ["math"] * 2,
                                   workers=2)
+        out["ready"] = [w.ready for w in gr._POOL]
         out["one"] = gr.grade_one(T + "\\boxed{(1,2)}", "(1, 2)")
 
     thread = threading.Thread(target=work)
     thread.start()
     thread.join(60)
-    assert out == {"batched": ([1.0, 0.0], 0), "one": 1.0}
+    assert out == {"batched": ([1.0, 0.0], 0), "ready": [True, True], "one": 1.0}
     if sys.platform.startswith("linux"):  # workers die with the thread that started them (PR_SET_PDEATHSIG) ...
         assert _wait_gone([w.process.pid for w in gr._POOL], 5.0)
     # ... and the next call replaces them

@@ -164,11 +164,12 @@ PRESETS = {
         max_response_len=8192, offload=True)),
     "config/rl_paper.py": ((rl.Args,), dict(
         steps=500, prompts_per_step=128, rollouts=8, mini_batch=64, lr=1e-6, clip_low=0.2, clip_high=0.28,
-        policy_loss="ppo_clip", loss_agg="token_mean", temperature=1.0, top_p=0.95, system_prompt="paper")),
+        policy_loss="ppo_clip", clip_ratio_c=None, loss_agg="token_mean", reward="paper", temperature=1.0,
+        top_p=0.95, system_prompt="paper")),
     "config/rl_authors.py": ((rl.Args,), dict(
         steps=500, prompts_per_step=128, rollouts=8, mini_batch=32, lr=1e-6, clip_low=0.2, clip_high=0.2,
-        policy_loss="custom_loss_rl", loss_agg="seq_sum_over_max_len", temperature=1.0, top_p=1.0,
-        system_prompt="messages", offload=True)),
+        policy_loss="custom_loss_rl", clip_ratio_c=None, loss_agg="seq_sum_over_max_len", reward="authors_rl",
+        temperature=1.0, top_p=1.0, system_prompt="messages", offload=True)),
     "config/eval_paper.py": ((evaluate.Args,), dict(
         n=8, n_mmlu_pro=1, temperature=0.6, top_p=0.95, max_new_tokens=8192, system_prompt="paper", grading="paper")),
     "config/eval_authors.py": ((evaluate.Args,), dict(
@@ -177,8 +178,8 @@ PRESETS = {
 }
 # the settings each pair of presets differs in: the rows of docs/recipes.md, nothing else
 DIFFERENCES = {"sft": {"lr_horizon", "min_lr_ratio", "loss_norm", "system_prompt", "offload"},
-               "rl": {"mini_batch", "clip_high", "policy_loss", "loss_agg", "top_p", "system_prompt", "offload",
-                      "gpu_memory_utilization"},
+               "rl": {"mini_batch", "clip_high", "policy_loss", "loss_agg", "reward", "top_p", "system_prompt",
+                      "offload", "gpu_memory_utilization"},
                "eval": {"top_p", "grading", "system_prompt"}}
 
 

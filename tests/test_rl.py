@@ -83,10 +83,57 @@ def test_custom_loss_rl_is_reinforce_below_zero_and_a_two_sided_clip_above():
         rl.clipped_loss(lp, old, adv, 0.2, 0.2, "grpo")
 
 
-@pytest.mark.parametrize("flag,value", [("policy_loss", "grpo"), ("loss_agg", "seq_mean"), ("system_prompt", "x")])
+@pytest.mark.parametrize("flag,value", [("policy_loss", "grpo"), ("loss_agg", "seq_mean"), ("system_prompt", "x"),
+                                        ("reward", "oat")])
 def test_unknown_recipe_values_stop_before_anything_loads(world_of_one, flag, value):
     with pytest.raises(SystemExit, match=f"--{flag} '{value}': expected one of "):
         rl.train(rl.Args(**{flag: value}, model="/nonexistent"), world_of_one)
+
+
+def test_dual_clip_is_verls_vanilla_loss_and_only_caps_negative_advantages():
+    """--clip_ratio_c against verl's compute_policy_loss_vanilla, as the authors' fork writes it
+    (custom_verl/verl/trainer/ppo/core_algos.py lines 858-883), on ratios far off policy on both sides."""
+    def verl_vanilla(lp, old, adv, low, high, c):
+        ratio = torch.exp((lp - old).clamp(-20.0, 20.0))
+        clip_pg_losses1 = torch.maximum(-adv * ratio, -adv * torch.clamp(ratio, 1 - low, 1 + high))
+        clip_pg_losses2 = torch.min(-adv * c, clip_pg_losses1)
+        return torch.where(adv < 0, clip_pg_losses2, clip_pg_losses1)
+
+    g = torch.Generator().manual_seed(0)
+    old = -torch.rand(4000, generator=g, dtype=torch.float64) * 5
+    lp = (old + torch.randn(4000, generator=g, dtype=torch.float64) * 1.5).requires_grad_()
+    adv = torch.randn(4000, generator=g, dtype=torch.float64)
+    loss, diag = rl.clipped_loss(lp, old, adv, 0.2, 0.28, "ppo_clip", clip_ratio_c=3.0)
+    torch.testing.assert_close(loss, verl_vanilla(lp, old, adv, 0.2, 0.28, 3.0), rtol=0, atol=0)
+    plain, plain_diag = rl.clipped_loss(lp, old, adv, 0.2, 0.28)
+    ratio = (lp - old).exp().detach()
+    capped = (adv < 0) & (ratio > 3.0)
+    assert capped.sum() > 100 and (loss[capped] == -3.0 * adv[capped]).all() and (loss < plain)[capped].all()
+    assert torch.equal(loss[~capped], plain[~capped])                     # the cap changes nothing else
+    loss.sum().backward()
+    assert (lp.grad[capped] == 0).all()                                    # no gradient beyond the cap
+    assert torch.equal(diag["clip_high"], (plain_diag["clip_high"].bool() | capped).float())
+
+
+@pytest.mark.parametrize("kw,message", [(dict(clip_ratio_c=1.0), "--clip_ratio_c 1.0: must be > 1"),
+                                        (dict(clip_ratio_c=float("nan")), "--clip_ratio_c nan: must be > 1"),
+                                        (dict(clip_ratio_c=3.0, policy_loss="custom_loss_rl"),
+                                         "--clip_ratio_c 3.0: only --policy_loss ppo_clip has a dual clip")])
+def test_bad_dual_clip_settings_are_one_line_errors(kw, message):
+    with pytest.raises(SystemExit, match=message):
+        rl.Args(**kw)
+    assert rl.Args(clip_ratio_c=3.0).clip_ratio_c == 3.0
+
+
+def test_math_reward_grades_as_its_reward_says():
+    """paper: the text after </think>, alone. authors_rl: the authors' reward, with the end token the engine stopped
+    on (an unboxed 7/12 just before it reads as 7) and the last \\boxed{} of the whole response."""
+    texts = ["<think>x</think> The probability is 7/12", "<think>so \\boxed{7/12}</think> That is all.",
+             "<think>x</think> \\boxed{\\frac{7}{12}}", "<think>x</think> \\boxed{7/13}"]
+    samples = [generation.Sample([1], t, None, None, "stop", "<|im_end|>") for t in texts]
+    examples = [data.Example("q", "\\frac{7}{12}", None, "math", i) for i in range(len(texts))]
+    assert rl.math_reward(samples, examples, "paper", workers=2) == ([1.0, 0.0, 1.0, 0.0], 0)
+    assert rl.math_reward(samples, examples, "authors_rl", workers=2) == ([0.0, 1.0, 1.0, 0.0], 0)
 
 
 def test_clipped_loss_values_gradients_and_clip_fractions():
@@ -326,7 +373,7 @@ def test_vllm_sleeps_whenever_the_trainer_works(checkpoint, toy_sft_file, world_
     """The engine's life in rl.train, with a fake vLLM that records calls (tests/fake_vllm.py): created, put to
     sleep (level 2) before the trainer is built; each step wakes the weights, loads the trainer's, wakes the KV
     cache, generates and sleeps again; old log-probs and optimiser steps run only while it sleeps. A resumed run
-    takes the same path with the checkpoint's weights."""
+    takes the same path with the checkpoint's weights. The default reward grades as --reward says."""
     vllm = fake_vllm.install(monkeypatch)
     monkeypatch.setenv("RANK", "0")                                   # the external_launcher check
 
@@ -340,17 +387,26 @@ def test_vllm_sleeps_whenever_the_trainer_works(checkpoint, toy_sft_file, world_
     monkeypatch.setattr(rl, "shard_model", while_asleep("build trainer", rl.shard_model))
     monkeypatch.setattr(rl, "token_log_probs", while_asleep("old log-probs", rl.token_log_probs))
     monkeypatch.setattr(rl, "policy_update", while_asleep("optimiser step", rl.policy_update))
+    gradings = []
+
+    def grade(texts, ground_truths, kinds, timeout_s, workers, grading):   # the default reward's grader
+        gradings.append(grading)
+        return [float(i % 2) for i in range(len(texts))], 0
+
+    monkeypatch.setattr(rl, "grade", grade)
     args = rl.Args(model=str(checkpoint), train_file=str(toy_sft_file), out_dir=str(tmp_path), steps=2,
                    prompts_per_step=2, rollouts=4, mini_batch=1, micro_batch=8, max_prompt_len=512, max_response_len=6,
-                   bf16=False, grad_ckpt=False, loss_chunk=512, engine="vllm", save_every=1, seed=0)
+                   bf16=False, grad_ckpt=False, loss_chunk=512, engine="vllm", save_every=1, seed=0,
+                   reward="authors_rl")
     step = ["wake:weights", "load", "reset_prefix_cache", "wake:kv_cache", "generate", "sleep:2", "old log-probs",
             "optimiser step"]
 
     def calls():
         return [e for i, e in enumerate(vllm.events) if i == 0 or vllm.events[i - 1] != e]   # repeats collapsed
 
-    rl.train(args, world_of_one, reward_fn=in_lower_quarter)
+    rl.train(args, world_of_one)
     assert calls() == ["LLM", "sleep:2", "build trainer"] + step * 2
+    assert gradings == ["authors_rl"] * 2                               # one grading per step, as --reward says
     llm = vllm.engines[-1]
     assert llm.kwargs["enable_sleep_mode"] and llm.kwargs["distributed_executor_backend"] == "external_launcher"
     assert "logprobs_mode" not in llm.kwargs and llm.kwargs["max_model_len"] == 518
@@ -362,7 +418,7 @@ def test_vllm_sleeps_whenever_the_trainer_works(checkpoint, toy_sft_file, world_
 
     vllm.events.clear()
     args.steps = 3                                                      # resume from step 2: the same path
-    rl.train(args, world_of_one, reward_fn=in_lower_quarter)
+    rl.train(args, world_of_one)
     assert calls() == ["LLM", "sleep:2", "build trainer"] + step
     want = load_file(tmp_path / "step_000002/model.safetensors")
     assert all(torch.equal(vllm.engines[-1].loads[0][k], want[k]) for k in want)
