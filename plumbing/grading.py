@@ -618,12 +618,13 @@ def _stop_workers() -> None:
 
 def grade(responses: list[str], ground_truths: list[str], kinds: list[str], timeout_s: float = 10.0,
           workers: int = 4, grading: str = "paper") -> tuple[list[float], int]:
-    """(scores, n_failures). A response whose grading raises or overruns timeout_s scores 0 and is a failure.
-    grading: one of GRADING_MODES (see the module docstring)."""
+    """(scores, n_failures). A response whose grading raises or overruns timeout_s, or whose worker dies twice
+    under it, scores 0 and is a failure. grading: one of GRADING_MODES (see the module docstring)."""
     _check_grading(grading)
     scores, failures = [0.0] * len(responses), 0
     todo = deque(range(len(responses)))
     busy: dict[int, tuple[int, float]] = {}  # pool slot -> (response index, deadline)
+    retried = set()                           # responses whose worker died under them once
     with _POOL_LOCK, tqdm(total=len(responses), desc="grading", disable=len(responses) < 1000) as bar:
         _POOL[:] = [w for w in _POOL if w.process.poll() is None]
         _POOL.extend(_start_worker() for _ in range(min(max(workers, 1), len(responses)) - len(_POOL)))
@@ -656,9 +657,16 @@ def grade(responses: list[str], ground_truths: list[str], kinds: list[str], time
                 elif message == "died" or (slot in busy and time.monotonic() > busy[slot][1]):
                     if not w.ready and w.process.wait() > 0:  # exited with an error before it could grade
                         raise RuntimeError("a grader worker process failed to start (its error is above)")
-                    if busy.pop(slot, None) is not None:  # its response keeps score 0
-                        failures += 1
-                        bar.update()
+                    if slot in busy:
+                        i, _ = busy.pop(slot)
+                        if message == "died" and i not in retried:
+                            # once more on a fresh worker: this one may have been dying already (killed with
+                            # the thread that started it); a response that kills two workers scores 0
+                            retried.add(i)
+                            todo.appendleft(i)
+                        else:  # over its deadline: it keeps score 0
+                            failures += 1
+                            bar.update()
                     _kill(w)
                     _POOL[slot] = _start_worker()
     return scores, failures

@@ -2,6 +2,7 @@
 (each class with right answers in many forms and wrong answers that must stay wrong), the authors' evaluation
 grader, and the worker processes (time bounds, threads, never outliving their parent, quiet exits)."""
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -406,6 +407,19 @@ def test_grade_from_a_thread():
     # ... and the next call replaces them
     # (a generous deadline: a full suite on a loaded 2-core machine once scored one of these 0 at the default 10 s)
     assert gr.grade([T + "\\boxed{2}"] * 3, ["2"] * 3, ["math"] * 3, timeout_s=60, workers=2) == ([1.0] * 3, 0)
+
+
+def test_a_response_whose_worker_dies_under_it_is_graded_again_on_a_fresh_one():
+    """A worker that takes a response and exits without an answer (one killed with the thread that started it:
+    alive when handed the response, gone before it answers) costs a retry, not a wrong score."""
+    gr._stop_workers()
+    parent, child = socket.socketpair()
+    dying = subprocess.Popen([sys.executable, "-c", "import socket, sys; s = socket.socket(fileno=int(sys.argv[1]));"
+                              " s.recv(1 << 16)", str(child.fileno())], pass_fds=[child.fileno()])
+    child.close()
+    gr._POOL.append(gr._Worker(dying, gr.Connection(parent.detach()), ready=True))
+    assert gr.grade([T + "\\boxed{2}", T + "\\boxed{3}"], ["2", "3"], ["math"] * 2, workers=1) == ([1.0] * 2, 0)
+    assert dying.poll() is not None and all(w.process is not dying for w in gr._POOL)
 
 
 def _gone(pid: int) -> bool:
