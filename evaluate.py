@@ -34,7 +34,7 @@ from plumbing.checkpoints import verify_model_dir
 from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import print0, setup_distributed, shutdown
 from plumbing.generation import ENGINES, Engine, Sample, encode, engine_kind, generate, load_engine
-from plumbing.grading import GRADING_MODES, answer_kind, grade, graded_text
+from plumbing.grading import GRADING_MODES, answer_kind, grade, graded_text, ground_truth_unparsable
 from plumbing.models import check_model_dir
 from plumbing.run_dir import lock_dir, release, write_atomic
 
@@ -359,9 +359,13 @@ def evaluate_benchmarks(engine: Engine, tokenizer, benchmarks: dict[str, list[Ex
                     path.parent.mkdir(parents=True, exist_ok=True)
                     write_atomic(path, json.dumps(saved))
         if rank == 0:
-            metrics[name] = saved["metrics"]
+            unparsable = [ex.row for ex in examples if ground_truth_unparsable(
+                ex.ground_truth, answer_kind(name, ex.ground_truth), args.grading)]
+            metrics[name] = {**saved["metrics"], "grader_failures": saved["grader_failures"],
+                             "unparsable_ground_truths": len(unparsable)}
             records += saved["records"]
             failures += saved["grader_failures"]
+            warn_about_grading(name, unparsable, saved["grader_failures"], args.grading)
             avg = report.percent(metrics[name]["avg"])
             seconds = time.perf_counter() - start
             print0(f"[{i}/{len(benchmarks)}] {name}: avg@{n} {avg}, {seconds:.0f} s")
@@ -370,6 +374,18 @@ def evaluate_benchmarks(engine: Engine, tokenizer, benchmarks: dict[str, list[Ex
     name = args.name or Path(args.model.rstrip("/")).name
     return {"name": name, "model": args.model, "settings": asdict(args), "benchmarks": metrics,
             "summary": table2_averages(metrics), "grader_failures": failures}, records
+
+
+def warn_about_grading(name: str, unparsable: list[int], failures: int, grading: str) -> None:
+    """A warning per benchmark whose scores have zeros that no response earned."""
+    if unparsable:
+        rows = ", ".join(map(str, unparsable[:8])) + (", ..." if len(unparsable) > 8 else "")
+        fate = "score 0" if grading == "paper" else "count only where the boxed grader matches"
+        print0(f"warning: {name}: math-verify cannot parse {len(unparsable)} ground truths "
+               f"(rows {rows}): those questions {fate}")
+    if failures:
+        print0(f"warning: {name}: {failures} responses could not be graded (a grader error or over "
+               f"--grader-timeout): each scores 0")
 
 
 def run_eval(args: Args) -> dict | None:

@@ -517,6 +517,22 @@ def _score(response: str, ground_truth: str, kind: str, grading: str, timeout_s:
     return float(math_answer_correct(answer, ground_truth, timeout_s))
 
 
+def ground_truth_unparsable(ground_truth: str, kind: str, grading: str = "paper") -> bool:
+    """Does math-verify read nothing in this math ground truth (`\\text{}`, `$`), parsed as `grading` parses it?
+    In paper mode every response to the question then scores 0; the authors' boxed grader may still match it as
+    text. evaluate.py counts them per benchmark and warns."""
+    if kind == "mc":
+        return False
+    timeout_s = 5 if threading.current_thread() is threading.main_thread() else None
+    try:
+        if grading == "paper":
+            math_answer_correct("", ground_truth, timeout_s)
+            return False
+        return not parse("$" + ground_truth + "$", parsing_timeout=timeout_s)
+    except Exception:
+        return True
+
+
 def _check_grading(grading: str) -> None:
     if grading not in GRADING_MODES:
         raise ValueError(f"unknown grading {grading!r} (one of {', '.join(GRADING_MODES)})")

@@ -323,3 +323,29 @@ def test_rl_logs_get_the_mixed_reward_plot_and_sft_logs_the_entropy_plot(tmp_pat
     assert [name for name, _ in sft_runs] == ["sft"] and sft_panels[0][0] == "student_entropy_top20"
     assert [row["mixed_reward_groups"] for row in rl_runs[0][1]] == [75.0, 50.0]      # 100 (1 - zero_std_frac)
     plt.close("all")
+
+
+def test_unparsable_ground_truths_and_grader_failures_are_counted_per_benchmark(tmp_path, monkeypatch, capsys):
+    def fake_generate(engine, tokenizer, prompts, n, *args, **kwargs):
+        return [[generation.Sample([1, 2], T + "The answer is \\boxed{5}", [-1.0] * 2, [0.1] * 2, "stop", "")
+                 for _ in range(n)] for _ in prompts]
+
+    def row(source, question, gt):
+        return {"data_source": source, "reward_model": {"ground_truth": gt, "style": "rule"},
+                "prompt": [{"role": "user", "content": question}]}
+    bench = tmp_path / "b.jsonl"
+    rows = [row("math", "2+3?", "5"), row("math", "q2", "\\text{}"), row("math", "q3", "$"),
+            row("aime", "q4", "5"), row("arc_c", "q5", "B")]
+    bench.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    monkeypatch.setattr(ev, "generate", fake_generate)
+    result, _ = ev.evaluate_benchmarks(None, None, ev.load_benchmarks(str(bench)),
+                                       ev.Args(n=2, grader_workers=1, model="m"))
+    math_ = result["benchmarks"]["math"]
+    assert (math_["unparsable_ground_truths"], math_["grader_failures"]) == (2, 4)    # 2 questions x 2 samples
+    assert math_["avg"] == pytest.approx(1 / 3)
+    assert [(m["unparsable_ground_truths"], m["grader_failures"]) for b, m in result["benchmarks"].items()
+            if b != "math"] == [(0, 0), (0, 0)]
+    assert result["grader_failures"] == 4
+    out = capsys.readouterr().out
+    assert "warning: math: math-verify cannot parse 2 ground truths (rows 1, 2): those questions score 0" in out
+    assert "warning: math: 4 responses could not be graded" in out and "warning: aime" not in out
