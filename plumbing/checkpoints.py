@@ -49,8 +49,8 @@ def save(out_dir: Path, step: int, model, tokenizer, trainer_state: dict, extra_
     if need > free[0] and not free[1]:
         if rank == 0:
             shutil.rmtree(tmp)
-        raise SystemExit(f"{out_dir}: checkpoint step {step} needs {need / 1e9:.2f} GB, the disk has "
-                         f"{free[0] / 1e9:.2f} GB free (--keep_last N deletes old checkpoints)")
+        raise SystemExit(f"{out_dir}: checkpoint step {step} needs {_size(need)}, the disk has "
+                         f"{_size(free[0])} free (--keep_last N deletes old checkpoints)")
     if not free[1]:
         save_hf_weights(model, tmp, dtype, int(max_shard_gb * 2**30), step, failures)
         _attempt(failures, dcp.save, trainer_state, checkpoint_id=str(tmp / "trainer"))
@@ -116,14 +116,18 @@ def _stop_if_any_rank_failed(failures: list, out_dir: Path, step: int, tmp: Path
     if dist.get_rank() == 0:
         shutil.rmtree(tmp, ignore_errors=True)
     kept = latest(out_dir)
-    free = shutil.disk_usage(out_dir).free / 1e9
+    free = shutil.disk_usage(out_dir).free
     text = str(failures[0]).strip().splitlines()[0] if failures else "another rank could not write its part"
     full = any(getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e) or "inline_container" in str(e)
                for e in failures)
-    reason = f"the disk is full ({free:.2f} GB free)" if full or free < 0.001 else text
+    reason = f"the disk is full ({_size(free)} free)" if full or free < 1e6 else text
     kept_text = f"the newest checkpoint is {kept}" if kept else "no checkpoint is kept"
     raise SystemExit(f"{out_dir}: checkpoint step {step} could not be written: {reason}; it was removed and "
                      f"{kept_text}")
+
+
+def _size(n_bytes: int) -> str:
+    return f"{n_bytes / 1e9:.2f} GB" if n_bytes >= 1e9 else f"{n_bytes / 1e6:.1f} MB"
 
 
 def _tensor_bytes(state) -> int:

@@ -89,7 +89,7 @@ def test_a_checkpoint_that_cannot_fit_on_the_disk_stops_before_writing(model_and
     model, tokenizer = model_and_tokenizer
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(shutil, "disk_usage", lambda path: usage._replace(free=10_000))
-    with pytest.raises(SystemExit, match=r"checkpoint step 3 needs 0.\d+ GB, the disk has 0.00 GB free"):
+    with pytest.raises(SystemExit, match=r"checkpoint step 3 needs \d+\.\d MB, the disk has 0.0 MB free"):
         save(model, tokenizer, tmp_path, 3)
     assert list(tmp_path.iterdir()) == []
 
@@ -145,7 +145,7 @@ def test_a_save_on_a_nearly_full_filesystem_stops_with_one_line(model_and_tokeni
         pytest.skip("mounting a tmpfs needs root")
     try:
         first = save(model, tokenizer, mount, 1)
-        with pytest.raises(SystemExit, match=r"checkpoint step 2 needs .* GB free"):
+        with pytest.raises(SystemExit, match=r"checkpoint step 2 needs .* MB, the disk has .* MB free"):
             save(model, tokenizer, mount, 2)
         monkeypatch.setattr(checkpoints, "_large_files_bytes", lambda *args: 0)
         with open(mount / "filler", "wb") as f:                # leave room for half a checkpoint
