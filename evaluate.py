@@ -40,6 +40,7 @@ from plumbing.run_dir import write_atomic
 class Args:
     """evaluate.py settings"""
     REQUIRED = ("model", "data")
+    RENAMED = {"n": "n_samples"}   # torchrun's own parser takes --n for its --nnodes
     model: str = ""
     """checkpoint directory (config.json, safetensors weights, tokenizer)"""
     data: str = ""
@@ -50,8 +51,8 @@ class Args:
     """label of this checkpoint in tables and plots (default: the model directory's name)"""
     engine: Literal[ENGINES] = "auto"
     """auto: vLLM with CUDA and the vllm package, else HF generate | hf | vllm"""
-    n: int = 8
-    """samples per question: avg@8, pass@k up to k = 8 (Sec. 5.1)"""
+    n_samples: int = 8
+    """samples per question: avg@8, pass@k up to k = 8 (Sec. 5.1); once --n, which torchrun took"""
     n_mmlu_pro: int = 1
     """samples per MMLU-Pro question (Sec. 5.1: one, for its 12k questions)"""
     temperature: float = 0.6
@@ -95,7 +96,7 @@ class Args:
         check_settings(self, positive=["temperature", "top_p", "gpu_memory_utilization",
                                        "grader_timeout"],
                        fraction=["top_p", "gpu_memory_utilization"], non_negative=["limit"],
-                       at_least_one=["n", "n_mmlu_pro", "max_new_tokens", "max_prompt_len",
+                       at_least_one=["n_samples", "n_mmlu_pro", "max_new_tokens", "max_prompt_len",
                                      "batch_size", "tensor_parallel_size", "max_model_len",
                                      "grader_workers", "sft_examples"])
 
@@ -318,7 +319,7 @@ def evaluate_benchmarks(engine: Engine, tokenizer, benchmarks: dict[str, list[Ex
     metrics, records, failures = {}, [], 0
     for i, (name, examples) in enumerate(benchmarks.items(), 1):
         start = time.perf_counter()
-        n = args.n_mmlu_pro if name.startswith("mmlu_pro") else args.n
+        n = args.n_mmlu_pro if name.startswith("mmlu_pro") else args.n_samples
         prompts = [example_prompt(ex, tokenizer, args.system_prompt) for ex in examples]
         path = progress_dir / f"{name}.json" if progress_dir is not None else None
         key = _progress_key(args, examples, prompts) if path is not None and rank == 0 else None

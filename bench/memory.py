@@ -5,8 +5,8 @@
     python bench/memory.py --model path/to/config.json --stage sft --loss curio --gpus 1 --token_budget 8192 \
         --loss_chunk 4096 --json
 
-Leading config/*.py presets set the run as they set sft.py / rl.py (fields that do not change memory, such as lr,
-are ignored); flags win. --model is a named shape (MODELS) or a Hugging Face config.json (or its directory).
+config/*.py presets (anywhere on the line) set the run as they set sft.py / rl.py (fields that do not change memory,
+such as lr, are ignored); flags win. --model is a named shape (MODELS) or a Hugging Face config.json (or its directory).
 The same from Python: `plan(config_dict, stage="sft", loss="curio", gpus=8, ...)`.
 
 What it counts, per GPU, is what torch.cuda.max_memory_allocated counts: tensors (the CUDA context, NCCL buffers
@@ -65,7 +65,7 @@ sys.path.insert(0, str(REPO))
 import chunked_logits  # noqa: E402
 import curio_loss as cl  # noqa: E402
 import sft  # noqa: E402
-from plumbing.cli import parse_config  # noqa: E402
+from plumbing.cli import parse_config, split_presets  # noqa: E402
 
 GIB = 2**30
 
@@ -594,9 +594,7 @@ def describe(result: dict) -> str:
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    presets = []
-    while argv and argv[0].endswith(".py"):
-        presets.append(argv.pop(0))
+    presets, argv = split_presets(argv, [Run])
     probe = argparse.ArgumentParser(add_help=False)
     probe.add_argument("--stage")
     stage_given = probe.parse_known_args(argv)[0].stage

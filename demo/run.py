@@ -45,7 +45,7 @@ SIZES = {
                    intermediate_size=64),
         pretrain=["--epochs", "1", "--global_batch", "16", "--lr", "3e-3"],
         sft=["--epochs", "2", "--global_batch", "8", "--lr", "1e-3", "--save_every", "2"],
-        eval=["--n", "2", "--max_new_tokens", "40", "--sft_examples", "8"],
+        eval=["--n_samples", "2", "--max_new_tokens", "40", "--sft_examples", "8"],
         rl=["--steps", "1", "--prompts_per_step", "2", "--rollouts", "2", "--mini_batch", "2",
             "--max_response_len", "40"],
     ),
@@ -62,7 +62,7 @@ SIZES = {
         # (on an earlier toy task). A checkpoint every 32 steps for the branching tokens' curves.
         sft=["--epochs", "3", "--global_batch", "16", "--lr", "1e-3", "--warmup_steps", "16", "--token_budget", "2048",
              "--log_every", "4", "--save_every", "32"],
-        eval=["--n", "8", "--max_new_tokens", "48", "--sft_examples", "128", "--batch_size", "16"],
+        eval=["--n_samples", "8", "--max_new_tokens", "48", "--sft_examples", "128", "--batch_size", "16"],
         # top_p 1.0: the authors' scripts/2_rl.sh leaves verl's rollout top_p at 1.0 (the paper's text says 0.95,
         # which would never sample a move the model gives less than 5% in all). lr 3e-5: at 1e-4 GRPO lowered its own
         # reward from SFT on an earlier toy task (0.27 in the first 8 steps, 0.20 in the last 8); at 3e-5 it rose

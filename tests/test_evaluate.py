@@ -172,7 +172,7 @@ def test_evaluate_wiring_with_canned_responses(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ev, "generate", fake_generate)
     benchmarks = ev.load_benchmarks(str(_write_benchmarks(tmp_path)))
-    result, records = ev.evaluate_benchmarks(None, None, benchmarks, ev.Args(n=4, grader_workers=2, model="m"))
+    result, records = ev.evaluate_benchmarks(None, None, benchmarks, ev.Args(n_samples=4, grader_workers=2, model="m"))
     m = result["benchmarks"]
     assert (m["math"]["avg"], m["aime"]["avg"], m["arc_c"]["avg"]) == (5 / 8, 4 / 8, 2 / 4)
     assert m["math"]["pass_at_k"]["4"] == 1.0 and m["aime"]["pass_at_k"]["4"] == 0.5
@@ -182,7 +182,7 @@ def test_evaluate_wiring_with_canned_responses(tmp_path, monkeypatch):
     assert m["math"]["diversity"] == pytest.approx(5 / 6)  # shifted ids: neighbours share 1 of 3 distinct 4-grams
     # --grading authors reaches the grader: a bare "ANSWER: B" is no answer to the authors' math-verify + boxed grader.
     _, records = ev.evaluate_benchmarks(None, None, benchmarks,
-                                        ev.Args(n=4, grader_workers=2, model="m", grading="authors"))
+                                        ev.Args(n_samples=4, grader_workers=2, model="m", grading="authors"))
     assert [r["score"] for r in records if r["data_source"] == "arc_c"] == [0.0] * 4
     assert sum(r["score"] for r in records if r["data_source"] == "math") == 5
 
@@ -191,7 +191,7 @@ def test_end_to_end_cpu(checkpoint, tmp_path):
     bench = _write_benchmarks(tmp_path)
     sft = _write_sft_data(tmp_path)
     out = tmp_path / "eval"
-    ev.main(["--model", checkpoint, "--data", str(bench), "--out", str(out), "--engine", "hf", "--n", "4",
+    ev.main(["--model", checkpoint, "--data", str(bench), "--out", str(out), "--engine", "hf", "--n_samples", "4",
              "--max-new-tokens", "16", "--grader-workers", "2", "--name", "tiny", "--sft-data", str(sft)])
     result = json.loads((out / "results.json").read_text())
     e = result["expert_entropy"]
@@ -241,9 +241,9 @@ def result_vocab(checkpoint):
 def test_cli_is_generated_from_the_dataclass():
     docs = cli.field_docs(ev.Args)
     assert set(docs) == {f.name for f in dataclasses.fields(ev.Args)} and all(docs.values())
-    args, = cli.parse_config(ev.Args, argv=["--model", "m", "--data", "d", "--n", "4", "--top-p", "0.9",
+    args, = cli.parse_config(ev.Args, argv=["--model", "m", "--data", "d", "--n_samples", "4", "--top-p", "0.9",
                                                "--no-save-samples"])
-    assert (args.n, args.top_p, args.save_samples, args.temperature) == (4, 0.9, False, 0.6)
+    assert (args.n_samples, args.top_p, args.save_samples, args.temperature) == (4, 0.9, False, 0.6)
     plot, = cli.parse_config(ev.PlotArgs, argv=["--results", "a.json", "b.json"])
     assert plot.results == ["a.json", "b.json"] and plot.logs == []
 
@@ -266,7 +266,7 @@ def test_bad_input_gives_clear_errors(checkpoint, tmp_path, capsys):
         (["--model", checkpoint, "--data", str(bench), "--dtype", "fp8"], "--dtype: invalid choice: 'fp8'"),
         (["--model", checkpoint, "--data", str(bench), "--grading", "oat"], "--grading: invalid choice: 'oat'"),
         (["--model", checkpoint, "--data", str(bench), "--limit=-1"], "--limit -1: must be a finite number >= 0"),
-        (["--model", checkpoint, "--data", str(bench), "--n", "0"], "--n 0: must be >= 1"),
+        (["--model", checkpoint, "--data", str(bench), "--n_samples", "0"], "--n_samples 0: must be >= 1"),
         (["--model", checkpoint, "--data", str(bench), "--temperature", "0"], "--temperature 0.0: must be a finite"),
         (["--model", checkpoint, "--data", str(bench), "--top_p", "1.5"], "--top_p 1.5: must be in [0, 1]"),
         (["--model", checkpoint, "--data", str(bench), "--gpu_memory_utilization", "0"],
