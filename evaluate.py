@@ -168,9 +168,15 @@ def benchmark_metrics(samples: list[list[Sample]], scores: list[list[float]]) ->
     diversities = [ngram_diversity([s.token_ids for s in q]) for q in samples]
     diversities = [d for d in diversities if d is not None]
     pass_k = {str(k): float(np.mean([pass_at_k(n, int(sum(q)), k) for q in scores])) for k in ks}
+    correct = np.array([sum(q) for q in scores])                              # [questions]
     return {
         "questions": len(scores), "n": n,
         "avg": float(np.mean(scores)),  # avg@n: mean accuracy over all n samples of every question
+        # its standard error over questions (the questions are the sample; n samples each)
+        "avg_stderr": float(np.std(correct / n, ddof=1) / np.sqrt(len(scores)))
+        if len(scores) > 1 else None,
+        # questions whose samples disagree: the GRPO groups with a learning signal, before any RL
+        "mixed_frac": float(np.mean((correct > 0) & (correct < n))),
         "pass_at_k": pass_k,
         "response_length": n_tokens / len(flat),  # tokens, EOS included
         # token-mean entropy of the sampling distribution, temperature and top-p applied

@@ -25,18 +25,21 @@ def results_table(result: dict) -> str:
     """Markdown: one row per benchmark, then the paper's ID / OOD averages."""
     bench = result["benchmarks"]
     ks = sorted({int(k) for m in bench.values() for k in m["pass_at_k"]})
-    head = ["benchmark", "questions", "n", "avg@n"] + [f"pass@{k}" for k in ks] + [
-        "length", "entropy", "diversity", "truncated"]
+    head = ["benchmark", "questions", "n", "avg@n", "s.e."] + [f"pass@{k}" for k in ks] + [
+        "mixed", "length", "entropy", "diversity", "truncated"]
     lines = [f"## {result['name']}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for b, m in bench.items():
-        cells = [b, m["questions"], m["n"], percent(m["avg"])] + [percent(m["pass_at_k"].get(str(k))) for k in ks] + [
-            f"{m['response_length']:.0f}", f"{m['entropy']:.3f}",
+        cells = [b, m["questions"], m["n"], percent(m["avg"]), percent(m.get("avg_stderr"))]
+        cells += [percent(m["pass_at_k"].get(str(k))) for k in ks] + [
+            percent(m.get("mixed_frac")), f"{m['response_length']:.0f}", f"{m['entropy']:.3f}",
             "–" if m["diversity"] is None else f"{m['diversity']:.3f}", percent(m["truncated"])]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     s = result["summary"]
     grading = result.get("settings", {}).get("grading", "paper")
     lines += ["", f"ID avg {percent(s['id_avg'])} · OOD avg {percent(s['ood_avg'])} · grading {grading} · "
-                  f"grader failures {result['grader_failures']}"]
+                  f"grader failures {result['grader_failures']}",
+              "s.e.: standard error of avg@n over questions; mixed: the share of questions whose n samples are "
+              "neither all right nor all wrong (what GRPO learns from)"]
     if result.get("expert_entropy"):
         e = result["expert_entropy"]
         lines.append(f"expert-token entropy (nats): top 20% {e['top20']:.3f}, bottom 80% {e['bottom80'] or 0:.3f}, "

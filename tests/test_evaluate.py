@@ -52,6 +52,14 @@ def test_benchmark_metrics_avg_pass_length_entropy():
     assert m["pass_at_k"]["4"] == pytest.approx(2 / 3)
     assert m["response_length"] == pytest.approx((2 + 3 + 4 + 5) / 4)
     assert m["entropy"] == pytest.approx(0.5) and m["truncated"] == 0.0
+    # per-question accuracy 1/2, 0, 1: sample standard deviation 1/2 over 3 questions; one question of 3 mixed
+    assert m["avg_stderr"] == pytest.approx(0.5 / math.sqrt(3)) and m["mixed_frac"] == pytest.approx(1 / 3)
+    one = ev.benchmark_metrics(samples[:1], scores[:1])
+    assert one["avg_stderr"] is None and one["mixed_frac"] == 1.0        # one question: no spread to measure
+    table = report.results_table({"name": "x", "benchmarks": {"aime": m}, "summary": {"id_avg": 0.5, "ood_avg": None},
+                                  "grader_failures": 0})
+    assert "| avg@n | s.e. | pass@1 | pass@2 | pass@4 | mixed |" in table
+    assert "| aime | 3 | 4 | 50.0 | 28.9 | 50.0 |" in table and "| 66.7 | 33.3 | 4 |" in table
     assert list(ev.benchmark_metrics(samples, [q[:3] for q in scores])["pass_at_k"]) == ["1", "2", "3"]
 
 
