@@ -2,6 +2,7 @@
 
     results_table   one checkpoint, one row per benchmark
     compare_table   several checkpoints in the layout of the paper's Table 2
+    paired_table    evaluate.py compare: A - B with its bootstrap interval per benchmark and metric
     plot_results    pass@k, accuracy against entropy and diversity (Figs. 1, 4), before and after RL (Table 3),
                     curves over training from sft.py and rl.py logs (Fig. 2)
 """
@@ -60,6 +61,30 @@ def compare_table(results: list[dict]) -> str:
                                percent(r["benchmarks"].get(b, {}).get("avg")) for b in names]
         cells += ["–" if s[k] is None else f"{s[k]:.3f}" for k in ("entropy", "diversity")]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def signed(x) -> str:
+    """A difference of shares in points, with its sign."""
+    return f"{100 * x:+.1f}"
+
+
+def paired_table(result: dict) -> str:
+    """Markdown of evaluate.py compare's result: A, B, A - B and its interval, one row per benchmark
+    (then the ID, OOD and overall averages) and metric."""
+    a, b = result["a"], result["b"]
+    lines = [f"## {a['name']} − {b['name']}", "",
+             f"A: {a['name']} ({', '.join(a['evaluations'])}); "
+             f"B: {b['name']} ({', '.join(b['evaluations'])}). "
+             f"{result['level']:.0%} percentile bootstrap intervals of A − B, paired over questions "
+             f"({result['resamples']:,} replicates, seed {result['seed']}; resampled: {result['resampled']}). "
+             "Points of accuracy.", "",
+             "| benchmark | questions | metric | A | B | A − B | 95% interval |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["rows"]:
+        metric = r["metric"] if r["metric"] != "avg" else f"avg@{r['n'] or 'n'}"
+        lines.append(f"| {r['benchmark']} | {r['questions']} | {metric} | {percent(r['a'])} | {percent(r['b'])} "
+                     f"| {signed(r['difference'])} | [{signed(r['low'])}, {signed(r['high'])}] |")
     return "\n".join(lines) + "\n"
 
 

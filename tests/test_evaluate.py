@@ -222,6 +222,11 @@ def test_end_to_end_cpu(checkpoint, tmp_path):
     assert "| aime | 2 | 4 |" in table and "pass@4" in table
     assert (out / "pass_at_k.png").stat().st_size > 0 and (out / "accuracy_vs_entropy_diversity.png").is_file()
     assert not (out / "accuracy_before_after_rl.png").exists()              # one checkpoint: nothing to pair
+    # compare reads what evaluate.py wrote: a checkpoint against itself differs by 0, with no spread
+    ev.main(["compare", str(out), str(out), "--out", str(tmp_path / "self"), "--resamples", "200"])
+    paired = json.loads((tmp_path / "self" / "paired.json").read_text())
+    assert {r["benchmark"] for r in paired["rows"]} == {"math", "aime", "arc_c", "ID avg", "OOD avg", "all avg"}
+    assert all(r["difference"] == r["low"] == r["high"] == 0 for r in paired["rows"])
 
     # Compare mode: a checkpoint, the same after "RL" (paired by name), and an SFT log.
     other = json.loads((out / "results.json").read_text()) | {"name": "tiny+grpo"}
