@@ -7,6 +7,7 @@ sampling entropy, n-gram diversity and (with --sft_data) the entropy at the expe
     python evaluate.py plot --results out/eval/*/results.json --logs runs/*/log.jsonl --out cmp
     python evaluate.py compare out/eval/curio out/eval/sft   # A - B, paired bootstrap intervals
     python evaluate.py compare --a out/eval/curio_s{0,1,2} --b out/eval/sft_s{0,1,2}   # and seeds
+    python evaluate.py tokens --model CKPT --data train.parquet --row 0 --out tokens.html
 
 Each finished benchmark is kept under OUT/progress/: a rerun with the same settings loads it instead
 of sampling it again. Sampling (vLLM or HF generate), grading, tables and plots are plumbing/; this
@@ -27,10 +28,11 @@ import torch
 import torch.distributed as dist
 from tqdm import tqdm
 
-from curio_loss import entropy
+import curio_loss as cl
+from chunked_logits import cat_diags, no_grad_logits, normed_hidden, select_targets
 from data import ID_BENCHMARKS, OOD_BENCHMARKS, SYSTEM_PROMPT_MODES, Example, example_prompt
 from data import load_examples, tokenize_sft
-from plumbing import report
+from plumbing import report, token_page
 from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import print0, setup_distributed, shutdown
 from plumbing.generation import ENGINES, Engine, Sample, encode, engine_kind, generate, load_engine
@@ -136,6 +138,32 @@ class CompareArgs:
         check_settings(self, at_least_one=["resamples"])
 
 
+@dataclass
+class TokensArgs:
+    """evaluate.py tokens settings"""
+    REQUIRED = ("model", "data")
+    model: str = ""
+    """the student: a checkpoint directory (an sft.py checkpoint, or the model it starts from)"""
+    teacher: str = ""
+    """the teacher's checkpoint, same vocabulary (e.g. the run's previous one: CurioSFT's teacher is
+    a lagged copy of the student); default: the model itself, the self-teacher view"""
+    data: str = ""
+    """SFT file: .parquet / .jsonl / .json in the authors' schema, with expert responses"""
+    row: int = 0
+    """the example: its 0-based row in the file"""
+    out: str = "out/tokens.html"
+    """the page: one self-contained HTML file"""
+    system_prompt: Literal[SYSTEM_PROMPT_MODES] = "paper"
+    """the prompt around the question, as in training: paper | row | messages"""
+    loss_chunk: int = 2048
+    """tokens per logits chunk: the [tokens, vocab] logits exist one chunk at a time"""
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    """model dtype; auto: bfloat16 on GPU, float32 on CPU"""
+
+    def __post_init__(self):
+        check_settings(self, non_negative=["row"], at_least_one=["loss_chunk"])
+
+
 # ================================================================================================
 # ALGO LOGIC: the metrics (whether a response is right: plumbing/grading.py)
 # ================================================================================================
@@ -178,7 +206,7 @@ def expert_token_entropy(model, tokenizer, examples: list[Example], max_len: int
         ids, mask = tokenize_sft(tokenizer, prompt, ex.response)
         ids, mask = ids[:max_len], torch.tensor(mask[:max_len], dtype=torch.bool)
         logits = model(torch.tensor([ids], device=device)).logits[0]             # [L, V]
-        entropies.append(entropy(logits[:-1][mask[1:].to(device)]).cpu())     # response + EOS
+        entropies.append(cl.entropy(logits[:-1][mask[1:].to(device)]).cpu())  # response + EOS
     h = torch.cat(entropies).sort(descending=True).values                      # [positions]
     k = max(1, round(0.2 * len(h)))
     return {"top20": h[:k].mean().item(), "bottom80": h[k:].mean().item() if len(h) > k else None,
@@ -245,6 +273,27 @@ def sample_and_grade(engine: Engine, tokenizer, name: str, examples: list[Exampl
     for r, s in zip(records, scores):
         r["score"] = s
     return samples, [scores[i * n : (i + 1) * n] for i in range(len(samples))], records, failures
+
+
+@torch.no_grad()
+def curio_token_view(model, teacher, batch: dict, cfg: cl.LossConfig, chunk: int) -> dict:
+    """What CurioSFT does at each trained token (response and EOS) of a batch: {name: [N]} with the
+    student's lp, the teacher's entropy H_t (top-k, App. D), Delta_t (Eq. 7), tau_t and lq (Alg. 1
+    lines 6-11), and the weight w_t = 1 - alpha (lp - lq) that CurioSFT puts on cross-entropy
+    there; the expert token ("target"). teacher: a second model, or None for the model itself (the
+    self-teacher, as sft.py --loss curio_self_teacher). The logits exist one chunk at a time."""
+    h, y = select_targets(normed_hidden(model, batch), batch)                # [N, H], [N]
+    h_teacher = None if teacher is None else select_targets(normed_hidden(teacher, batch), batch)[0]
+    parts = []
+    for s in range(0, max(len(y), 1), chunk):
+        logits = model.lm_head(h[s : s + chunk])                             # [n, V]
+        z_teacher = logits if teacher is None else no_grad_logits(teacher.lm_head,
+                                                                  h_teacher[s : s + chunk])
+        lq, teacher_diag = cl.teacher_log_prob(z_teacher, y[s : s + chunk], cfg)
+        _, student_diag = cl.curio_sft_loss(logits, y[s : s + chunk], lq, cfg)   # lp, weight
+        delta = cl.entropy_increment(teacher_diag["teacher_entropy"], cfg)
+        parts.append(teacher_diag | student_diag | {"delta": delta, "target": y[s : s + chunk]})
+    return cat_diags(parts)
 
 
 # ================================================================================================
@@ -680,6 +729,36 @@ def run_compare(args: CompareArgs) -> dict:
     return result
 
 
+def run_tokens(args: TokensArgs, cfg: cl.LossConfig) -> dict:
+    """The page of one SFT example (curio_token_view); returns the view."""
+    examples = load_examples(args.data, require_response=True)
+    if args.row >= len(examples):
+        raise ValueError(f"--row {args.row}: {args.data} has rows 0 to {len(examples) - 1}")
+    example = examples[args.row]
+    student, tokenizer = load_engine(args.model, "hf", args.dtype)
+    teacher = load_engine(args.teacher, "hf", args.dtype)[0].model if args.teacher else None
+    if teacher is not None and teacher.config.vocab_size != student.model.config.vocab_size:
+        raise ValueError(f"--teacher {args.teacher}: vocabulary {teacher.config.vocab_size}, the "
+                         f"model's {student.model.config.vocab_size}")
+    prompt = example_prompt(example, tokenizer, args.system_prompt)
+    ids, mask = tokenize_sft(tokenizer, prompt, example.response)
+    device = next(student.model.parameters()).device
+    batch = {"input_ids": torch.tensor([ids], device=device),
+             "attention_mask": torch.ones(1, len(ids), dtype=torch.long, device=device),
+             "loss_mask": torch.tensor([mask], device=device)}
+    view = {k: v.cpu() for k, v in curio_token_view(student.model, teacher, batch, cfg,
+                                                    args.loss_chunk).items()}
+    summary = cl.summarize(view, cfg.alpha)        # what sft.py logs, over this example's tokens
+    page = token_page.render(tokenizer, ids, mask, view, summary, cfg, {
+        "model": args.model, "teacher": args.teacher or "the model itself (self-teacher)",
+        "example": f"{args.data}, row {args.row} ({example.data_source})"})
+    Path(args.out).absolute().parent.mkdir(parents=True, exist_ok=True)
+    write_atomic(Path(args.out), page)
+    print(f"{args.out}: {len(view['lp'])} response tokens; w_t {summary['w_top20']:.3f} at the top "
+          f"20% teacher-entropy tokens, {summary['w_bottom80']:.3f} at the rest")
+    return view
+
+
 def main(argv: list[str] | None = None) -> None:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["plot"]:
@@ -689,6 +768,9 @@ def main(argv: list[str] | None = None) -> None:
         if len(words) >= 2 and not any(w.startswith("-") for w in words[:2]):  # compare A B [...]
             words = ["--a", words[0], "--b", words[1], *words[2:]]
         run_compare(parse_config(CompareArgs, argv=words, prog="evaluate.py compare")[0])
+    elif argv[:1] == ["tokens"]:
+        run_tokens(*parse_config(TokensArgs, cl.LossConfig, argv=argv[1:],
+                                 prog="evaluate.py tokens"))
     else:
         run_eval(parse_config(Args, argv=argv, prog="evaluate.py")[0])
         if dist.is_initialized():  # torchrun: every rank done before the group goes

@@ -17,6 +17,7 @@ CASES = {
               "--policy_loss {ppo_clip,custom_loss_rl}", "--engine {auto,hf,vllm}"],
     "evaluate.py": ["usage: evaluate.py [config/PRESET.py ...]", "--grading {paper,authors}"],
     "evaluate.py plot": ["usage: evaluate.py plot", "--results"],
+    "evaluate.py tokens": ["usage: evaluate.py tokens", "--teacher", "loss settings (curio_loss.LossConfig):"],
     "evaluate.py compare": ["usage: evaluate.py compare", "--resamples", "(required) evaluations of checkpoint A"],
     "data.py": ["usage: python data.py download"],
     "demo/toy.py": ["usage: demo/toy.py", "--expert_fails"],

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import chunked_logits
+import curio_loss
 import data
-import evaluate
 import fake_vllm
 import rl
 from plumbing import checkpoints, generation, models
@@ -133,12 +133,12 @@ def test_token_losses_ignore_padding_and_first_update_is_on_policy(checkpoint, w
     sel = batch["loss_mask"][:, 1:].bool()
     ref = logits.log_softmax(-1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0][sel]
     torch.testing.assert_close(old, ref.detach(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ent, evaluate.entropy(logits[sel]).detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent, curio_loss.entropy(logits[sel]).detach(), rtol=1e-5, atol=1e-5)
     # ... at the rollout temperature when it is not 1
     old_t, ent_t = chunked_logits.token_log_probs(model, batch, args.loss_chunk, temperature=0.7)
     ref_t = (logits / 0.7).log_softmax(-1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0][sel]
     torch.testing.assert_close(old_t, ref_t.detach(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ent_t, evaluate.entropy(logits[sel] / 0.7).detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent_t, curio_loss.entropy(logits[sel] / 0.7).detach(), rtol=1e-5, atol=1e-5)
 
     # padding contributes nothing: the padded micro-batch sums exactly the two sequences' losses, whatever the pad id
     adv = torch.cat([torch.full((n[0],), 1.5), torch.full((n[1],), -0.7)])
