@@ -19,7 +19,7 @@ import json
 import os
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
 
@@ -37,6 +37,7 @@ from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import print0, setup_distributed, shutdown
 from plumbing.generation import ENGINES, Engine, Sample, encode, engine_kind, generate, load_engine
 from plumbing.grading import GRADING_MODES, answer_kind, grade
+from plumbing.models import resolve_model
 from plumbing.run_dir import write_atomic
 
 
@@ -658,6 +659,9 @@ def run_eval(args: Args) -> dict | None:
     if "RANK" in os.environ:  # torchrun
         rank, world, _ = setup_distributed()
         group = dist.new_group(backend="gloo")  # objects (the blocks' samples) go over gloo
+    # an org/name is the hub's copy, named after the model rather than its snapshot directory
+    args = replace(args, name=args.name or Path(args.model.rstrip("/")).name,
+                   model=resolve_model(args.model))
     expert = None
     if args.sft_data and rank == 0:  # HF logits; first, so that vLLM gets the memory after
         examples = load_examples(args.sft_data, require_response=True)[: args.sft_examples]
@@ -735,8 +739,10 @@ def run_tokens(args: TokensArgs, cfg: cl.LossConfig) -> dict:
     if args.row >= len(examples):
         raise ValueError(f"--row {args.row}: {args.data} has rows 0 to {len(examples) - 1}")
     example = examples[args.row]
-    student, tokenizer = load_engine(args.model, "hf", args.dtype)
-    teacher = load_engine(args.teacher, "hf", args.dtype)[0].model if args.teacher else None
+    student, tokenizer = load_engine(resolve_model(args.model), "hf", args.dtype)
+    teacher = None
+    if args.teacher:
+        teacher = load_engine(resolve_model(args.teacher), "hf", args.dtype)[0].model
     if teacher is not None and teacher.config.vocab_size != student.model.config.vocab_size:
         raise ValueError(f"--teacher {args.teacher}: vocabulary {teacher.config.vocab_size}, the "
                          f"model's {student.model.config.vocab_size}")

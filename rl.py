@@ -29,7 +29,7 @@ from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import print0, setup_distributed, shutdown
 from plumbing.grading import answer_kind, grade
 from plumbing.models import (clip_grad_norm, cpu_threads_per_rank, load_full_model, make_optimizer,
-                             shard_model)
+                             resolve_model, shard_model)
 
 
 POLICY_LOSSES = ("ppo_clip", "custom_loss_rl")
@@ -469,6 +469,7 @@ def train(args, device, reward_fn=None):
 def main():
     (args,) = parse_config(Args)
     _, _, device = setup_distributed(args.dist_timeout_min)
+    args.model = resolve_model(args.model)                  # org/name: the hub's copy
     train(args, device)
     shutdown()
 

@@ -140,7 +140,7 @@ def test_choices_required_and_help(capsys):
 
 def test_model_directory_errors_name_the_problem(tmp_path, tiny_model_dir):
     with pytest.raises(SystemExit, match="--model 'Qwen/Qwen2.5-Math-7B': no such directory"):
-        models.check_model_dir("Qwen/Qwen2.5-Math-7B")             # never a hub lookup
+        models.check_model_dir("Qwen/Qwen2.5-Math-7B")      # itself never a hub lookup (resolve_model is)
     with pytest.raises(SystemExit, match="no config.json"):
         models.check_model_dir(str(tmp_path))
     (tmp_path / "config.json").write_text((tiny_model_dir / "config.json").read_text())
