@@ -70,13 +70,15 @@ from plumbing.cli import parse_config, split_presets  # noqa: E402
 GIB = 2**30
 
 # The real shapes, as in the models' Hugging Face config.json files (Qwen/Qwen2.5-Math-7B, Qwen/Qwen2.5-1.5B).
+QWEN_1_5B = {"model_type": "qwen2", "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
+             "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936, "tie_word_embeddings": True}
 MODELS = {
     "Qwen2.5-Math-7B": {"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
                         "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
                         "tie_word_embeddings": False},
-    "Qwen2.5-1.5B": {"model_type": "qwen2", "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
-                     "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936,
-                     "tie_word_embeddings": True},
+    "Qwen2.5-1.5B": QWEN_1_5B,
+    # Qwen/Qwen2.5-Math-1.5B has the same shapes; its other context length and rope_theta change no tensor
+    "Qwen2.5-Math-1.5B": QWEN_1_5B,
 }
 PARTS = ["parameters", "gathered_parameters", "gradients", "optimiser", "teacher", "base", "activations", "logits",
          "vllm", "weight_sync"]
@@ -85,7 +87,7 @@ PARTS = ["parameters", "gathered_parameters", "gradients", "optimiser", "teacher
 @dataclass
 class Run:
     model: str = "Qwen2.5-Math-7B"
-    """a named shape (Qwen2.5-Math-7B, Qwen2.5-1.5B) or a Hugging Face config.json, or the directory holding it"""
+    """a named shape (Qwen2.5-Math-7B, Qwen2.5-1.5B, Qwen2.5-Math-1.5B) or a Hugging Face config.json or its folder"""
     stage: str = "sft"
     """sft | rl"""
     loss: str = "curio"
