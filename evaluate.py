@@ -445,7 +445,7 @@ def paired_comparison(a: list[Evaluation], b: list[Evaluation], resamples: int =
     rows, replicates, metrics = [], {}, {}
     for bench in a[0].correct:
         n = a[0].n[bench]
-        metrics[bench] = ["avg"] + [f"pass@{k}" for k in pass_ks(n) if k > 1]   # per_question's
+        metrics[bench] = list(per_question(np.zeros(0), n))                   # the metrics' names
         if shared:
             order = list(a[0].correct[bench])
             xa, xb = (np.stack([_question_values(e, bench, order) for e in side])
