@@ -46,7 +46,8 @@ details.prompt pre { white-space: pre-wrap; background: #f3f2ee; padding: 8px 10
                       margin: 6px 0 0; }
 .text { font: 15px/1.9 ui-monospace, "SFMono-Regular", Menlo, Consolas, monospace; white-space: pre-wrap;
         word-break: break-word; }
-.t { background: var(--h); color: var(--hc); border-radius: 2px; position: relative; padding: 1px 0; }
+.t { background: var(--h); color: var(--hc); border-radius: 2px; position: relative; padding: 1px 0;
+     box-shadow: inset -1px 0 0 rgba(255, 255, 255, .75); }    /* where one token ends and the next begins */
 #by-w:checked ~ .text .t { background: var(--w); color: var(--wc); }
 .t:hover { outline: 2px solid #1d1d1f; z-index: 2; }
 .t:hover::after { content: attr(data-tip); position: absolute; left: 0; top: 1.9em; z-index: 3; white-space: pre;
@@ -60,7 +61,7 @@ table { border-collapse: collapse; margin-top: 8px; font: 12.5px ui-monospace, M
         background: #fff; }
 th, td { padding: 2px 10px; border-bottom: 1px solid #eee; text-align: right; }
 th { position: sticky; top: 0; background: #f3f2ee; font-family: system-ui, sans-serif; }
-td.tok { text-align: left; white-space: pre; }
+td.tok, th:nth-child(2) { text-align: left; white-space: pre; }
 """
 
 
