@@ -370,7 +370,12 @@ BENCHMARK_FILES = "test.*.parquet"  # in the authors' data: what their evaluatio
 HUB_MODELS = {  # --models name -> Qwen2.5-Math-7B with its 4k context extended to 16k
     "authors": "Hao0oWang/Qwen2.5-Math-7B-16k-think",  # what the authors' download script fetches
     "luffy": "Elliott/Qwen2.5-Math-7B-16k-think",  # LUFFY's model of the same kind
+    "small": "Qwen/Qwen2.5-Math-1.5B",  # 4k context, extended as it downloads (config/sft_small.py)
 }
+# The extension the 7B models above have (LUFFY's: rope_theta 10000 -> 40000, 4k -> 16k positions),
+# without training, so that 1024 + 8192 tokens fit; --models small gets it in its config.json (a
+# "-16k" folder).
+CONTEXT_16K = {"rope_theta": 40000.0, "max_position_embeddings": 16384}
 
 
 def _download_main(argv: list[str] | None = None) -> None:
@@ -384,13 +389,15 @@ def _download_main(argv: list[str] | None = None) -> None:
     p.add_argument("--model_out", default="",
                    help="also download base models (~15 GB each) to MODEL_OUT/<hub name>/")
     p.add_argument("--models", nargs="+", choices=sorted(HUB_MODELS), default=["authors", "luffy"],
-                   help="which base models --model_out downloads")
+                   help="which base models --model_out downloads (small: Qwen2.5-Math-1.5B)")
     a = p.parse_args(argv)
     from huggingface_hub import snapshot_download
 
     jobs = [(repo, "dataset", Path(a.out) / name) for name, repo in HUB_DATASETS.items()]
     if a.model_out:
-        jobs += [(HUB_MODELS[m], "model", Path(a.model_out) / HUB_MODELS[m]) for m in a.models]
+        suffix = {"small": "-16k"}           # the folder of the model whose context is extended
+        jobs += [(HUB_MODELS[m], "model", Path(a.model_out) / (HUB_MODELS[m] + suffix.get(m, "")))
+                 for m in a.models]
     for repo, kind, local in jobs:
         try:
             snapshot_download(repo, repo_type=kind, local_dir=local)
@@ -400,6 +407,10 @@ def _download_main(argv: list[str] | None = None) -> None:
                              f"copy the files to {local}.")
         for f in sorted(local.rglob("*.parquet")) if kind == "dataset" else []:
             print(f"{f}: {len(load_examples(f))} rows")  # raises, naming the row, off the schema
+        if repo == HUB_MODELS["small"]:
+            config = json.loads((local / "config.json").read_text()) | CONTEXT_16K
+            (local / "config.json").write_text(json.dumps(config, indent=2))
+            print(f"{local / 'config.json'}: context extended to 16k ({CONTEXT_16K})")
         print(f"{local}: {repo}")
     authors = Path(a.out) / "curiosft"
     benchmarks = sorted(authors.glob(BENCHMARK_FILES))

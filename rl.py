@@ -11,6 +11,7 @@ one clipped update per mini-batch of prompts. The engine's sleep, wake and weigh
 plumbing/generation.py; python rl.py --help lists the flags.
 """
 import itertools
+import json
 import math
 import time
 from dataclasses import asdict, dataclass
@@ -28,7 +29,7 @@ from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import StopSignal, print0, setup_distributed, shutdown
 from plumbing.grading import GRADING_MODES, answer_kind, grade, graded_text
 from plumbing.models import (check_model_dir, clip_grad_norm, cpu_threads_per_rank, load_full_model,
-                             load_tokenizer, make_optimizer, shard_model)
+                             load_tokenizer, make_optimizer, resolve_model, shard_model)
 
 
 POLICY_LOSSES = ("ppo_clip", "custom_loss_rl")
@@ -115,12 +116,14 @@ class Args:
     """minutes a collective may wait for the slowest rank (ranks finish their rollouts apart)"""
     loggers: list[str] = ()
     """logging besides log.jsonl: wandb, tensorboard (their packages are not in requirements.txt)"""
+    log_rollouts: int = 2
+    """groups per step kept in rollouts.jsonl: prompt, responses, rewards, advantages (0: none)"""
 
     def __post_init__(self):
         check_settings(
             self, positive=["lr", "grad_clip", "temperature", "grader_timeout", "dist_timeout_min"],
             fraction=["clip_low", "top_p", "gpu_memory_utilization"],
-            non_negative=["weight_decay", "clip_high", "save_every", "keep_last"],
+            non_negative=["weight_decay", "clip_high", "save_every", "keep_last", "log_rollouts"],
             at_least_one=["steps", "prompts_per_step", "rollouts", "mini_batch", "micro_batch",
                           "max_prompt_len", "max_response_len", "loss_chunk", "sync_bucket_mb",
                           "gen_batch_size", "grader_workers"])
@@ -136,7 +139,7 @@ class Args:
 MAY_CHANGE_ON_RESUME = {"out_dir", "steps", "save_every", "keep_last", "loggers", "loss_chunk",
                         "grad_ckpt", "offload", "dist_timeout_min", "engine",
                         "gpu_memory_utilization", "vllm_sleep", "sync_bucket_mb", "gen_batch_size",
-                        "grader_timeout", "grader_workers"}
+                        "grader_timeout", "grader_workers", "log_rollouts"}
 
 
 # ================================================================================================
@@ -331,6 +334,18 @@ def micro_batches(prompt_ids, samples, adv, args, pad_id, device) -> list[list[M
     return minis
 
 
+def rollout_records(step, prompts: list[Prompt], samples, rewards, adv, groups: int) -> list[dict]:
+    """The first `groups` of this rank's GRPO groups at `step`, as rollouts.jsonl keeps them (what
+    verl's rollout_data_dir and TRL's log_completions keep): each group's prompt, its responses with
+    their rewards, advantages, finish reasons and lengths in tokens."""
+    return [{"step": step, "data_source": p.example.data_source, "prompt": p.text,
+             "ground_truth": p.example.ground_truth, "responses": [s.text for s in group],
+             "rewards": rewards[i].tolist(), "advantages": adv[i].tolist(),
+             "finish_reasons": [s.finish_reason for s in group],
+             "lengths": [len(s.token_ids) for s in group]}
+            for i, (p, group) in enumerate(zip(prompts[:groups], samples))]
+
+
 def step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norms, failures, times,
                 args, device):
     """The step's log record: sums over ranks, then means."""
@@ -401,9 +416,10 @@ def train(args, device, reward_fn=None):
     if resume_from is not None:
         step = checkpoints.restore(resume_from, model, optimizer, None)["step"]
         print0(f"resumed from {resume_from} at step {step}")
-    log = None
+    log, rollouts_file = None, out_dir / "rollouts.jsonl"
     if rank == 0:
         log = run_dir.RunLog(out_dir, step, args.steps, "grpo", args.loggers, asdict(args))
+        run_dir.keep_steps_upto(rollouts_file, step)      # as log.jsonl: no step twice on resume
     records, last_saved = [], step
 
     while step < args.steps:
@@ -460,6 +476,10 @@ def train(args, device, reward_fn=None):
         records.append(record)
         if log is not None:
             log.write(record)
+            kept = rollout_records(step, [prompts[i] for i in mine], samples, rewards, adv,
+                                   args.log_rollouts)
+            with open(rollouts_file, "a") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in kept))
         stopping = step < args.steps and stop.requested(device)        # every rank agrees
         if (args.save_every and step % args.save_every == 0) or step == args.steps or stopping:
             state = checkpoints.trainer_state(model, optimizer, None)
@@ -479,6 +499,7 @@ def train(args, device, reward_fn=None):
 def main():
     (args,) = parse_config(Args)
     _, _, device = setup_distributed(args.dist_timeout_min)
+    args.model = resolve_model(args.model)                  # org/name: the hub's copy
     train(args, device)
     shutdown()
 

@@ -27,7 +27,7 @@ from plumbing import checkpoints, run_dir
 from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import StopSignal, print0, setup_distributed, shutdown
 from plumbing.models import (check_model_dir, clip_grad_norm, cpu_threads_per_rank, load_full_model,
-                             load_tokenizer, make_optimizer, shard_model)
+                             load_tokenizer, make_optimizer, resolve_model, shard_model)
 
 
 LOSS_NORMS = ("batch_token_mean", "micro_batch_token_mean")
@@ -342,6 +342,7 @@ def main():
     cfg = cl.config_for(args.loss, user_loss_cfg)
     rank, world, device = setup_distributed(args.dist_timeout_min)
     stop = StopSignal()                      # SIGTERM / Ctrl-C: finish the data batch, save, leave
+    args.model = resolve_model(args.model, weights=not args.scratch)   # org/name: the hub's copy
     bf16 = args.bf16 and device.type == "cuda"
     out_dir = Path(args.out_dir)
     torch.manual_seed(args.seed)

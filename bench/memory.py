@@ -5,8 +5,8 @@
     python bench/memory.py --model path/to/config.json --stage sft --loss curio --gpus 1 --token_budget 8192 \
         --loss_chunk 4096 --json
 
-Leading config/*.py presets set the run as they set sft.py / rl.py (fields that do not change memory, such as lr,
-are ignored); flags win. --model is a named shape (MODELS) or a Hugging Face config.json (or its directory).
+config/*.py presets (anywhere on the line) set the run as they set sft.py / rl.py (fields that do not change memory,
+such as lr, are ignored); flags win. --model is a named shape (MODELS) or a Hugging Face config.json (or its directory).
 The same from Python: `plan(config_dict, stage="sft", loss="curio", gpus=8, ...)`.
 
 What it counts, per GPU, is what torch.cuda.max_memory_allocated counts: tensors (the CUDA context, NCCL buffers
@@ -65,18 +65,20 @@ sys.path.insert(0, str(REPO))
 import chunked_logits  # noqa: E402
 import curio_loss as cl  # noqa: E402
 import sft  # noqa: E402
-from plumbing.cli import parse_config  # noqa: E402
+from plumbing.cli import parse_config, split_presets  # noqa: E402
 
 GIB = 2**30
 
 # The real shapes, as in the models' Hugging Face config.json files (Qwen/Qwen2.5-Math-7B, Qwen/Qwen2.5-1.5B).
+QWEN_1_5B = {"model_type": "qwen2", "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
+             "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936, "tie_word_embeddings": True}
 MODELS = {
     "Qwen2.5-Math-7B": {"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
                         "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
                         "tie_word_embeddings": False},
-    "Qwen2.5-1.5B": {"model_type": "qwen2", "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
-                     "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936,
-                     "tie_word_embeddings": True},
+    "Qwen2.5-1.5B": QWEN_1_5B,
+    # Qwen/Qwen2.5-Math-1.5B has the same shapes; its other context length and rope_theta change no tensor
+    "Qwen2.5-Math-1.5B": QWEN_1_5B,
 }
 PARTS = ["parameters", "gathered_parameters", "gradients", "optimiser", "teacher", "base", "activations", "logits",
          "vllm", "weight_sync"]
@@ -85,7 +87,7 @@ PARTS = ["parameters", "gathered_parameters", "gradients", "optimiser", "teacher
 @dataclass
 class Run:
     model: str = "Qwen2.5-Math-7B"
-    """a named shape (Qwen2.5-Math-7B, Qwen2.5-1.5B) or a Hugging Face config.json, or the directory holding it"""
+    """a named shape (Qwen2.5-Math-7B, Qwen2.5-1.5B, Qwen2.5-Math-1.5B) or a Hugging Face config.json or its folder"""
     stage: str = "sft"
     """sft | rl"""
     loss: str = "curio"
@@ -594,9 +596,7 @@ def describe(result: dict) -> str:
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    presets = []
-    while argv and argv[0].endswith(".py"):
-        presets.append(argv.pop(0))
+    presets, argv = split_presets(argv, [Run])
     probe = argparse.ArgumentParser(add_help=False)
     probe.add_argument("--stage")
     stage_given = probe.parse_known_args(argv)[0].stage

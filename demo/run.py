@@ -14,7 +14,8 @@ goes to OUT/logs/ and the demo prints a progress line every few seconds):
                     it is a dead end reported apart (their data_source)
   5. rl.py          GRPO from each SFT checkpoint on the RL prompts, then evaluate.py again
   6. tables (OUT/summary.md, OUT/metrics.json) and plots (OUT/plots/): accuracy before and after RL, pass@k, the
-     branching tokens during SFT, and which order each model's samples took (toy.floor_solution_kind)
+     branching tokens during SFT, and which order each model's samples took (toy.floor_solution_kind); the paired
+     differences between methods with their intervals (evaluate.py compare, into OUT/compare/)
 A stage whose output already exists is skipped, so an interrupted demo continues where it stopped.
 """
 import argparse
@@ -45,7 +46,7 @@ SIZES = {
                    intermediate_size=64),
         pretrain=["--epochs", "1", "--global_batch", "16", "--lr", "3e-3"],
         sft=["--epochs", "2", "--global_batch", "8", "--lr", "1e-3", "--save_every", "2"],
-        eval=["--n", "2", "--max_new_tokens", "40", "--sft_examples", "8"],
+        eval=["--n_samples", "2", "--max_new_tokens", "40", "--sft_examples", "8"],
         rl=["--steps", "1", "--prompts_per_step", "2", "--rollouts", "2", "--mini_batch", "2",
             "--max_response_len", "40"],
     ),
@@ -62,7 +63,7 @@ SIZES = {
         # (on an earlier toy task). A checkpoint every 32 steps for the branching tokens' curves.
         sft=["--epochs", "3", "--global_batch", "16", "--lr", "1e-3", "--warmup_steps", "16", "--token_budget", "2048",
              "--log_every", "4", "--save_every", "32"],
-        eval=["--n", "8", "--max_new_tokens", "48", "--sft_examples", "128", "--batch_size", "16"],
+        eval=["--n_samples", "8", "--max_new_tokens", "48", "--sft_examples", "128", "--batch_size", "16"],
         # top_p 1.0: the authors' scripts/2_rl.sh leaves verl's rollout top_p at 1.0 (the paper's text says 0.95,
         # which would never sample a move the model gives less than 5% in all). lr 3e-5: at 1e-4 GRPO lowered its own
         # reward from SFT on an earlier toy task (0.27 in the first 8 steps, 0.20 in the last 8); at 3e-5 it rose
@@ -71,6 +72,8 @@ SIZES = {
     ),
 }
 SFT_LOSSES = ("sft", "curio", "entropy")  # vanilla cross-entropy, CurioSFT, the entropy-loss baseline (Table 2)
+# The paired differences the tables give with their intervals (evaluate.py compare): A - B, on the same questions.
+COMPARISONS = (("curio+grpo", "sft+grpo"), ("entropy+grpo", "sft+grpo"), ("curio", "sft"), ("entropy", "sft"))
 # Threads per stage process. The branches run side by side with one thread each; the base, which runs alone, takes
 # two (1.8x faster steps on 2 cores). A fixed count keeps the float sums, so the results, the same on one machine.
 THREADS, BASE_THREADS = 1, 2
@@ -342,9 +345,10 @@ def cell(values: list[float], fmt: str = "{:.1%}") -> str:
     return f"{fmt.format(sum(values) / len(values))} ({fmt.format(min(values))}–{fmt.format(max(values))})"
 
 
-def tables(metrics: list[dict]) -> str:
-    """The summary: accuracy (paper Table 3's shape), the branching tokens, the orders the samples took, SFT and
-    GRPO over training. One value per cell for one seed; mean (min-max) over several."""
+def tables(metrics: list[dict], paired: dict[str, dict] | None = None) -> str:
+    """The summary: accuracy (paper Table 3's shape) and, given compare_all's results, the paired differences with
+    their intervals; the branching tokens, the orders the samples took, SFT and GRPO over training. One value per
+    cell for one seed; mean (min-max) over several."""
     names = list(metrics[0]["models"])
     works, fails = toy.EXPERT_WORKS, toy.EXPERT_FAILS
 
@@ -365,6 +369,7 @@ def tables(metrics: list[dict]) -> str:
                    f"| {col(name, lambda r: r['branching']['entropy'], '{:.3f}')} "
                    f"| {col(name, lambda r: r['branching']['p_expert'])} "
                    f"| {col(name, lambda r: r['branching']['p_put_off'])} |")
+    out += paired_table(paired) if paired else []
     for source, title in ((fails, "where the expert's order is a dead end"), (works, "where the expert's order works")):
         out += ["", f"Samples by the order they took and how they ended (`toy.floor_solution_kind`), on the "
                     f"questions {title}:", "",
@@ -486,8 +491,41 @@ def plots(metrics: list[dict], out: Path) -> list[Path]:
     return written
 
 
-def report(metrics: list[dict], out: Path) -> None:
-    table = tables(metrics)
+def compare_all(evals: list[Path], out: Path) -> dict[str, dict]:
+    """evaluate.py compare for each of COMPARISONS, over the evaluations of every seed (eval folders of one seed each,
+    a two-level bootstrap with several): {"A - B": its paired.json}. A comparison already written is reused."""
+    paired = {}
+    for a, b in COMPARISONS:
+        folder = out / "compare" / f"{a}_vs_{b}"
+        if not (folder / "paired.json").exists():
+            run_stage([PY, "evaluate.py", "compare", "--a", *(e / a for e in evals), "--b", *(e / b for e in evals),
+                       "--out", folder], out / "logs" / f"compare_{a}_vs_{b}.log", name=f"compare {a} - {b}")
+        paired[f"{a} - {b}"] = json.loads((folder / "paired.json").read_text())
+    return paired
+
+
+def paired_table(paired: dict[str, dict]) -> list[str]:
+    """Markdown lines: each comparison's A - B with its 95% interval, overall and per kind of question."""
+    works, fails = toy.EXPERT_WORKS, toy.EXPERT_FAILS
+
+    def at(result, benchmark, metric):
+        r = next(r for r in result["rows"] if r["benchmark"] == benchmark and r["metric"] == metric)
+        return f"{100 * r['difference']:+.1f} [{100 * r['low']:+.1f}, {100 * r['high']:+.1f}]"
+
+    first = next(iter(paired.values()))
+    k_max = max(int(r["metric"][5:]) for r in first["rows"] if r["metric"].startswith("pass@"))
+    lines = ["", f"Paired differences A − B in points, with 95% bootstrap intervals (`evaluate.py compare`, "
+                 f"{first['resamples']:,} replicates; resampled: {first['resampled']}):", "",
+             f"| A − B | avg@n | avg@n, expert's order works | avg@n, expert's order fails "
+             f"| pass@{k_max}, expert's order fails |", "| --- | --- | --- | --- | --- |"]
+    for name, result in paired.items():
+        lines.append(f"| {name} | {at(result, 'all avg', 'avg')} | {at(result, works, 'avg')} "
+                     f"| {at(result, fails, 'avg')} | {at(result, fails, f'pass@{k_max}')} |")
+    return lines
+
+
+def report(metrics: list[dict], paired: dict[str, dict], out: Path) -> None:
+    table = tables(metrics, paired)
     (out / "summary.md").write_text(table)
     written = plots(metrics, out / "plots")
     print(table + f"\nplots: {', '.join(str(p) for p in written)}", flush=True)
@@ -505,9 +543,11 @@ def main() -> None:
     t0, out = time.time(), Path(a.out).resolve()
     if a.seeds:
         metrics = [run_seed(SIZES[a.size], out / f"seed_{s}", s, a.jobs) for s in a.seeds]
+        evals = [out / f"seed_{s}" / "eval" for s in a.seeds]
     else:
         metrics = [run_seed(SIZES[a.size], out, a.seed, a.jobs)]
-    report(metrics, out)
+        evals = [out / "eval"]
+    report(metrics, compare_all(evals, out), out)
     print(f"{a.size} demo: {time.time() - t0:.0f}s", flush=True)
 
 

@@ -2,10 +2,14 @@
 
 A checkpoint is a Hugging Face directory that evaluate.py, rl.py and vLLM load, plus the sharded trainer state
 (model, optimiser, teacher) and each rank's RNG for an exact resume, and a SHA-256 digest of every file, checked
-before a resume. Every function here is collective: every rank calls it.
+before a resume. Every function here but export_weights is collective: every rank calls it.
 
 Resuming loads trainer/.metadata, which torch.distributed.checkpoint unpickles: resume only from your own runs.
-The digests catch damaged files (a truncated write, flipped bits), not a directory crafted to match them."""
+The digests catch damaged files (a truncated write, flipped bits), not a directory crafted to match them.
+
+    python -m plumbing.checkpoints export out/sft_curio/step_000540 out/curio_7b   # the model alone, checked
+"""
+import contextlib
 import copy
 import errno
 import hashlib
@@ -190,11 +194,23 @@ def latest(out_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
+def _copy_hashed(src: Path, dst: Path | None = None) -> str:
+    """The SHA-256 of a file, read once in 16 MB blocks; with dst, the file is written there as it is read."""
+    h = hashlib.sha256()
+    with open(src, "rb") as f, contextlib.ExitStack() as stack:
+        out = stack.enter_context(open(dst, "wb")) if dst is not None else None
+        while block := f.read(1 << 24):
+            h.update(block)
+            if out is not None:
+                out.write(block)
+    return h.hexdigest()
+
+
 def file_digests(directory: Path) -> dict[str, str]:
     """{relative path: sha256} of every file below `directory`, the same dict on every rank; the files are
     hashed in parallel, rank r taking every world-th of them (each rank's trainer shard is one file)."""
     files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
-    mine = {name: _sha256(directory / name) for name in files[dist.get_rank() :: dist.get_world_size()]}
+    mine = {name: _copy_hashed(directory / name) for name in files[dist.get_rank() :: dist.get_world_size()]}
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     return {k: v for part in everyone for k, v in sorted(part.items())}
@@ -251,20 +267,11 @@ def verify_model_dir(path: str, rank0: bool = True) -> None:
         raise SystemExit(f"--model {path}: sha256.json is not valid JSON") from None
     loaded = {name: digest for name, digest in recorded.items() if "/" not in name
               and not name.startswith("rng_rank") and name != "state.json"}
-    bad = sorted(name for name, digest in loaded.items() if _sha256(p / name) != digest)
+    bad = sorted(name for name, digest in loaded.items()
+                 if not (p / name).is_file() or _copy_hashed(p / name) != digest)
     if bad:
         raise SystemExit(f"--model {path}: files do not match their digests ({', '.join(bad[:5])}): the "
                          f"checkpoint is damaged")
-
-
-def _sha256(file: Path) -> str | None:
-    if not file.is_file():
-        return None
-    h = hashlib.sha256()
-    with open(file, "rb") as f:
-        while block := f.read(1 << 24):
-            h.update(block)
-    return h.hexdigest()
 
 
 def load(path: Path, trainer_state: dict) -> dict:
@@ -291,6 +298,34 @@ def load(path: Path, trainer_state: dict) -> dict:
     return state
 
 
+def is_trainer_file(name: str) -> bool:
+    """A file of a checkpoint that only a resume needs: the sharded trainer state, the RNG states, the position."""
+    return name.startswith("trainer/") or name.startswith("rng_rank") or name == "state.json"
+
+
+def export_weights(src: Path, dst: Path) -> list[str]:
+    """Copy a checkpoint's Hugging Face model (config, safetensors weights, tokenizer, generation config: every file
+    but the trainer's) to a new directory dst, each file checked against the checkpoint's sha256.json as it is
+    read, and write dst/sha256.json of what was copied. What evaluate.py, vLLM and the hub need: a 7B CurioSFT
+    checkpoint's 15 GB of bf16 weights without its 120 GB trainer/. Not collective. Returns the files copied."""
+    src, dst = Path(src), Path(dst)
+    if not (src / "config.json").is_file() or not (src / "sha256.json").is_file():
+        raise SystemExit(f"{src}: not a checkpoint written by sft.py or rl.py (config.json, sha256.json)")
+    if dst.exists() and any(dst.iterdir()):
+        raise SystemExit(f"{dst}: exists and is not empty; export into a new directory")
+    recorded = json.loads((src / "sha256.json").read_text())
+    names = sorted(name for name in recorded if not is_trainer_file(name))
+    copied = {}
+    for name in names:
+        (dst / name).parent.mkdir(parents=True, exist_ok=True)
+        copied[name] = _copy_hashed(src / name, dst / name)
+        if copied[name] != recorded[name]:
+            shutil.rmtree(dst)
+            raise SystemExit(f"{src / name}: does not match its digest in sha256.json; nothing exported")
+    (dst / "sha256.json").write_text(json.dumps(copied, indent=1))
+    return names
+
+
 def trainer_state(model, optimizer, teacher):
     from torch.distributed.checkpoint.state_dict import get_model_state_dict, get_state_dict
 
@@ -310,3 +345,17 @@ def restore(path, model, optimizer, teacher):
     if teacher is not None:
         set_model_state_dict(teacher, state["teacher"])
     return position
+
+
+if __name__ == "__main__":
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m plumbing.checkpoints", description=export_weights.__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+    export = commands.add_parser("export", help="a checkpoint's weights, config and tokenizer, without trainer/")
+    export.add_argument("src", help="a checkpoint directory (out/RUN/step_NNNNNN)")
+    export.add_argument("dst", help="a new directory")
+    a = parser.parse_args()
+    files = export_weights(Path(a.src), Path(a.dst))
+    size = sum((Path(a.dst) / f).stat().st_size for f in files)
+    print(f"{a.dst}: {len(files)} files, {size / 1e9:.2f} GB, each matching {a.src}/sha256.json")

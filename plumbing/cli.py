@@ -62,19 +62,54 @@ class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefa
     """Keeps the usage examples of a script's docstring as written, and shows each flag's default."""
 
 
+def split_presets(argv: list[str], classes) -> tuple[list[str], list[str]]:
+    """(presets, the other words) of a command line. A word ending in .py is a preset wherever it stands, unless
+    it is the value of a flag of the classes that takes one value; `--config FILE` (TRL's and open-r1's habit)
+    names one too."""
+    kinds = {f.name: f.type for cls in classes for f in fields(cls)}
+    presets, rest, i = [], [], 0
+    while i < len(argv):
+        word = argv[i]
+        name = word[2:].replace("-", "_") if word.startswith("--") and "=" not in word else None
+        one_value = name in kinds and kinds[name] is not bool and not isinstance(kinds[name], types.GenericAlias)
+        if name == "config" and i + 1 < len(argv):
+            presets.append(argv[i + 1])
+            i += 2
+        elif one_value and i + 1 < len(argv):
+            rest += argv[i : i + 2]
+            i += 2
+        else:
+            if word.startswith("--config="):
+                presets.append(word.partition("=")[2])
+            elif word.endswith(".py"):
+                presets.append(word)
+            else:
+                rest.append(word)
+            i += 1
+    return presets, rest
+
+
 def parse_config(*classes, argv=None, prog=None):
-    """Instances of the given dataclasses from `[preset.py ...] [--field value ...]`. Presets (config/*.py)
-    are python files of plain assignments, later ones win; flags win over presets. Bool fields are
-    --flag / --no-flag, list fields take several values, Literal fields list their choices; names may use - or _.
-    Unknown names, values of the wrong type and missing required flags (a class's REQUIRED) are one-line errors;
-    each class's __post_init__ checks ranges (check_settings)."""
+    """Instances of the given dataclasses from presets and `--field value` flags, in any order. Presets
+    (config/*.py, or --config FILE) are python files of plain assignments applied in the order given, later ones
+    winning; flags win over every preset wherever they stand. Bool fields are --flag / --no-flag, list fields
+    take several values, Literal fields list their choices; names may use - or _. Unknown names, renamed ones (a
+    class's RENAMED: {old: new}), values of the wrong type and missing required flags (a class's REQUIRED) are
+    one-line errors; each class's __post_init__ checks ranges (check_settings)."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    renamed = {old: new for cls in classes for old, new in getattr(cls, "RENAMED", {}).items()}
+    presets, argv = split_presets(argv, classes)
+    for word in argv:
+        old = word[2:].partition("=")[0].replace("-", "_") if word.startswith("--") else None
+        if old in renamed:
+            raise SystemExit(f"{word.partition('=')[0]}: renamed --{renamed[old]}")
     overrides, origin = {}, {}
-    while argv and argv[0].endswith(".py"):
-        path = argv.pop(0)
+    for path in presets:
         if not Path(path).is_file():
             raise SystemExit(f"preset {path}: no such file")
         preset = {k: v for k, v in runpy.run_path(path).items() if not k.startswith("_")}
+        for old in preset.keys() & renamed.keys():
+            raise SystemExit(f"preset {path}: setting {old!r} was renamed {renamed[old]!r}")
         overrides |= preset
         origin |= dict.fromkeys(preset, path)
     # argparse reads "-1e-3" as a flag (only "-1" and "-.5" pass as numbers): glue such values to their flag

@@ -1,22 +1,56 @@
-"""Plumbing (a reader of the method may skip this file): models and optimisers. Rank 0 loads the real weights, the
-other ranks build the same architecture on the meta device, and FSDP2 shards it; the full weights are gathered one
-tensor at a time for checkpoints and the generation engine. Nothing is ever fetched from a hub and no remote code
-runs."""
+"""Plumbing (a reader of the method may skip this file): models and optimisers. A --model that names a Hugging Face
+hub model (org/name) is downloaded into the hub's cache first; rank 0 loads the real weights, the other ranks build
+the same architecture on the meta device, and FSDP2 shards it; the full weights are gathered one tensor at a time
+for checkpoints and the generation engine. No remote code is ever downloaded or run."""
 import os
+import re
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
 
+from plumbing.distributed import print0
+
+HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")      # org/name, as the Hugging Face hub names models
+# What a model directory needs from the hub: configs, safetensors weights and their index, tokenizer files. No
+# *.py: remote code is never downloaded, and transformers is never asked to trust it.
+HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.tiktoken", "*.jinja"]
+
+
+def resolve_model(path: str, weights: bool = True) -> str:
+    """The local directory of a --model. An existing path, or anything not shaped like org/name, is returned as it
+    is (check_model_dir then says what is wrong with it). An org/name that is no path is a Hugging Face hub model:
+    after a one-line message it is downloaded into the hub's cache (HF_HOME), or found there, and its snapshot
+    directory is returned (weights=False: without the weights). With HF_HUB_OFFLINE=1 only the cache is looked
+    in. Not found, offline, or the hub refusing: a one-line error."""
+    if not path or Path(path).exists() or not HUB_ID.fullmatch(path):
+        return path
+    from huggingface_hub import snapshot_download
+
+    offline = any(os.environ.get(v, "").upper() in ("1", "ON", "YES", "TRUE")
+                  for v in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"))
+    if not offline:
+        print0(f"--model {path}: not a local path; downloading the Hugging Face hub model {path} into the hub's "
+               f"cache (safetensors and configs only, no code)")
+    files = HUB_FILES if weights else [f for f in HUB_FILES if f != "*.safetensors"]
+    try:
+        return snapshot_download(path, allow_patterns=files, local_files_only=offline)
+    except Exception as e:  # offline, DNS, 401, 404, ...: the hub library raises many types
+        if offline:
+            raise SystemExit(f"--model {path!r}: not a local directory, and not in the Hugging Face cache; "
+                             f"HF_HUB_OFFLINE=1 forbids downloading it") from None
+        first = (str(e).strip().splitlines() or [""])[0]
+        raise SystemExit(f"--model {path!r}: no such local directory, and the Hugging Face hub did not give it "
+                         f"({type(e).__name__}: {first})") from None
+
 
 def check_model_dir(path: str, weights: bool = True) -> None:
     """A one-line error unless `path` is a local model directory: config.json, tokenizer files and (unless
-    weights=False) safetensors weights. Nothing is ever looked up on a hub: a missing directory is an error,
-    not a repository name."""
+    weights=False) safetensors weights. A hub id is resolved to one first (resolve_model)."""
     p = Path(path)
     if not path or not p.is_dir():
-        raise SystemExit(f"--model {path!r}: no such directory (a local Hugging Face model directory; "
-                         f"`python data.py download` fetches the paper's)")
+        raise SystemExit(f"--model {path!r}: no such directory (a local Hugging Face model directory, or a hub "
+                         f"model's org/name)")
     if not (p / "config.json").is_file():
         raise SystemExit(f"--model {path}: no config.json, not a model directory")
     if not any((p / f).is_file() for f in ("tokenizer.json", "tokenizer_config.json")):

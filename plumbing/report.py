@@ -2,6 +2,7 @@
 
     results_table   one checkpoint, one row per benchmark
     compare_table   several checkpoints in the layout of the paper's Table 2
+    paired_table    evaluate.py compare: A - B with its bootstrap interval per benchmark and metric
     plot_results    pass@k, accuracy against entropy and diversity (Figs. 1, 4), before and after RL (Table 3),
                     curves over training from sft.py and rl.py logs (Fig. 2)
 """
@@ -25,18 +26,21 @@ def results_table(result: dict) -> str:
     """Markdown: one row per benchmark, then the paper's ID / OOD averages."""
     bench = result["benchmarks"]
     ks = sorted({int(k) for m in bench.values() for k in m["pass_at_k"]})
-    head = ["benchmark", "questions", "n", "avg@n"] + [f"pass@{k}" for k in ks] + [
-        "length", "entropy", "diversity", "truncated"]
+    head = ["benchmark", "questions", "n", "avg@n", "s.e."] + [f"pass@{k}" for k in ks] + [
+        "mixed", "length", "entropy", "diversity", "truncated"]
     lines = [f"## {result['name']}", "", "| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for b, m in bench.items():
-        cells = [b, m["questions"], m["n"], percent(m["avg"])] + [percent(m["pass_at_k"].get(str(k))) for k in ks] + [
-            f"{m['response_length']:.0f}", f"{m['entropy']:.3f}",
+        cells = [b, m["questions"], m["n"], percent(m["avg"]), percent(m.get("avg_stderr"))]
+        cells += [percent(m["pass_at_k"].get(str(k))) for k in ks] + [
+            percent(m.get("mixed_frac")), f"{m['response_length']:.0f}", f"{m['entropy']:.3f}",
             "–" if m["diversity"] is None else f"{m['diversity']:.3f}", percent(m["truncated"])]
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     s = result["summary"]
     grading = result.get("settings", {}).get("grading", "paper")
     lines += ["", f"ID avg {percent(s['id_avg'])} · OOD avg {percent(s['ood_avg'])} · grading {grading} · "
-                  f"grader failures {result['grader_failures']}"]
+                  f"grader failures {result['grader_failures']}",
+              "s.e.: standard error of avg@n over questions; mixed: the share of questions whose n samples are "
+              "neither all right nor all wrong (what GRPO learns from)"]
     if result.get("expert_entropy"):
         e = result["expert_entropy"]
         lines.append(f"expert-token entropy (nats): top 20% {e['top20']:.3f}, bottom 80% {e['bottom80'] or 0:.3f}, "
@@ -57,6 +61,30 @@ def compare_table(results: list[dict]) -> str:
                                percent(r["benchmarks"].get(b, {}).get("avg")) for b in names]
         cells += ["–" if s[k] is None else f"{s[k]:.3f}" for k in ("entropy", "diversity")]
         lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def signed(x) -> str:
+    """A difference of shares in points, with its sign."""
+    return f"{100 * x:+.1f}"
+
+
+def paired_table(result: dict) -> str:
+    """Markdown of evaluate.py compare's result: A, B, A - B and its interval, one row per benchmark
+    (then the ID, OOD and overall averages) and metric."""
+    a, b = result["a"], result["b"]
+    lines = [f"## {a['name']} − {b['name']}", "",
+             f"A: {a['name']} ({', '.join(a['evaluations'])}); "
+             f"B: {b['name']} ({', '.join(b['evaluations'])}). "
+             f"{result['level']:.0%} percentile bootstrap intervals of A − B, paired over questions "
+             f"({result['resamples']:,} replicates, seed {result['seed']}; resampled: {result['resampled']}). "
+             "Points of accuracy.", "",
+             "| benchmark | questions | metric | A | B | A − B | 95% interval |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for r in result["rows"]:
+        metric = r["metric"] if r["metric"] != "avg" else f"avg@{r['n'] or 'n'}"
+        lines.append(f"| {r['benchmark']} | {r['questions']} | {metric} | {percent(r['a'])} | {percent(r['b'])} "
+                     f"| {signed(r['difference'])} | [{signed(r['low'])}, {signed(r['high'])}] |")
     return "\n".join(lines) + "\n"
 
 

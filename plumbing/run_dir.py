@@ -1,9 +1,9 @@
 """Plumbing (a reader of the method may skip this file): a training run's output directory.
 
 Shared by sft.py and rl.py: one run per directory (a lock, and the settings that define the run recorded and
-checked on resume), stale partial checkpoints removed, and the run's log:
-log.jsonl always (cut back to the resumed step), a console line or a progress bar on rank 0, and optionally
-Weights & Biases and TensorBoard (imported only when asked for; neither is in requirements.txt)."""
+checked on resume), stale partial checkpoints removed, and the run's log: log.jsonl always (cut back to the
+resumed step, as rl.py's rollouts.jsonl is), a console line or a progress bar on rank 0, and optionally Weights &
+Biases and TensorBoard (imported only when asked for; neither is in requirements.txt)."""
 import errno
 import fcntl
 import hashlib
@@ -127,16 +127,7 @@ class RunLog:
     def __init__(self, out_dir: Path, start_step: int, total_steps: int, desc: str, loggers=(), config=None,
                  project: str = "curiosft"):
         self.path, self.start, self.total, self.t0 = out_dir / "log.jsonl", start_step, total_steps, time.monotonic()
-        kept = []
-        lines = self.path.read_text().splitlines() if self.path.is_file() else []
-        for i, line in enumerate(lines):
-            try:
-                if json.loads(line)["step"] <= start_step:
-                    kept.append(line)
-            except (ValueError, KeyError, TypeError):
-                if i < len(lines) - 1:                   # only a crash's half-written last line may be dropped
-                    raise SystemExit(f"{self.path}, line {i + 1}: not a log record") from None
-        write_atomic(self.path, "".join(line + "\n" for line in kept))   # a kill here keeps the old log
+        keep_steps_upto(self.path, start_step)
         self.file = open(self.path, "a")
         self.bar = None
         if sys.stderr.isatty():
@@ -169,6 +160,22 @@ class RunLog:
         self.file.close()
         if self.bar is not None:
             self.bar.close()
+
+
+def keep_steps_upto(path: Path, step: int) -> None:
+    """Cut a JSONL file of {"step": ...} records (log.jsonl, rl.py's rollouts.jsonl) back to the records of steps
+    <= step: a resumed run drops the steps a crash lost after the last checkpoint, so no step appears twice. Only
+    a crash's half-written last line may be unreadable. A missing file becomes an empty one."""
+    kept = []
+    lines = path.read_text().splitlines() if path.is_file() else []
+    for i, line in enumerate(lines):
+        try:
+            if json.loads(line)["step"] <= step:
+                kept.append(line)
+        except (ValueError, KeyError, TypeError):
+            if i < len(lines) - 1:
+                raise SystemExit(f"{path}, line {i + 1}: not a log record") from None
+    write_atomic(path, "".join(line + "\n" for line in kept))   # a kill here keeps the old file
 
 
 def _hms(seconds: float) -> str:

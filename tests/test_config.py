@@ -1,5 +1,5 @@
 """cli.parse_config: presets and flags, with one-line errors that name the preset, setting or flag."""
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Literal
 
 import pytest
@@ -43,6 +43,64 @@ def test_flags_presets_and_negative_numbers(tmp_path):
         parse(["--model", "m", "--lr", "-1e-3"])           # a value argparse alone would read as a flag
 
 
+def test_presets_stand_anywhere_apply_in_order_and_lose_to_flags(tmp_path):
+    first, second = tmp_path / "first.py", tmp_path / "second.py"
+    first.write_text("lr = 3e-4\nepochs = 2\n")
+    second.write_text("lr = 1e-3\nloss = 'sft'\n")
+    expected = (1e-3, 5, "sft")                        # second's lr over first's; the flag's epochs over both
+    for argv in ([str(first), str(second), "--model", "m", "--epochs", "5"],
+                 ["--epochs", "5", str(first), "--model", "m", str(second)],
+                 ["--model", "m", "--epochs", "5", str(first), str(second)],
+                 ["--config", str(first), "--epochs", "5", f"--config={second}", "--model", "m"]):
+        cfg = parse(argv)
+        assert (cfg.lr, cfg.epochs, cfg.loss) == expected, argv
+    assert parse(["--model", "net.py", str(first)]).model == "net.py"   # a flag's value is not a preset
+    assert cli.split_presets(["--tags", "a", "b.py", "--scratch", "c.py"], [Demo]) == (["b.py", "c.py"],
+                                                                                      ["--tags", "a", "--scratch"])
+
+
+def test_a_preset_after_the_flags_of_a_stage_script(tmp_path):
+    import curio_loss as cl
+    import sft
+
+    args, loss = cli.parse_config(sft.Args, cl.LossConfig, argv=["--loss", "curio", "config/sft_paper.py", "--model",
+                                                                 "m", "--train_file", "t", "--alpha", "0.5"])
+    assert (args.loss, args.global_batch, args.token_budget, loss.alpha) == ("curio", 256, 32768, 0.5)
+
+
+def test_renamed_settings_name_the_new_one(tmp_path):
+    import evaluate
+
+    old = tmp_path / "eval_old.py"
+    old.write_text("n = 8\n")
+    with pytest.raises(SystemExit, match=f"preset {old}: setting 'n' was renamed 'n_samples'"):
+        cli.parse_config(evaluate.Args, argv=[str(old), "--model", "m", "--data", "d"])
+    for flag in (["--n", "8"], ["--n=8"]):
+        with pytest.raises(SystemExit, match="--n: renamed --n_samples"):
+            cli.parse_config(evaluate.Args, argv=["--model", "m", "--data", "d", *flag])
+    args, = cli.parse_config(evaluate.Args, argv=["config/eval_paper.py", "--model", "m", "--data", "d"])
+    assert args.n_samples == 8
+
+
+def test_torchrun_passes_every_flag_of_the_stage_scripts_to_them():
+    """torchrun's parser takes an abbreviation of its own flags from the script's arguments (--n for --nnodes):
+    no flag of sft.py, rl.py or evaluate.py may be one (evaluate.py's plot, compare and tokens never run under
+    torchrun: plot's --logs is one, of --logs_specs)."""
+    from torch.distributed.run import get_args_parser
+
+    import curio_loss as cl
+    import evaluate
+    import rl
+    import sft
+
+    flags = [f"--{f.name}" for cls in (sft.Args, cl.LossConfig, rl.Args, evaluate.Args)
+             for f in fields(cls)]
+    flags += [flag.replace("_", "-") for flag in flags]
+    script_args = [word for flag in flags for word in (flag, "1")]
+    parsed = get_args_parser().parse_args(["--nproc_per_node", "2", "evaluate.py", *script_args])
+    assert parsed.training_script_args == script_args and parsed.nnodes == "1:1"
+
+
 @pytest.mark.parametrize("line, message", [
     ("scratch = 'False'", r"scratch = 'False' is not of type bool"),
     ("epochs = 1.5", r"epochs = 1.5 is not of type int"),
@@ -82,7 +140,7 @@ def test_choices_required_and_help(capsys):
 
 def test_model_directory_errors_name_the_problem(tmp_path, tiny_model_dir):
     with pytest.raises(SystemExit, match="--model 'Qwen/Qwen2.5-Math-7B': no such directory"):
-        models.check_model_dir("Qwen/Qwen2.5-Math-7B")             # never a hub lookup
+        models.check_model_dir("Qwen/Qwen2.5-Math-7B")      # itself never a hub lookup (resolve_model is)
     with pytest.raises(SystemExit, match="no config.json"):
         models.check_model_dir(str(tmp_path))
     (tmp_path / "config.json").write_text((tiny_model_dir / "config.json").read_text())

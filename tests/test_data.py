@@ -366,6 +366,13 @@ def test_download_fetches_the_authors_data_and_both_models(tmp_path, monkeypatch
     data._download_main(["--out", str(tmp_path / "d2"), "--model_out", str(tmp_path / "m2"), "--models", "authors"])
     assert [repo for repo, kind, _ in calls if kind == "model"] == ["Hao0oWang/Qwen2.5-Math-7B-16k-think"]
 
+    # the small model: Qwen2.5-Math-1.5B, its 4k context extended as the 7B models' was, in a folder that says so
+    data._download_main(["--out", str(tmp_path / "d3"), "--model_out", str(tmp_path / "m3"), "--models", "small"])
+    small = tmp_path / "m3" / "Qwen" / "Qwen2.5-Math-1.5B-16k"
+    assert calls[-1] == ("Qwen/Qwen2.5-Math-1.5B", "model", small)
+    assert json.loads((small / "config.json").read_text()) == {"rope_theta": 40000.0, "max_position_embeddings": 16384}
+    assert json.loads((tmp_path / "m2" / "Hao0oWang" / "Qwen2.5-Math-7B-16k-think" / "config.json").read_text()) == {}
+
 
 def test_download_checks_the_files_it_fetched(tmp_path, monkeypatch):
     import huggingface_hub

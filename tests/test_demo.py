@@ -93,6 +93,14 @@ def test_demo_ci_runs_every_stage(tmp_path):
 
     summary = (out / "summary.md").read_text()
     assert summary in proc.stdout and all(f"| {name} |" in summary for name in names)
+    # the paired differences come from evaluate.py compare, on the demo's own evaluations
+    assert "evaluate.py compare --a" in proc.stdout and "| A − B | avg@n |" in summary
+    for a, b in demo.COMPARISONS:
+        paired = json.loads((out / "compare" / f"{a}_vs_{b}" / "paired.json").read_text())
+        overall = next(r for r in paired["rows"] if r["benchmark"] == "all avg" and r["metric"] == "avg")
+        difference = metrics["models"][a]["avg"] - metrics["models"][b]["avg"]
+        assert math.isclose(overall["difference"], difference, abs_tol=1e-12) and overall["low"] <= overall["high"]
+        assert f"| {a} - {b} | {100 * difference:+.1f} [" in summary
     assert "| model | " + " | ".join(toy.FLOOR_KINDS) + " | mistake, graded right |" in summary
     assert "first-number entropy (nats) at steps 0 / 2 / 4 |" in summary
     for stage in ("== 1.", "== 2.", "== 3-5.", "== 6."):

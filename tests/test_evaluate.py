@@ -52,6 +52,14 @@ def test_benchmark_metrics_avg_pass_length_entropy():
     assert m["pass_at_k"]["4"] == pytest.approx(2 / 3)
     assert m["response_length"] == pytest.approx((2 + 3 + 4 + 5) / 4)
     assert m["entropy"] == pytest.approx(0.5) and m["truncated"] == 0.0
+    # per-question accuracy 1/2, 0, 1: sample standard deviation 1/2 over 3 questions; one question of 3 mixed
+    assert m["avg_stderr"] == pytest.approx(0.5 / math.sqrt(3)) and m["mixed_frac"] == pytest.approx(1 / 3)
+    one = ev.benchmark_metrics(samples[:1], scores[:1])
+    assert one["avg_stderr"] is None and one["mixed_frac"] == 1.0        # one question: no spread to measure
+    table = report.results_table({"name": "x", "benchmarks": {"aime": m}, "summary": {"id_avg": 0.5, "ood_avg": None},
+                                  "grader_failures": 0})
+    assert "| avg@n | s.e. | pass@1 | pass@2 | pass@4 | mixed |" in table
+    assert "| aime | 3 | 4 | 50.0 | 28.9 | 50.0 |" in table and "| 66.7 | 33.3 | 4 |" in table
     assert list(ev.benchmark_metrics(samples, [q[:3] for q in scores])["pass_at_k"]) == ["1", "2", "3"]
 
 
@@ -172,7 +180,7 @@ def test_evaluate_wiring_with_canned_responses(tmp_path, monkeypatch):
 
     monkeypatch.setattr(ev, "generate", fake_generate)
     benchmarks = ev.load_benchmarks(str(_write_benchmarks(tmp_path)))
-    result, records = ev.evaluate_benchmarks(None, None, benchmarks, ev.Args(n=4, grader_workers=2, model="m"))
+    result, records = ev.evaluate_benchmarks(None, None, benchmarks, ev.Args(n_samples=4, grader_workers=2, model="m"))
     m = result["benchmarks"]
     assert (m["math"]["avg"], m["aime"]["avg"], m["arc_c"]["avg"]) == (5 / 8, 4 / 8, 2 / 4)
     assert m["math"]["pass_at_k"]["4"] == 1.0 and m["aime"]["pass_at_k"]["4"] == 0.5
@@ -182,7 +190,7 @@ def test_evaluate_wiring_with_canned_responses(tmp_path, monkeypatch):
     assert m["math"]["diversity"] == pytest.approx(5 / 6)  # shifted ids: neighbours share 1 of 3 distinct 4-grams
     # --grading authors reaches the grader: a bare "ANSWER: B" is no answer to the authors' math-verify + boxed grader.
     _, records = ev.evaluate_benchmarks(None, None, benchmarks,
-                                        ev.Args(n=4, grader_workers=2, model="m", grading="authors"))
+                                        ev.Args(n_samples=4, grader_workers=2, model="m", grading="authors"))
     assert [r["score"] for r in records if r["data_source"] == "arc_c"] == [0.0] * 4
     assert sum(r["score"] for r in records if r["data_source"] == "math") == 5
 
@@ -198,7 +206,7 @@ def test_the_authors_grading_sees_the_end_token(tmp_path, monkeypatch):
     monkeypatch.setattr(ev, "generate", fake_generate)
     math = {"math": ev.load_benchmarks(str(_write_benchmarks(tmp_path)))["math"]}
     for grading, scores in (("paper", [1.0] * 4), ("authors", [0.0, 1.0] * 2), ("authors_rl", [0.0, 1.0] * 2)):
-        args = ev.Args(n=2, grader_workers=1, model="m", grading=grading)
+        args = ev.Args(n_samples=2, grader_workers=1, model="m", grading=grading)
         _, records = ev.evaluate_benchmarks(None, None, math, args)
         assert [r["score"] for r in records] == scores, grading
 
@@ -207,7 +215,7 @@ def test_end_to_end_cpu(checkpoint, tmp_path):
     bench = _write_benchmarks(tmp_path)
     sft = _write_sft_data(tmp_path)
     out = tmp_path / "eval"
-    ev.main(["--model", checkpoint, "--data", str(bench), "--out", str(out), "--engine", "hf", "--n", "4",
+    ev.main(["--model", checkpoint, "--data", str(bench), "--out", str(out), "--engine", "hf", "--n_samples", "4",
              "--max-new-tokens", "16", "--grader-workers", "2", "--name", "tiny", "--sft-data", str(sft)])
     result = json.loads((out / "results.json").read_text())
     e = result["expert_entropy"]
@@ -230,6 +238,11 @@ def test_end_to_end_cpu(checkpoint, tmp_path):
     assert "| aime | 2 | 4 |" in table and "pass@4" in table
     assert (out / "pass_at_k.png").stat().st_size > 0 and (out / "accuracy_vs_entropy_diversity.png").is_file()
     assert not (out / "accuracy_before_after_rl.png").exists()              # one checkpoint: nothing to pair
+    # compare reads what evaluate.py wrote: a checkpoint against itself differs by 0, with no spread
+    ev.main(["compare", str(out), str(out), "--out", str(tmp_path / "self"), "--resamples", "200"])
+    paired = json.loads((tmp_path / "self" / "paired.json").read_text())
+    assert {r["benchmark"] for r in paired["rows"]} == {"math", "aime", "arc_c", "ID avg", "OOD avg", "all avg"}
+    assert all(r["difference"] == r["low"] == r["high"] == 0 for r in paired["rows"])
 
     # Compare mode: a checkpoint, the same after "RL" (paired by name), and an SFT log.
     other = json.loads((out / "results.json").read_text()) | {"name": "tiny+grpo"}
@@ -257,9 +270,9 @@ def result_vocab(checkpoint):
 def test_cli_is_generated_from_the_dataclass():
     docs = cli.field_docs(ev.Args)
     assert set(docs) == {f.name for f in dataclasses.fields(ev.Args)} and all(docs.values())
-    args, = cli.parse_config(ev.Args, argv=["--model", "m", "--data", "d", "--n", "4", "--top-p", "0.9",
+    args, = cli.parse_config(ev.Args, argv=["--model", "m", "--data", "d", "--n_samples", "4", "--top-p", "0.9",
                                                "--no-save-samples"])
-    assert (args.n, args.top_p, args.save_samples, args.temperature) == (4, 0.9, False, 0.6)
+    assert (args.n_samples, args.top_p, args.save_samples, args.temperature) == (4, 0.9, False, 0.6)
     plot, = cli.parse_config(ev.PlotArgs, argv=["--results", "a.json", "b.json"])
     assert plot.results == ["a.json", "b.json"] and plot.logs == []
 
@@ -282,7 +295,7 @@ def test_bad_input_gives_clear_errors(checkpoint, tmp_path, capsys):
         (["--model", checkpoint, "--data", str(bench), "--dtype", "fp8"], "--dtype: invalid choice: 'fp8'"),
         (["--model", checkpoint, "--data", str(bench), "--grading", "oat"], "--grading: invalid choice: 'oat'"),
         (["--model", checkpoint, "--data", str(bench), "--limit=-1"], "--limit -1: must be a finite number >= 0"),
-        (["--model", checkpoint, "--data", str(bench), "--n", "0"], "--n 0: must be >= 1"),
+        (["--model", checkpoint, "--data", str(bench), "--n_samples", "0"], "--n_samples 0: must be >= 1"),
         (["--model", checkpoint, "--data", str(bench), "--temperature", "0"], "--temperature 0.0: must be a finite"),
         (["--model", checkpoint, "--data", str(bench), "--top_p", "1.5"], "--top_p 1.5: must be in [0, 1]"),
         (["--model", checkpoint, "--data", str(bench), "--gpu_memory_utilization", "0"],
@@ -339,7 +352,7 @@ def test_unparsable_ground_truths_and_grader_failures_are_counted_per_benchmark(
     bench.write_text("".join(json.dumps(r) + "\n" for r in rows))
     monkeypatch.setattr(ev, "generate", fake_generate)
     result, _ = ev.evaluate_benchmarks(None, None, ev.load_benchmarks(str(bench)),
-                                       ev.Args(n=2, grader_workers=1, model="m"))
+                                       ev.Args(n_samples=2, grader_workers=1, model="m"))
     math_ = result["benchmarks"]["math"]
     assert (math_["unparsable_ground_truths"], math_["grader_failures"]) == (2, 4)    # 2 questions x 2 samples
     assert math_["avg"] == pytest.approx(1 / 3)

@@ -80,7 +80,7 @@ def _results(out: Path) -> tuple[dict, str]:
 
 def test_a_rerun_after_a_crash_keeps_the_finished_benchmarks(checkpoint, tmp_path, monkeypatch, capsys):
     bench = _write_benchmarks(tmp_path)
-    argv = ["--model", checkpoint, "--data", str(bench), "--n", "2", *TINY]
+    argv = ["--model", checkpoint, "--data", str(bench), "--n_samples", "2", *TINY]
     ev.main(argv + ["--out", str(tmp_path / "clean")])
 
     calls, real_generate = [], generation.generate
@@ -117,9 +117,9 @@ def test_a_rerun_after_a_crash_keeps_the_finished_benchmarks(checkpoint, tmp_pat
 def test_torchrun_two_ranks_give_the_results_of_one_process(checkpoint, tmp_path):
     bench = _write_benchmarks(tmp_path)
     sft = _write_sft_data(tmp_path)
-    preset = tmp_path / "two_samples.py"  # torchrun's own parser takes "--n" for an ambiguous flag of its own
-    preset.write_text("n = 2\n")
-    argv = ["evaluate.py", preset, "--model", checkpoint, "--data", bench, "--sft-data", sft, *TINY, "--name", "tiny"]
+    # --n_samples is a flag after the script: torchrun's own parser took the old --n for its --nnodes
+    argv = ["evaluate.py", "--n_samples", "2", "--model", checkpoint, "--data", bench, "--sft-data", sft, *TINY,
+            "--name", "tiny"]
     single = subprocess.run([sys.executable, *map(str, argv), "--out", str(tmp_path / "one")], cwd=REPO,
                             capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert single.returncode == 0, single.stderr[-3000:]

@@ -213,7 +213,7 @@ def test_evaluation_drops_and_counts_prompts_over_max_prompt_len(chat_checkpoint
     limit = max(lengths[q] for q in QUESTIONS[:2])             # the short ones fit exactly, the long ones do not
     assert min(lengths[LONG], lengths[LONG + " Twice."]) > limit
     out = tmp_path / "eval"
-    ev.main(["--model", chat_checkpoint, "--data", str(bench), "--out", str(out), "--engine", "hf", "--n", "2",
+    ev.main(["--model", chat_checkpoint, "--data", str(bench), "--out", str(out), "--engine", "hf", "--n_samples", "2",
              "--max-new-tokens", "4", "--grader-workers", "1", "--max-prompt-len", str(limit)])
     result = json.loads((out / "results.json").read_text())
     assert result["long_prompts_dropped"] == {"math": 1, "aime": 1}

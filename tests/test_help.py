@@ -18,6 +18,8 @@ CASES = {
               "--reward {paper,authors,authors_rl}", "--clip_ratio_c CLIP_RATIO_C"],
     "evaluate.py": ["usage: evaluate.py [config/PRESET.py ...]", "--grading {paper,authors,authors_rl}"],
     "evaluate.py plot": ["usage: evaluate.py plot", "--results"],
+    "evaluate.py tokens": ["usage: evaluate.py tokens", "--teacher", "loss settings (curio_loss.LossConfig):"],
+    "evaluate.py compare": ["usage: evaluate.py compare", "--resamples", "(required) evaluations of checkpoint A"],
     "data.py": ["usage: python data.py download"],
     "demo/toy.py": ["usage: demo/toy.py", "--expert_fails"],
     "demo/run.py": ["python demo/run.py --seeds 0 1 2", "--size {ci,full}"],
@@ -35,3 +37,27 @@ def test_help_exits_0_and_says_what_the_flags_are(script):
     flat = " ".join(proc.stdout.split())                     # argparse wraps lines at the terminal's width
     for expected in CASES[script]:
         assert " ".join(expected.split()) in flat, expected
+
+
+def test_the_readme_names_table_names_what_rl_py_logs_and_takes():
+    """The README's table of names against TRL's and verl's: each of this project's names is a field of rl.py's log
+    record or a flag of rl.py or evaluate.py, so the table cannot drift from the code."""
+    import re
+    from dataclasses import fields
+
+    import evaluate
+    import rl
+
+    readme = (REPO / "README.md").read_text()
+    table = readme[readme.index("**Names, against TRL's and verl's.**"):].split("\n\n")[1]
+    ours = [re.findall(r"`([^`]+)`", row.split("|")[1]) for row in table.splitlines()[2:]]
+    flags = {f.name for cls in (rl.Args, evaluate.Args) for f in fields(cls)}
+    source = (REPO / "rl.py").read_text()
+    logged = set(re.findall(r'"(\w+)":', source))                  # the keys of its records
+    assert len(ours) >= 12
+    for name in (name for names in ours for name in names):
+        flag = next((w[2:] for w in name.split() if w.startswith("--")), None)
+        if flag is not None:
+            assert flag in flags, name
+        else:                                                       # a logged field, or the file it writes
+            assert name in logged or (name.endswith(".jsonl") and f'"{name}"' in source), name

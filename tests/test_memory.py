@@ -247,3 +247,23 @@ def test_presets_set_the_run_and_bad_input_is_one_clear_line(capsys):
         memory.main(["--model", "Qwen2.5-1.5B", "--loss", "curios"])
     with pytest.raises(ValueError, match=r"missing field\(s\) \['intermediate_size'\]"):
         memory.plan({k: v for k, v in SEVEN_B.items() if k != "intermediate_size"})
+
+
+@pytest.mark.parametrize("gpus", [1, 2])
+def test_the_small_presets_fit_one_or_two_gpus(gpus, capsys):
+    """config/sft_small.py and config/rl_small.py after the paper's presets: Qwen2.5-Math-1.5B at the paper's lengths
+    on 1-2 80 GB GPUs."""
+    import rl
+    import sft
+    from plumbing.cli import parse_config
+
+    for stage in ("sft", "rl"):
+        presets = [f"config/{stage}_paper.py", f"config/{stage}_small.py"]
+        memory.main([*presets, "--stage", stage, "--model", "Qwen2.5-Math-1.5B", "--gpus", str(gpus), "--json"])
+        plan = json.loads(capsys.readouterr().out)
+        assert plan["fits"] and plan["run"]["seq_len"] == 1024 + 8192, (stage, gpus, plan["total_bytes"] / 2**30)
+        assert plan["run"]["loss_chunk"] == 2048                            # the small preset's, over the paper's
+        args, = parse_config(sft.Args if stage == "sft" else rl.Args, argv=[*presets, "--model", "m",
+                                                                            "--train_file", "t"])
+        assert args.max_prompt_len + args.max_response_len <= 16384          # the 16k context data.py gives it
+    assert memory.MODELS["Qwen2.5-Math-1.5B"] == memory.MODELS["Qwen2.5-1.5B"]

@@ -171,9 +171,10 @@ PRESETS = {
         policy_loss="custom_loss_rl", clip_ratio_c=None, loss_agg="seq_sum_over_max_len", reward="authors_rl",
         temperature=1.0, top_p=1.0, system_prompt="messages", offload=True)),
     "config/eval_paper.py": ((evaluate.Args,), dict(
-        n=8, n_mmlu_pro=1, temperature=0.6, top_p=0.95, max_new_tokens=8192, system_prompt="paper", grading="paper")),
+        n_samples=8, n_mmlu_pro=1, temperature=0.6, top_p=0.95, max_new_tokens=8192, system_prompt="paper",
+        grading="paper")),
     "config/eval_authors.py": ((evaluate.Args,), dict(
-        n=8, n_mmlu_pro=1, temperature=0.6, top_p=1.0, max_new_tokens=8192, system_prompt="messages",
+        n_samples=8, n_mmlu_pro=1, temperature=0.6, top_p=1.0, max_new_tokens=8192, system_prompt="messages",
         grading="authors", max_prompt_len=1024)),
 }
 # the settings each pair of presets differs in: the rows of docs/recipes.md, nothing else

@@ -296,3 +296,35 @@ def test_two_simultaneous_starts_one_runs_one_is_refused_cleanly(tiny_model_dir,
     assert [code for code, _ in results] == [0, 1], results           # never 134 (an abort)
     assert "another run is writing to this directory" in results[1][1] and results[1][1].count("\n") == 1
     assert [p.name for p in checkpoints.complete(tmp_path)] == ["step_000002"]
+
+
+def test_weights_only_export_loads_and_matches_its_digests(model_and_tokenizer, tmp_path):
+    """python -m plumbing.checkpoints export SRC DST: the Hugging Face model without trainer/, each file checked."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    path = save(*model_and_tokenizer, tmp_path / "run", 3)
+    out = tmp_path / "export"
+    proc = subprocess.run([sys.executable, "-m", "plumbing.checkpoints", "export", str(path), str(out)],
+                          cwd=Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and f"each matching {path}/sha256.json" in proc.stdout, proc.stderr[-2000:]
+    exported = json.loads((out / "sha256.json").read_text())
+    recorded = json.loads((path / "sha256.json").read_text())
+    assert exported == {k: v for k, v in recorded.items() if not checkpoints.is_trainer_file(k)}
+    assert not (out / "trainer").exists() and "model.safetensors" in exported and "config.json" in exported
+    assert checkpoints.damaged_files(out) == []                              # the digests hold in the copy
+    model = AutoModelForCausalLM.from_pretrained(out)
+    saved = AutoModelForCausalLM.from_pretrained(path)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), saved.state_dict().values()))
+    assert AutoTokenizer.from_pretrained(out)("2+3")["input_ids"]
+    size = sum(f.stat().st_size for f in out.rglob("*"))
+    assert size < 0.5 * sum(f.stat().st_size for f in path.rglob("*"))       # the float32 trainer state stays
+
+    # a damaged checkpoint is not exported, and a directory is never exported into twice
+    with open(path / "model.safetensors", "r+b") as f:
+        f.seek(-8, 2)
+        f.write(b"\x00" * 8)
+    with pytest.raises(SystemExit, match=r"model.safetensors: does not match its digest in sha256.json"):
+        checkpoints.export_weights(path, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists()
+    with pytest.raises(SystemExit, match="exists and is not empty"):
+        checkpoints.export_weights(path, out)

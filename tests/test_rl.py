@@ -12,8 +12,8 @@ import pytest
 import torch
 
 import chunked_logits
+import curio_loss
 import data
-import evaluate
 import fake_vllm
 import rl
 from plumbing import checkpoints, generation, models
@@ -180,12 +180,12 @@ def test_token_losses_ignore_padding_and_first_update_is_on_policy(checkpoint, w
     sel = batch["loss_mask"][:, 1:].bool()
     ref = logits.log_softmax(-1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0][sel]
     torch.testing.assert_close(old, ref.detach(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ent, evaluate.entropy(logits[sel]).detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent, curio_loss.entropy(logits[sel]).detach(), rtol=1e-5, atol=1e-5)
     # ... at the rollout temperature when it is not 1
     old_t, ent_t = chunked_logits.token_log_probs(model, batch, args.loss_chunk, temperature=0.7)
     ref_t = (logits / 0.7).log_softmax(-1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0][sel]
     torch.testing.assert_close(old_t, ref_t.detach(), rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(ent_t, evaluate.entropy(logits[sel] / 0.7).detach(), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(ent_t, curio_loss.entropy(logits[sel] / 0.7).detach(), rtol=1e-5, atol=1e-5)
 
     # padding contributes nothing: the padded micro-batch sums exactly the two sequences' losses, whatever the pad id
     adv = torch.cat([torch.full((n[0],), 1.5), torch.full((n[1],), -0.7)])
@@ -571,13 +571,26 @@ def test_grpo_raises_a_toy_reward_and_resumes_exactly(checkpoint, toy_sft_file, 
     assert any(r["clip_frac_low"] + r["clip_frac_high"] > 0 for r in records)
     logged = [json.loads(line) for line in (tmp_path / "a" / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in logged] == [1, 2, 3, 4, 5, 6]
+    # rollouts.jsonl keeps --log_rollouts 2 groups a step: here all of them, so they add up to the step's record
+    kept = [json.loads(line) for line in (tmp_path / "a" / "rollouts.jsonl").read_text().splitlines()]
+    assert [g["step"] for g in kept] == [1, 1, 2, 2, 3, 3, 4, 4, 5, 5, 6, 6]
+    for record, groups in zip(records, zip(kept[::2], kept[1::2])):
+        rewards = torch.tensor([g["rewards"] for g in groups])
+        assert rewards.mean().item() == pytest.approx(record["reward_mean"])
+        assert torch.equal(torch.tensor([g["advantages"] for g in groups]), rl.group_advantages(rewards)[0])
+        for g in groups:
+            assert len(g["responses"]) == len(g["finish_reasons"]) == len(g["lengths"]) == 8
+            assert "<|im_start|>assistant" in g["prompt"] and set(g["finish_reasons"]) <= {"stop", "length"}
 
-    # resume from the step-4 checkpoint: steps 5 and 6 repeat exactly (same prompts, samples, updates)
+    # resume from the step-4 checkpoint: steps 5 and 6 repeat exactly (same prompts, samples, updates), and
+    # rollouts.jsonl is cut back to step 4 before they are written again
     (tmp_path / "b").mkdir()
     shutil.copytree(tmp_path / "a" / "step_000004", tmp_path / "b" / "step_000004")
+    shutil.copy(tmp_path / "a" / "rollouts.jsonl", tmp_path / "b" / "rollouts.jsonl")
     args.out_dir = str(tmp_path / "b")
     resumed = rl.train(args, world_of_one, reward_fn=in_lower_quarter)
     assert [r["step"] for r in resumed] == [5, 6]
+    assert (tmp_path / "b" / "rollouts.jsonl").read_text() == (tmp_path / "a" / "rollouts.jsonl").read_text()
     for a, b in zip(records[4:], resumed):
         untimed = [{k: v for k, v in r.items() if not k.endswith("_s")} for r in (a, b)]
         assert untimed[0] == untimed[1]
@@ -591,12 +604,14 @@ def test_command_line_run_writes_its_log_and_an_hf_checkpoint(checkpoint, toy_sf
     out = tmp_path / "out"
     proc = subprocess.run([sys.executable, "rl.py", "config/rl_tiny.py", "--model", str(checkpoint),
                            "--train_file", str(toy_sft_file), "--out_dir", str(out), "--steps", "2",
-                           "--rollouts", "2", "--max_response_len", "12", "--grader_workers", "1"],
+                           "--rollouts", "2", "--max_response_len", "12", "--grader_workers", "1",
+                           "--log_rollouts", "1"],
                           cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
                           env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2]
+    assert [json.loads(line)["step"] for line in (out / "rollouts.jsonl").read_text().splitlines()] == [1, 2]
     for key in ("reward_mean", "accuracy", "zero_std_frac", "response_length", "entropy", "clip_frac_low",
                 "clip_frac_high", "approx_kl", "grad_norm", "gen_s", "train_s"):
         assert key in log[0], key
