@@ -524,8 +524,55 @@ def paired_table(paired: dict[str, dict]) -> list[str]:
     return lines
 
 
-def report(metrics: list[dict], paired: dict[str, dict], out: Path) -> None:
+# Student's t, the 97.5% quantile by degrees of freedom: a two-sided 95% interval for a mean over a few seeds.
+# Above 30 degrees of freedom the value at 30 is used, which only widens the interval (by under 4%).
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
+         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_interval(values: list[float]) -> tuple[float, float]:
+    """The mean of `values` and the half-width of its 95% Student's t interval (two values or more)."""
+    n = len(values)
+    mean = sum(values) / n
+    sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
+    return mean, T_975[min(n - 1, len(T_975)) - 1] * sd / n ** 0.5
+
+
+def seed_table(metrics: list[dict], by_seed: list[dict[str, dict]], pooled: dict[str, dict]) -> list[str]:
+    """Markdown lines: each comparison's A - B in avg@n points seed by seed (with the bootstrap over that seed's
+    questions), then across seeds: the mean with Student's t interval, the two-level bootstrap, the seeds won."""
+    names = [f"{a} - {b}" for a, b in COMPARISONS]
+
+    def overall(result):
+        return next(r for r in result["rows"] if r["benchmark"] == "all avg" and r["metric"] == "avg")
+
+    def points(difference, low, high):
+        return f"{100 * difference:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
+
+    lines = ["", "A − B in points of avg@n (all test questions), seed by seed with a 95% bootstrap over that seed's "
+                 "questions, then across seeds:", "",
+             "| seed | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
+    for m, paired in zip(metrics, by_seed):
+        cells = [points(o["difference"], o["low"], o["high"]) for o in (overall(paired[n]) for n in names)]
+        lines.append(f"| {m['seeds'][0]} | " + " | ".join(cells) + " |")
+    t_cells, bootstrap_cells, won = [], [], []
+    for name in names:
+        differences = [overall(paired[name])["difference"] for paired in by_seed]
+        mean, half = t_interval(differences)
+        t_cells.append(points(mean, mean - half, mean + half))
+        o = overall(pooled[name])
+        bootstrap_cells.append(points(o["difference"], o["low"], o["high"]))
+        won.append(f"{sum(d > 0 for d in differences)} of {len(differences)}")
+    lines += [f"| mean, 95% Student's t over {len(by_seed)} seeds | " + " | ".join(t_cells) + " |",
+              "| mean, 95% two-level bootstrap (seeds, then questions) | " + " | ".join(bootstrap_cells) + " |",
+              "| seeds where A > B | " + " | ".join(won) + " |"]
+    return lines
+
+
+def report(metrics: list[dict], paired: dict[str, dict], out: Path, by_seed: list[dict] | None = None) -> None:
     table = tables(metrics, paired)
+    if by_seed:
+        table += "\n".join(seed_table(metrics, by_seed, paired)) + "\n"
     (out / "summary.md").write_text(table)
     written = plots(metrics, out / "plots")
     print(table + f"\nplots: {', '.join(str(p) for p in written)}", flush=True)
@@ -537,17 +584,19 @@ def main() -> None:
     ap.add_argument("--out", default="out/demo", help="everything goes here: world/, runs/, eval/, logs/, plots/")
     ap.add_argument("--seed", type=int, default=0, help="of the data, the initial weights, the batches and sampling")
     ap.add_argument("--seeds", type=int, nargs="+", help="run these seeds one after another, each into OUT/seed_S, "
-                                                         "then tabulate the mean and the min-max spread")
+                                                         "then tabulate the mean, the spread and the "
+                                                         "paired differences seed by seed with intervals")
     ap.add_argument("--jobs", type=int, default=4, help="stages 3-5 run this many at a time (one thread each)")
     a = ap.parse_args()
     t0, out = time.time(), Path(a.out).resolve()
     if a.seeds:
         metrics = [run_seed(SIZES[a.size], out / f"seed_{s}", s, a.jobs) for s in a.seeds]
         evals = [out / f"seed_{s}" / "eval" for s in a.seeds]
+        by_seed = [compare_all([evaluation], evaluation.parent) for evaluation in evals]
     else:
         metrics = [run_seed(SIZES[a.size], out, a.seed, a.jobs)]
-        evals = [out / "eval"]
-    report(metrics, compare_all(evals, out), out)
+        evals, by_seed = [out / "eval"], None
+    report(metrics, compare_all(evals, out), out, by_seed)
     print(f"{a.size} demo: {time.time() - t0:.0f}s", flush=True)
 
 

@@ -133,3 +133,27 @@ def test_a_running_stage_prints_its_progress(tmp_path, capsys):
     assert "[sft]" in out and "step 2/4, loss 0.4, ETA" in out and "[sft] done in" in out
     assert "step 1/4" not in out  # within every_s of the start: only in the log
     assert "step 1 loss 0.5" in (tmp_path / "stage.log").read_text()
+
+
+def test_t_quantiles_leave_two_and_a_half_percent_in_each_tail():
+    import torch
+
+    for df, t in enumerate(demo.T_975, start=1):
+        x = torch.linspace(-t, t, 400_001, dtype=torch.float64)
+        inside = torch.trapezoid(torch.distributions.StudentT(df).log_prob(x).exp(), x).item()
+        assert abs(inside - 0.95) < 2e-4, (df, inside)
+
+
+def test_seed_table_gives_each_seed_then_the_interval_across_seeds():
+    def paired(d):
+        return {"rows": [{"benchmark": "all avg", "metric": "avg", "difference": d, "low": d - 0.01, "high": d + 0.01}]}
+    differences = [0.02, -0.01, 0.03, 0.00]
+    by_seed = [{f"{a} - {b}": paired(d) for a, b in demo.COMPARISONS} for d in differences]
+    pooled = {f"{a} - {b}": paired(0.01) for a, b in demo.COMPARISONS}
+    lines = demo.seed_table([{"seeds": [s]} for s in range(4)], by_seed, pooled)
+    columns = len(demo.COMPARISONS)
+    assert "| 1 | " + " | ".join(["-1.0 [-2.0, +0.0]"] * columns) + " |" in lines
+    # mean 1.0 points, sd 1.826, t(3) = 3.182: half-width 3.182 * 1.826 / 2 = 2.9
+    assert "| mean, 95% Student's t over 4 seeds | " + " | ".join(["+1.0 [-1.9, +3.9]"] * columns) + " |" in lines
+    assert "| seeds where A > B | " + " | ".join(["2 of 4"] * columns) + " |" in lines
+    assert demo.t_interval([1.0, 3.0]) == (2.0, 12.706 * 2 ** 0.5 / 2 ** 0.5)

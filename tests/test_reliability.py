@@ -4,6 +4,7 @@ damaged --model is refused, a full disk stops a save with one line, SIGTERM save
 as if uninterrupted, and a second run on one directory is refused cleanly."""
 import errno
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -17,6 +18,9 @@ import evaluate as ev
 from plumbing import checkpoints, models
 
 REPO = Path(__file__).resolve().parents[1]
+# One thread: MKL may pick a different thread count per call on a loaded machine, which changes the last bits
+# of a sum; the runs compared bit for bit below must add in one order.
+ONE_THREAD = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 
 
 @pytest.fixture()
@@ -181,7 +185,7 @@ def test_a_damaged_model_is_refused_by_evaluate_and_rl(model_and_tokenizer, tmp_
         ev.run_eval(ev.Args(model=str(path), data=str(bench), out=str(tmp_path / "eval"), engine="hf"))
     proc = subprocess.run([sys.executable, "rl.py", "config/rl_tiny.py", "--model", str(path), "--train_file",
                            str(toy_sft_file), "--out_dir", str(tmp_path / "rl")],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+                          cwd=REPO, capture_output=True, text=True, timeout=300, env=ONE_THREAD)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
     assert "files do not match their digests (model.safetensors)" in proc.stderr
     assert not (tmp_path / "rl").exists()                  # nothing written for a refused run
@@ -211,7 +215,7 @@ def run_sft(tiny_model_dir, toy_sft_file, out_dir, *extra, check=True):
     repo = Path(__file__).resolve().parents[1]
     cmd = [sys.executable, "sft.py", "config/sft_tiny.py", "--model", str(tiny_model_dir), "--scratch",
            "--train_file", str(toy_sft_file), "--out_dir", str(out_dir), "--loss", "curio", *extra]
-    proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=600, env=ONE_THREAD)
     assert not check or proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc
 
@@ -272,7 +276,7 @@ def test_sigterm_saves_and_the_resumed_run_equals_an_uninterrupted_one(tiny_mode
     stopped = tmp_path / "stopped"
     cmd = [sys.executable, "-c", STOP_AT_STEP_3, "config/sft_tiny.py", "--model", str(tiny_model_dir), "--scratch",
            "--train_file", str(toy_sft_file), "--out_dir", str(stopped), "--loss", "curio", *flags]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=600, env=ONE_THREAD)
     assert proc.returncode == 75, proc.stdout[-2000:] + proc.stderr[-2000:]    # STOPPED_EXIT: requeue me
     assert "stopped by SIGTERM after step 3, saved" in proc.stdout
     assert json.loads((stopped / "stopped").read_text()) == {"step": 3, "signal": "SIGTERM"}
@@ -290,7 +294,8 @@ def test_sigterm_saves_and_the_resumed_run_equals_an_uninterrupted_one(tiny_mode
 def test_two_simultaneous_starts_one_runs_one_is_refused_cleanly(tiny_model_dir, toy_sft_file, tmp_path):
     cmd = [sys.executable, "sft.py", "config/sft_tiny.py", "--model", str(tiny_model_dir), "--scratch",
            "--train_file", str(toy_sft_file), "--out_dir", str(tmp_path), "--max_steps", "2"]
-    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=ONE_THREAD)
              for _ in range(2)]
     results = sorted((p.wait(timeout=600), p.communicate()[1]) for p in procs)
     assert [code for code, _ in results] == [0, 1], results           # never 134 (an abort)
