@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 import data
+from demo import decisive_token as decisive
 from demo import run as demo
 from demo import toy
 
@@ -116,6 +117,31 @@ def test_demo_ci_runs_every_stage(tmp_path):
     assert f"| curio | {demo.cell([metrics['models']['curio']['avg'], other['models']['curio']['avg']])} |" in table
     assert [p.name for p in demo.plots([metrics, other], tmp_path / "seeds")] == list(plots)
 
+    # The decisive-token probe on this demo's world and base: a curve per loss from the base's value at step 0
+    proc = subprocess.run([sys.executable, "demo/decisive_token.py", "--demo", str(out), "--size", "ci", "--n_rows",
+                           "16", "--steps", "2", "--save_every", "1", "--losses", "sft", "curio"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    probe = json.loads((out / "decisive_token" / "results.json").read_text())
+    assert list(probe["p_put_off"]) == ["sft", "curio"] and probe["questions"] > 0
+    for curve in probe["p_put_off"].values():
+        assert list(curve) == ["0", "1", "2"] and all(0 <= p <= 1 for p in curve.values())
+    assert probe["p_put_off"]["sft"]["0"] == probe["p_put_off"]["curio"]["0"]      # both start from the base
+    assert probe["p_put_off"]["sft"]["2"] != probe["p_put_off"]["curio"]["2"]      # the losses differ
+    expert = [json.loads(line) for line in (out / "decisive_token" / "train_expert.jsonl").read_text().splitlines()]
+    # at the decisive token: after "a" and "+b=a+b", the two positive numbers' lines
+    question = next(q for q in (r["prompt"][1]["content"] for r in rows)
+                    if not toy.add_in_order(decisive.first_two_then_negative(toy.parse_floor(q)))[1])
+    a, b = [v for v in toy.parse_floor(question) if v > 0][:2]
+    text = data.build_prompt(question, tok, toy.FLOOR_SYSTEM) + f"{a}\n{b:+d}={a + b}\n"
+    assert math.isclose(decisive.p_put_off(ckpt, [question]),
+                        next_token_probs(text)[tok.convert_tokens_to_ids("+")].item(), rel_tol=1e-4)
+    test_questions = {r["prompt"][1]["content"] for r in rows}
+    assert len(expert) == 16 and not test_questions & {r["prompt"][1]["content"] for r in expert}
+    for r in expert:
+        order = decisive.first_two_then_negative(toy.parse_floor(r["prompt"][1]["content"]))
+        assert toy.add_in_order(order)[1] and r["target"][0]["content"] == toy.floor_response(order)
+
     # Finished stages are reused, so another seed into the same --out must stop, not mix two runs.
     proc = subprocess.run([sys.executable, "demo/run.py", "--size", "ci", "--out", str(out), "--seed", "1"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
@@ -157,3 +183,9 @@ def test_seed_table_gives_each_seed_then_the_interval_across_seeds():
     assert "| mean, 95% Student's t over 4 seeds | " + " | ".join(["+1.0 [-1.9, +3.9]"] * columns) + " |" in lines
     assert "| seeds where A > B | " + " | ".join(["2 of 4"] * columns) + " |" in lines
     assert demo.t_interval([1.0, 3.0]) == (2.0, 12.706 * 2 ** 0.5 / 2 ** 0.5)
+
+
+def test_the_probes_expert_adds_two_positive_numbers_then_the_negative():
+    assert decisive.first_two_then_negative([2, -5, 6, 3, 1]) == [2, 6, -5, 3, 1]      # 8 - 5: through
+    assert decisive.first_two_then_negative([2, 1, 6, -9, 4]) == [2, 1, -9, 6, 4]      # 3 - 9: a dead end
+    assert not toy.add_in_order(decisive.first_two_then_negative([2, 1, 6, -9, 4]))[1]
