@@ -44,20 +44,13 @@ def expert_rows(n: int, seed: int, exclude: frozenset[str]) -> list[dict]:
 
 def p_put_off(ckpt: Path, questions: list[str]) -> float:
     """The mean probability of "+" after this expert's lines up to its dead end, on `questions` (all dead ends)."""
-    import torch
-    import transformers
-
-    transformers.utils.logging.disable_progress_bar()
-    tok = transformers.AutoTokenizer.from_pretrained(ckpt)
-    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
-    plus, probabilities = tok.convert_tokens_to_ids("+"), []
+    tok, next_token_logits = demo.load_for_scoring(ckpt)
+    texts = []
     for question in questions:
         lines = toy.floor_response(first_two_then_negative(toy.parse_floor(question)))
         before = "\n".join(lines.removeprefix(data.THINK).split("\n")[:2]) + "\n"   # the two positive numbers
-        ids = torch.tensor([tok.encode(data.build_prompt(question, tok, toy.FLOOR_SYSTEM) + before)])
-        with torch.no_grad():
-            probabilities.append(model(ids).logits[0, -1].float().softmax(-1)[plus].item())
-    return sum(probabilities) / len(probabilities)
+        texts.append(data.build_prompt(question, tok, toy.FLOOR_SYSTEM) + before)
+    return next_token_logits(texts).softmax(-1)[:, tok.convert_tokens_to_ids("+")].mean().item()
 
 
 def main() -> None:

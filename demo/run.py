@@ -145,28 +145,36 @@ def flag(args: list[str], name: str, default: int) -> int:
 # ---------------------------------------------------------------------------------------------------------
 # Measurements the stage scripts do not make
 # ---------------------------------------------------------------------------------------------------------
-def branching_stats(ckpt: Path, rows: list[dict]) -> dict:
-    """Two branching tokens of the test questions under the model at temperature 1. The first number: the entropy
-    of the full next-token distribution (nats) and the probability of the expert's (the question's first). And on
-    the questions where the expert's order is a dead end, after the expert's lines up to the negative number: the
-    probability of putting it off (a "+", adding a positive number first) rather than hitting the floor."""
+def load_for_scoring(ckpt: Path):
+    """The checkpoint's tokenizer, and a function from texts to the model's next-token logits after each
+    ([len(texts), V], float32, at temperature 1)."""
     import torch
     import transformers
-
-    import curio_loss
 
     transformers.utils.logging.disable_progress_bar()  # one "Loading weights" bar per checkpoint: noise here
     tok = transformers.AutoTokenizer.from_pretrained(ckpt)
     model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
 
-    def next_token_logits(texts: list[str]) -> torch.Tensor:  # [len(texts), V], float32
+    def next_token_logits(texts: list[str]) -> torch.Tensor:
         ids = [tok.encode(t) for t in texts]
         batch = torch.full((len(ids), max(map(len, ids))), tok.pad_token_id)
         for i, x in enumerate(ids):  # right-padded: causal attention never sees the padding before each last token
             batch[i, : len(x)] = torch.tensor(x)
         with torch.no_grad():
             return model(batch).logits[torch.arange(len(ids)), torch.tensor(list(map(len, ids))) - 1].float()
+    return tok, next_token_logits
 
+
+def branching_stats(ckpt: Path, rows: list[dict]) -> dict:
+    """Two branching tokens of the test questions under the model at temperature 1. The first number: the entropy
+    of the full next-token distribution (nats) and the probability of the expert's (the question's first). And on
+    the questions where the expert's order is a dead end, after the expert's lines up to the negative number: the
+    probability of putting it off (a "+", adding a positive number first) rather than hitting the floor."""
+    import torch
+
+    import curio_loss
+
+    tok, next_token_logits = load_for_scoring(ckpt)
     questions = [toy.parse_floor(r["prompt"][1]["content"]) for r in rows]
     prompts = [data.build_prompt(r["prompt"][1]["content"], tok, toy.FLOOR_SYSTEM) for r in rows]
     logits = next_token_logits(prompts)
