@@ -9,6 +9,7 @@ import data
 from demo import decisive_token as decisive
 from demo import run as demo
 from demo import toy
+from plumbing import checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -119,15 +120,22 @@ def test_demo_ci_runs_every_stage(tmp_path):
 
     # The decisive-token probe on this demo's world and base: a curve per loss from the base's value at step 0
     proc = subprocess.run([sys.executable, "demo/decisive_token.py", "--demo", str(out), "--size", "ci", "--n_rows",
-                           "16", "--steps", "2", "--save_every", "1", "--losses", "sft", "curio"], cwd=ROOT,
+                           "16", "--steps", "2", "--save_every", "1", "--losses", "sft", "curio", "--grpo"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     probe = json.loads((out / "decisive_token" / "results.json").read_text())
-    assert list(probe["p_put_off"]) == ["sft", "curio"] and probe["questions"] > 0
+    assert list(probe["p_put_off"]) == ["sft", "curio"] and probe["questions"] > 0 and probe["seed"] == 0
     for curve in probe["p_put_off"].values():
         assert list(curve) == ["0", "1", "2"] and all(0 <= p <= 1 for p in curve.values())
     assert probe["p_put_off"]["sft"]["0"] == probe["p_put_off"]["curio"]["0"]      # both start from the base
     assert probe["p_put_off"]["sft"]["2"] != probe["p_put_off"]["curio"]["2"]      # the losses differ
+    # --grpo: GRPO from the base and from each loss's last checkpoint, P("+") before it as the curves end
+    assert list(probe["grpo"]) == ["base", "sft", "curio"]
+    assert probe["grpo"]["base"]["p_before"] == probe["p_put_off"]["sft"]["0"]
+    assert probe["grpo"]["curio"]["p_before"] == probe["p_put_off"]["curio"]["2"]
+    for start, r in probe["grpo"].items():
+        assert 0 <= r["p_after"] <= 1 and 0 <= r["mixed"] <= 1
+        assert checkpoints.latest(out / "decisive_token" / "runs" / f"{start}+grpo") is not None
     expert = [json.loads(line) for line in (out / "decisive_token" / "train_expert.jsonl").read_text().splitlines()]
     # at the decisive token: after "a" and "+b=a+b", the two positive numbers' lines
     question = next(q for q in (r["prompt"][1]["content"] for r in rows)
