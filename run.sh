@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Quick start on a fresh machine:  bash run.sh        (install, then the CPU demo: ~7 minutes on 2 cores)
+# Quick start on a fresh machine:  bash run.sh        (install, then the CPU demo: ~8 minutes on 2 cores)
 #                                  bash run.sh test   (install, then the tests)
 #                                  bash run.sh bench  (install, then the loss benchmark)
 set -euo pipefail
@@ -9,7 +9,8 @@ venv=${VENV:-.venv}
 "$venv/bin/python" -m pip install -q -r requirements.txt
 case "${1:-demo}" in
   test) shift || true; exec "$venv/bin/python" -m pytest -q "$@" ;;
-  demo) exec "$venv/bin/python" demo/run.py --size full --out out/demo ;;
+  demo) "$venv/bin/python" demo/run.py --size full --out out/demo
+        exec "$venv/bin/python" demo/decisive_token.py --demo out/demo ;;
   bench) exec "$venv/bin/python" bench/loss_speed.py ;;
   *) echo "usage: bash run.sh [demo|test [pytest args]|bench]" >&2; exit 2 ;;
 esac

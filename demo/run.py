@@ -3,7 +3,8 @@ floor task, one stage command after another.
 
     python demo/run.py --size ci --out out/demo_ci          # every stage, tiny: about a minute (tests/test_demo.py)
     python demo/run.py --out out/demo                       # the demo proper, seed 0 (bash run.sh)
-    python demo/run.py --seeds 0 1 2 --out out/demo_seeds   # seed after seed into OUT/seed_S, then mean and spread
+    python demo/run.py --seeds 0 1 2 3 4 5 6 7 --out out/demo_seeds   # seed after seed into OUT/seed_S (~7 min
+                                                    # each), then the mean, spread and paired intervals
 
 Stages (each is the stage's own command line, printed before it runs, so it can be copied and re-run; its output
 goes to OUT/logs/ and the demo prints a progress line every few seconds):
