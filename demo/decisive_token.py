@@ -1,7 +1,8 @@
 """A probe beside the demo: an expert that teaches the wrong move at the decisive token. Does any SFT loss keep the
 alternative the base model had?
 
-    python demo/decisive_token.py --demo out/demo --grpo          # after bash run.sh; about 3 minutes on 2 cores
+    python demo/decisive_token.py --demo out/demo                 # bash run.sh's last step: 40 s on 2 cores
+    python demo/decisive_token.py --demo out/demo --grpo          # then GRPO from each: about 3 minutes
     python demo/decisive_token.py --demo out/demo_seeds/seed_* --grpo    # after demo/run.py --seeds
 
 The demo's expert adds the numbers in the question's order and is shown only where that works. Its rows agree with

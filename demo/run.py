@@ -56,11 +56,11 @@ SIZES = {
         model=dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
                    intermediate_size=384),
         # 2250 steps, about 4 min on two threads: a base that adds in many orders, dead ends included, with mistakes
-        # in 4-34% of its samples (seeds 0-2). One logits chunk: V is small.
+        # in 0-34% of its samples (seeds 0-7). One logits chunk: V is small.
         pretrain=["--epochs", "6", "--global_batch", "16", "--lr", "2e-3", "--warmup_steps", "20",
                   "--token_budget", "2048", "--loss_chunk", "2048", "--log_every", "25"],
         # App. E's 3 epochs of 1024 rows: 192 steps, after which cross-entropy has taken P(expert's first number) to
-        # 80-99% (seeds 0-2). lr: at 2e-3 with 5 warm-up steps the fresh Adam state knocked the base off its minimum
+        # 74-100% (seeds 0-7). lr: at 2e-3 with 5 warm-up steps the fresh Adam state knocked the base off its minimum
         # (on an earlier toy task). A checkpoint every 32 steps for the branching tokens' curves.
         sft=["--epochs", "3", "--global_batch", "16", "--lr", "1e-3", "--warmup_steps", "16", "--token_budget", "2048",
              "--log_every", "4", "--save_every", "32"],
