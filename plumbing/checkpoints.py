@@ -194,8 +194,9 @@ def latest(out_dir: Path) -> Path | None:
     return done[-1] if done else None
 
 
-def _copy_hashed(src: Path, dst: Path | None = None) -> str:
-    """The SHA-256 of a file, read once in 16 MB blocks; with dst, the file is written there as it is read."""
+def file_sha256(src: Path, dst: Path | None = None) -> str:
+    """The SHA-256 of a file, read once in 16 MB blocks; with dst, the file is written there as it is read.
+    Not collective."""
     h = hashlib.sha256()
     with open(src, "rb") as f, contextlib.ExitStack() as stack:
         out = stack.enter_context(open(dst, "wb")) if dst is not None else None
@@ -210,7 +211,7 @@ def file_digests(directory: Path) -> dict[str, str]:
     """{relative path: sha256} of every file below `directory`, the same dict on every rank; the files are
     hashed in parallel, rank r taking every world-th of them (each rank's trainer shard is one file)."""
     files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
-    mine = {name: _copy_hashed(directory / name) for name in files[dist.get_rank() :: dist.get_world_size()]}
+    mine = {name: file_sha256(directory / name) for name in files[dist.get_rank() :: dist.get_world_size()]}
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     return {k: v for part in everyone for k, v in sorted(part.items())}
@@ -265,10 +266,9 @@ def verify_model_dir(path: str, rank0: bool = True) -> None:
         recorded = json.loads((p / "sha256.json").read_text())
     except (ValueError, UnicodeDecodeError):
         raise SystemExit(f"--model {path}: sha256.json is not valid JSON") from None
-    loaded = {name: digest for name, digest in recorded.items() if "/" not in name
-              and not name.startswith("rng_rank") and name != "state.json"}
+    loaded = {name: digest for name, digest in recorded.items() if not is_trainer_file(name)}
     bad = sorted(name for name, digest in loaded.items()
-                 if not (p / name).is_file() or _copy_hashed(p / name) != digest)
+                 if not (p / name).is_file() or file_sha256(p / name) != digest)
     if bad:
         raise SystemExit(f"--model {path}: files do not match their digests ({', '.join(bad[:5])}): the "
                          f"checkpoint is damaged")
@@ -318,7 +318,7 @@ def export_weights(src: Path, dst: Path) -> list[str]:
     copied = {}
     for name in names:
         (dst / name).parent.mkdir(parents=True, exist_ok=True)
-        copied[name] = _copy_hashed(src / name, dst / name)
+        copied[name] = file_sha256(src / name, dst / name)
         if copied[name] != recorded[name]:
             shutil.rmtree(dst)
             raise SystemExit(f"{src / name}: does not match its digest in sha256.json; nothing exported")

@@ -6,7 +6,6 @@ resumed step, as rl.py's rollouts.jsonl is), a console line or a progress bar on
 Biases and TensorBoard (imported only when asked for; neither is in requirements.txt)."""
 import errno
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -112,11 +111,9 @@ def leave_after_signal(out_dir: Path, step: int, signal_name: str | None, log) -
 
 def file_identity(path) -> dict:
     """What identifies a data file beyond its path: its sha256 and (given by the caller) its rows."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while block := f.read(1 << 24):
-            h.update(block)
-    return {"file": str(path), "sha256": h.hexdigest()}
+    from plumbing.checkpoints import file_sha256
+
+    return {"file": str(path), "sha256": file_sha256(path)}
 
 
 class RunLog:
