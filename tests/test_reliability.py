@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -291,13 +292,36 @@ def test_sigterm_saves_and_the_resumed_run_equals_an_uninterrupted_one(tiny_mode
     assert losses(stopped) == losses(tmp_path / "whole") and len(losses(stopped)) == 6
 
 
+HOLD_AFTER_CLAIM = """
+import runpy, sys, time
+from pathlib import Path
+from plumbing import run_dir
+claim = run_dir.claim
+def claim_then_wait(out_dir, *args, **kwargs):
+    lock = claim(out_dir, *args, **kwargs)
+    (Path(out_dir) / "claimed").touch()                  # the run holds its directory
+    while not (Path(out_dir) / "go").exists():           # until the test has started the second one
+        time.sleep(0.05)
+    return lock
+run_dir.claim = claim_then_wait
+sys.argv = ["sft.py", *sys.argv[1:]]
+runpy.run_path("sft.py", run_name="__main__")
+"""
+
+
 def test_two_simultaneous_starts_one_runs_one_is_refused_cleanly(tiny_model_dir, toy_sft_file, tmp_path):
-    cmd = [sys.executable, "sft.py", "config/sft_tiny.py", "--model", str(tiny_model_dir), "--scratch",
-           "--train_file", str(toy_sft_file), "--out_dir", str(tmp_path), "--max_steps", "2"]
-    procs = [subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                              env=ONE_THREAD)
-             for _ in range(2)]
-    results = sorted((p.wait(timeout=600), p.communicate()[1]) for p in procs)
+    flags = ["config/sft_tiny.py", "--model", str(tiny_model_dir), "--scratch", "--train_file", str(toy_sft_file),
+             "--out_dir", str(tmp_path), "--max_steps", "2"]
+    # The first run holds the directory until the second has tried: the overlap is certain, not a race.
+    first = subprocess.Popen([sys.executable, "-c", HOLD_AFTER_CLAIM, *flags], cwd=REPO, stdout=subprocess.PIPE,
+                             stderr=subprocess.PIPE, text=True, env=ONE_THREAD)
+    deadline = time.monotonic() + 300
+    while not (tmp_path / "claimed").exists() and first.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    second = subprocess.run([sys.executable, "sft.py", *flags], cwd=REPO, capture_output=True, text=True,
+                            timeout=600, env=ONE_THREAD)
+    (tmp_path / "go").touch()
+    results = sorted([(first.wait(timeout=600), first.communicate()[1]), (second.returncode, second.stderr)])
     assert [code for code, _ in results] == [0, 1], results           # never 134 (an abort)
     assert "another run is writing to this directory" in results[1][1] and results[1][1].count("\n") == 1
     assert [p.name for p in checkpoints.complete(tmp_path)] == ["step_000002"]
