@@ -433,10 +433,11 @@ def paired_comparison(a: list[Evaluation], b: list[Evaluation], resamples: int =
     every benchmark: where every evaluation holds the same questions, each side's seeds
     independently; else A's i-th and B's i-th evaluations must share their questions and are
     resampled as pairs, with the questions drawn again within each drawn pair."""
-    shared = _mismatch(a + b, a[0]) is None
+    apart = _mismatch(a + b, a[0])
+    shared = apart is None
     if not shared and len(a) != len(b):
-        raise ValueError(f"{_mismatch(a + b, a[0])}: with other questions per evaluation, give A "
-                         f"and B one evaluation per seed each, in the same order")
+        raise ValueError(f"{apart}: with other questions per evaluation, give A and B one "
+                         f"evaluation per seed each, in the same order")
     for ea, eb in ([] if shared else zip(a, b)):
         if (why := _mismatch([eb], ea)) is not None:
             raise ValueError(f"{why}: A's and B's evaluations of a seed must share their questions")
@@ -768,9 +769,10 @@ def run_compare(args: CompareArgs) -> dict:
     result = paired_comparison(a, b, args.resamples, args.seed)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    write_atomic(out / "paired.md", report.paired_table(result))
+    table = report.paired_table(result)
+    write_atomic(out / "paired.md", table)
     write_atomic(out / "paired.json", json.dumps(result, indent=1))
-    print(report.paired_table(result))
+    print(table)
     return result
 
 
