@@ -513,13 +513,23 @@ def compare_all(evals: list[Path], out: Path) -> dict[str, dict]:
     return paired
 
 
+def paired_row(result: dict, benchmark: str = "all avg", metric: str = "avg") -> dict:
+    """One row of an evaluate.py compare result (paired.json); by default avg@n over all test questions."""
+    return next(r for r in result["rows"] if r["benchmark"] == benchmark and r["metric"] == metric)
+
+
+def points(difference: float, low: float, high: float) -> str:
+    """A - B and its interval, in points."""
+    return f"{100 * difference:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
+
+
 def paired_table(paired: dict[str, dict]) -> list[str]:
     """Markdown lines: each comparison's A - B with its 95% interval, overall and per kind of question."""
     works, fails = toy.EXPERT_WORKS, toy.EXPERT_FAILS
 
     def at(result, benchmark, metric):
-        r = next(r for r in result["rows"] if r["benchmark"] == benchmark and r["metric"] == metric)
-        return f"{100 * r['difference']:+.1f} [{100 * r['low']:+.1f}, {100 * r['high']:+.1f}]"
+        r = paired_row(result, benchmark, metric)
+        return points(r["difference"], r["low"], r["high"])
 
     first = next(iter(paired.values()))
     k_max = max(int(r["metric"][5:]) for r in first["rows"] if r["metric"].startswith("pass@"))
@@ -551,25 +561,19 @@ def seed_table(metrics: list[dict], by_seed: list[dict[str, dict]], pooled: dict
     """Markdown lines: each comparison's A - B in avg@n points seed by seed (with the bootstrap over that seed's
     questions), then across seeds: the mean with Student's t interval, the two-level bootstrap, the seeds won."""
     names = [f"{a} - {b}" for a, b in COMPARISONS]
-
-    def overall(result):
-        return next(r for r in result["rows"] if r["benchmark"] == "all avg" and r["metric"] == "avg")
-
-    def points(difference, low, high):
-        return f"{100 * difference:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}]"
-
     lines = ["", "A − B in points of avg@n (all test questions), seed by seed with a 95% bootstrap over that seed's "
                  "questions, then across seeds:", "",
              "| seed | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     for m, paired in zip(metrics, by_seed):
-        cells = [points(o["difference"], o["low"], o["high"]) for o in (overall(paired[n]) for n in names)]
+        overall = [paired_row(paired[name]) for name in names]
+        cells = [points(o["difference"], o["low"], o["high"]) for o in overall]
         lines.append(f"| {m['seeds'][0]} | " + " | ".join(cells) + " |")
     t_cells, bootstrap_cells, won = [], [], []
     for name in names:
-        differences = [overall(paired[name])["difference"] for paired in by_seed]
+        differences = [paired_row(paired[name])["difference"] for paired in by_seed]
         mean, half = t_interval(differences)
         t_cells.append(points(mean, mean - half, mean + half))
-        o = overall(pooled[name])
+        o = paired_row(pooled[name])
         bootstrap_cells.append(points(o["difference"], o["low"], o["high"]))
         won.append(f"{sum(d > 0 for d in differences)} of {len(differences)}")
     lines += [f"| mean, 95% Student's t over {len(by_seed)} seeds | " + " | ".join(t_cells) + " |",
