@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from plumbing.checkpoints import file_sha256
+
 LOGGERS = ("wandb", "tensorboard")
 _HELD = []  # the locks this process holds: released when it exits
 
@@ -111,8 +113,6 @@ def leave_after_signal(out_dir: Path, step: int, signal_name: str | None, log) -
 
 def file_identity(path) -> dict:
     """What identifies a data file beyond its path: its sha256 and (given by the caller) its rows."""
-    from plumbing.checkpoints import file_sha256
-
     return {"file": str(path), "sha256": file_sha256(path)}
 
 
