@@ -217,14 +217,26 @@ def file_digests(directory: Path) -> dict[str, str]:
     return {k: v for part in everyone for k, v in sorted(part.items())}
 
 
+def recorded_digests(path: Path) -> dict[str, str]:
+    """A checkpoint's sha256.json as {relative path: sha256}; a ValueError naming the file when it is not one."""
+    file = path / "sha256.json"
+    try:
+        recorded = json.loads(file.read_text())
+    except (ValueError, UnicodeDecodeError):
+        recorded = None
+    if not isinstance(recorded, dict) or not all(isinstance(v, str) for v in recorded.values()):
+        raise ValueError(f"{file}: not a JSON object of file digests")
+    return recorded
+
+
 def damaged_files(path: Path) -> list[str] | None:
     """The files of a complete checkpoint whose digest differs from sha256.json, or that are missing or extra;
     None when it has no sha256.json (written before digests existed: nothing can be checked)."""
     if not (path / "sha256.json").is_file():
         return None
     try:
-        recorded = json.loads((path / "sha256.json").read_text())
-    except (ValueError, UnicodeDecodeError):
+        recorded = recorded_digests(path)
+    except ValueError:
         return ["sha256.json"]
     found = file_digests(path)
     found.pop("sha256.json")
@@ -263,9 +275,9 @@ def verify_model_dir(path: str, rank0: bool = True) -> None:
                   flush=True)
         return
     try:
-        recorded = json.loads((p / "sha256.json").read_text())
-    except (ValueError, UnicodeDecodeError):
-        raise SystemExit(f"--model {path}: sha256.json is not valid JSON") from None
+        recorded = recorded_digests(p)
+    except ValueError as e:
+        raise SystemExit(f"--model {path}: {e}") from None
     loaded = {name: digest for name, digest in recorded.items() if not is_trainer_file(name)}
     bad = sorted(name for name, digest in loaded.items()
                  if not (p / name).is_file() or file_sha256(p / name) != digest)
@@ -307,22 +319,34 @@ def export_weights(src: Path, dst: Path) -> list[str]:
     """Copy a checkpoint's Hugging Face model (config, safetensors weights, tokenizer, generation config: every file
     but the trainer's) to a new directory dst, each file checked against the checkpoint's sha256.json as it is
     read, and write dst/sha256.json of what was copied. What evaluate.py, vLLM and the hub need: a 7B CurioSFT
-    checkpoint's 15 GB of bf16 weights without its 120 GB trainer/. Not collective. Returns the files copied."""
+    checkpoint's 15 GB of bf16 weights without its 120 GB trainer/. Written under a .tmp name and renamed when
+    complete, as save() does: a failed or killed export leaves no dst. Not collective. Returns the files copied."""
     src, dst = Path(src), Path(dst)
     if not (src / "config.json").is_file() or not (src / "sha256.json").is_file():
         raise SystemExit(f"{src}: not a checkpoint written by sft.py or rl.py (config.json, sha256.json)")
     if dst.exists() and any(dst.iterdir()):
         raise SystemExit(f"{dst}: exists and is not empty; export into a new directory")
-    recorded = json.loads((src / "sha256.json").read_text())
+    try:
+        recorded = recorded_digests(src)
+    except ValueError as e:
+        raise SystemExit(str(e)) from None
     names = sorted(name for name in recorded if not is_trainer_file(name))
-    copied = {}
-    for name in names:
-        (dst / name).parent.mkdir(parents=True, exist_ok=True)
-        copied[name] = file_sha256(src / name, dst / name)
-        if copied[name] != recorded[name]:
-            shutil.rmtree(dst)
-            raise SystemExit(f"{src / name}: does not match its digest in sha256.json; nothing exported")
-    (dst / "sha256.json").write_text(json.dumps(copied, indent=1))
+    tmp = dst.with_name(dst.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        copied = {}
+        for name in names:
+            if not (src / name).is_file():
+                raise SystemExit(f"{src / name}: missing, though sha256.json lists it; nothing exported")
+            (tmp / name).parent.mkdir(parents=True, exist_ok=True)
+            copied[name] = file_sha256(src / name, tmp / name)
+            if copied[name] != recorded[name]:
+                raise SystemExit(f"{src / name}: does not match its digest in sha256.json; nothing exported")
+        (tmp / "sha256.json").write_text(json.dumps(copied, indent=1))
+        os.replace(tmp, dst)                     # onto a missing or empty dst
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     return names
 
 

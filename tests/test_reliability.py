@@ -354,6 +354,13 @@ def test_weights_only_export_loads_and_matches_its_digests(model_and_tokenizer, 
         f.write(b"\x00" * 8)
     with pytest.raises(SystemExit, match=r"model.safetensors: does not match its digest in sha256.json"):
         checkpoints.export_weights(path, tmp_path / "bad")
-    assert not (tmp_path / "bad").exists()
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "bad.tmp").exists()
+    (path / "model.safetensors").unlink()                 # a listed file missing: one line, nothing written
+    with pytest.raises(SystemExit, match=r"model.safetensors: missing, though sha256.json lists it"):
+        checkpoints.export_weights(path, tmp_path / "bad")
+    assert not (tmp_path / "bad").exists() and not (tmp_path / "bad.tmp").exists()
+    (path / "sha256.json").write_text("[]")
+    with pytest.raises(SystemExit, match=r"sha256.json: not a JSON object of file digests"):
+        checkpoints.export_weights(path, tmp_path / "bad")
     with pytest.raises(SystemExit, match="exists and is not empty"):
         checkpoints.export_weights(path, out)
