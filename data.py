@@ -393,12 +393,13 @@ def _download_main(argv: list[str] | None = None) -> None:
     a = p.parse_args(argv)
     from huggingface_hub import snapshot_download
 
-    jobs = [(repo, "dataset", Path(a.out) / name) for name, repo in HUB_DATASETS.items()]
+    jobs = [(repo, "dataset", Path(a.out) / name, False) for name, repo in HUB_DATASETS.items()]
     if a.model_out:
-        suffix = {"small": "-16k"}           # the folder of the model whose context is extended
-        jobs += [(HUB_MODELS[m], "model", Path(a.model_out) / (HUB_MODELS[m] + suffix.get(m, "")))
-                 for m in a.models]
-    for repo, kind, local in jobs:
+        for m in a.models:
+            extend = m == "small"            # CONTEXT_16K, into a folder that says so
+            folder = HUB_MODELS[m] + ("-16k" if extend else "")
+            jobs.append((HUB_MODELS[m], "model", Path(a.model_out) / folder, extend))
+    for repo, kind, local, extend in jobs:
         try:
             snapshot_download(repo, repo_type=kind, local_dir=local)
         except Exception as e:  # offline, DNS, proxy, 401, ...: the hub library raises many types
@@ -407,7 +408,7 @@ def _download_main(argv: list[str] | None = None) -> None:
                              f"copy the files to {local}.")
         for f in sorted(local.rglob("*.parquet")) if kind == "dataset" else []:
             print(f"{f}: {len(load_examples(f))} rows")  # raises, naming the row, off the schema
-        if repo == HUB_MODELS["small"]:
+        if extend:
             config = json.loads((local / "config.json").read_text()) | CONTEXT_16K
             (local / "config.json").write_text(json.dumps(config, indent=2))
             print(f"{local / 'config.json'}: context extended to 16k ({CONTEXT_16K})")
