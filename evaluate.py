@@ -786,9 +786,9 @@ def run_tokens(args: TokensArgs, cfg: cl.LossConfig) -> dict:
     teacher = None
     if args.teacher:
         teacher = load_engine(resolve_model(args.teacher), "hf", args.dtype)[0].model
-    if teacher is not None and teacher.config.vocab_size != student.model.config.vocab_size:
-        raise ValueError(f"--teacher {args.teacher}: vocabulary {teacher.config.vocab_size}, the "
-                         f"model's {student.model.config.vocab_size}")
+        if teacher.config.vocab_size != student.model.config.vocab_size:
+            raise ValueError(f"--teacher {args.teacher}: vocabulary {teacher.config.vocab_size}, "
+                             f"the model's {student.model.config.vocab_size}")
     prompt = example_prompt(example, tokenizer, args.system_prompt)
     ids, mask = tokenize_sft(tokenizer, prompt, example.response)
     device = next(student.model.parameters()).device
