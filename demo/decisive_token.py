@@ -69,8 +69,8 @@ def sft_curves(a, seed: int, base: Path, train_file: Path, dead_ends: list[str],
                             *demo.SIZES[a.size]["sft"], "--max_steps", str(a.steps), "--save_every",
                             str(a.save_every)], out / "logs" / f"{loss}.log", a.steps, loss)
         curves[loss] = {0: p_base}
-        for ckpt in checkpoints.complete(run):
-            curves[loss][json.loads((ckpt / "state.json").read_text())["step"]] = p_put_off(ckpt, dead_ends)
+        for step, ckpt in demo.saved_steps(run):
+            curves[loss][step] = p_put_off(ckpt, dead_ends)
     return curves
 
 

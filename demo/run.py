@@ -217,13 +217,17 @@ def model_metrics(result: dict, samples_file: Path, branching: dict) -> dict:
             "branching": branching, "kinds": kind_shares(samples_file)}
 
 
+def saved_steps(run_dir: Path) -> list[tuple[int, Path]]:
+    """(step, checkpoint) for every complete checkpoint of a run, oldest first."""
+    return [(json.loads((c / "state.json").read_text())["step"], c) for c in checkpoints.complete(run_dir)]
+
+
 def sft_metrics(run_dir: Path, base: Path, branching) -> dict:
     """Over one SFT run: branching(checkpoint), the branching tokens' statistics, at the base and at every saved
     checkpoint; the top-20% expert-token entropy and cross-entropy from its log, and for CurioSFT its mean w_t where
     it acts."""
     log = [r for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines()) if "ce" in r]
-    points = [(0, base)] + [(json.loads((c / "state.json").read_text())["step"], c)
-                            for c in checkpoints.complete(run_dir)]
+    points = [(0, base)] + saved_steps(run_dir)
     out = {"steps": [s for s, _ in points], "branching": [branching(c) for _, c in points],
            "log_steps": [r["step"] for r in log], "top20": [r.get("student_entropy_top20") for r in log],
            "ce_end": log[-1]["ce"]}
