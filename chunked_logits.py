@@ -44,9 +44,11 @@ def no_grad_logits(head, h):
 
 
 def select_targets(hidden, batch):
-    """The positions whose next token is trained (response, EOS): [B, T, H] -> h [N, H], y [N]."""
-    sel = batch["loss_mask"][:, 1:].bool()                        # [B, T-1]
-    return hidden[:, :-1][sel], batch["input_ids"][:, 1:][sel]
+    """The positions whose next token is trained (response, EOS): [B, T, H] -> h [N, H], y [N].
+    By data.collate's target_index, which the host built: a boolean mask would make the GPU
+    report N back to the host (a sync) before the step could go on."""
+    index = batch["target_index"]                                 # [N], flat positions b * T + t
+    return hidden.flatten(0, 1)[index], batch["input_ids"].flatten()[index + 1]
 
 
 def chunked_sum(fn, chunk, *per_token):

@@ -323,18 +323,24 @@ def collate(batch: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, 
     loss_mask is aligned with input_ids: loss_mask[b, t] = 1 when token input_ids[b, t] is a trained
     target, predicted from positions < t. The trainer therefore scores logits[:, :-1] against
     input_ids[:, 1:] and weights with loss_mask[:, 1:] (position 0 is never a target). Padding has
-    attention_mask = loss_mask = 0."""
+    attention_mask = loss_mask = 0. target_index [N] lists the flat positions b * T + t whose next
+    token is trained, in order: the host knows them here, so selecting them on a GPU needs no
+    boolean mask (a device-to-host sync)."""
     T = max(len(ids) for ids, _ in batch)
     input_ids = torch.full((len(batch), T), pad_id, dtype=torch.long)  # [B, T]
     attention_mask = torch.zeros(len(batch), T, dtype=torch.long)     # [B, T]
     loss_mask = torch.zeros(len(batch), T, dtype=torch.float32)       # [B, T], float: weighs losses
+    target_index = []
     for b, (ids, mask) in enumerate(batch):
         if len(ids) != len(mask):
             raise ValueError(f"batch item {b}: {len(ids)} ids but {len(mask)} mask entries")
         input_ids[b, : len(ids)] = torch.as_tensor(ids)
         attention_mask[b, : len(ids)] = 1
         loss_mask[b, : len(ids)] = torch.as_tensor(mask, dtype=torch.float32)
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}
+        flags = mask.tolist() if isinstance(mask, torch.Tensor) else mask
+        target_index += [b * T + t - 1 for t in range(1, len(flags)) if flags[t]]
+    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask,
+            "target_index": torch.tensor(target_index, dtype=torch.long)}             # [N]
 
 
 def padding_efficiency(lengths: list[int], micro_batches: list[list[int]]) -> float:

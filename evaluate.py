@@ -32,7 +32,7 @@ from tqdm import tqdm
 import curio_loss as cl
 from chunked_logits import cat_diags, no_grad_logits, normed_hidden, select_targets
 from data import ID_BENCHMARKS, OOD_BENCHMARKS, SYSTEM_PROMPT_MODES, Example, example_prompt
-from data import load_examples, tokenize_sft
+from data import collate, load_examples, tokenize_sft
 from plumbing import report, token_page
 from plumbing.checkpoints import verify_model_dir
 from plumbing.cli import check_settings, parse_config, run_script
@@ -792,9 +792,7 @@ def run_tokens(args: TokensArgs, cfg: cl.LossConfig) -> dict:
     prompt = example_prompt(example, tokenizer, args.system_prompt)
     ids, mask = tokenize_sft(tokenizer, prompt, example.response)
     device = next(student.model.parameters()).device
-    batch = {"input_ids": torch.tensor([ids], device=device),
-             "attention_mask": torch.ones(1, len(ids), dtype=torch.long, device=device),
-             "loss_mask": torch.tensor([mask], device=device)}
+    batch = {k: v.to(device) for k, v in collate([(ids, mask)], tokenizer.pad_token_id).items()}
     view = {k: v.cpu() for k, v in curio_token_view(student.model, teacher, batch, cfg,
                                                     args.loss_chunk).items()}
     summary = cl.summarize(view, cfg.alpha)        # what sft.py logs, over this example's tokens

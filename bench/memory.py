@@ -64,6 +64,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import chunked_logits  # noqa: E402
 import curio_loss as cl  # noqa: E402
+import data  # noqa: E402
 import sft  # noqa: E402
 from plumbing.cli import parse_config, split_presets  # noqa: E402
 
@@ -359,9 +360,7 @@ def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy:
     'old_logp' (RL's no-grad log-probs). Measured with LiveTensorBytes on TRACE_TOKENS tokens in one chunk."""
     dtype, n = (torch.bfloat16 if bf16 else torch.float32), TRACE_TOKENS
     g = torch.Generator().manual_seed(0)
-    batch = {"input_ids": torch.randint(0, vocab, (1, n + 1), generator=g),
-             "attention_mask": torch.ones(1, n + 1, dtype=torch.long),
-             "loss_mask": torch.cat([torch.zeros(1, 1), torch.ones(1, n)], 1)}
+    batch = data.collate([(torch.randint(0, vocab, (n + 1,), generator=g).tolist(), [0] + [1] * n)], 0)
     model = OneWideLM(vocab, dtype, n + 1, seed=1)
     tracker = LiveTensorBytes()
     old_logp = stage == "rl" or loss == "psft"        # RL, and PSFT's batch of old log-probs
