@@ -12,8 +12,8 @@ Read in this order:
      (lines 12-13, Eq. 5-6): the same, vectorized over tokens, as training runs it;
      `solve_temperature` is App. B and D.
   3. The baselines of Table 2, then the logging statistics.
-The speed helpers (a blockwise logsumexp, an exact shortcut for the authors' low-entropy rule) sit
-at the end under their own banner: they change the cost, not the result.
+The speed helpers (blockwise passes over the vocabulary for a logsumexp and for the authors'
+low-entropy rule) sit at the end under their own banner: they change the cost, not the result.
 """
 import math
 from dataclasses import dataclass, replace
@@ -222,14 +222,14 @@ def teacher_log_prob(teacher_logits, targets, cfg: LossConfig = LossConfig()):
     teacher_logits [N, V] (any float dtype; never upcast whole), targets [N] -> lq [N] float32,
     diagnostics.
     Cost: one top-k and one logsumexp at tau_hat over V (_log_sum_exp); the low-entropy rule adds a
-    logsumexp at tau=1 only for tokens whose top-k entropy is at most its threshold; each search
-    step is O(k).
+    pass at tau=1 (_full_entropy); each search step is O(k). No value is read back to the host.
     """
     with torch.no_grad():
         z = teacher_logits.detach()                                           # [N, V]
         n, v = z.shape
         top = _fp32(z.topk(min(cfg.top_k, v), dim=-1, sorted=False).values)   # [N, k], App. D
         h_top = entropy(top)                                                  # H_t, top-k
+        z_max = top.amax(-1)                                                  # in the top-k
         diag = {"teacher_entropy": h_top}
         if cfg.fixed_tau is not None:                                         # 'w/o adaptive temp.'
             tau = top.new_full((n,), cfg.fixed_tau)
@@ -238,12 +238,11 @@ def teacher_log_prob(teacher_logits, targets, cfg: LossConfig = LossConfig()):
             tau, low, high = solve_temperature(top, target, cfg)              # [N]
             diag |= {"clamped_low": low.float(), "clamped_high": high.float()}
             if cfg.low_entropy_threshold is not None:                         # the authors' rule
-                forced = _full_entropy_at_most(z, top, h_top, cfg.low_entropy_threshold)
+                forced = _full_entropy(z, z_max) <= cfg.low_entropy_threshold
                 tau = torch.where(forced, cfg.tau_min, tau)
                 # one state per token: a forced token is not also counted as clamped
                 diag |= {"forced_tau_min": forced.float(), "clamped_low": (low & ~forced).float(),
                          "clamped_high": (high & ~forced).float()}
-        z_max = top.amax(-1)                                                  # in the top-k
         inv_tau = 1.0 / tau
         z_y = _fp32(z.gather(-1, targets.unsqueeze(-1)).squeeze(-1))
         lq = (z_y - z_max) * inv_tau - _log_sum_exp(z, z_max, inv_tau)       # Eq. 4
@@ -403,86 +402,48 @@ def summarize(diag: dict[str, torch.Tensor], alpha: float = 1.0) -> dict[str, fl
 # ================================================================================================
 # SPEED HELPERS: the same results at a lower cost (a reader of the method may skip them)
 # ================================================================================================
-def _log_sum_exp(z, shift, inv_tau=None, rows=None):
-    """log sum_v exp((z[r, v] - shift[r]) * inv_tau[r]) [R], for the rows r of z [N, V] (all of
-    them, or the index tensor `rows`); shift [R] is the row maximum (from the top-k), inv_tau [R]
-    defaults to 1.
-
-    What torch.logsumexp(z / tau) costs is memory: [N, V] float32 temporaries (fresh pages on a CPU)
-    and five passes over them. Here one reused buffer takes a block of rows at a time, in place: z
-    is read once, bf16 logits are never upcast whole, and on a CPU the block stays in the last-level
-    cache for the exp and the sum. CPU blocks are 16 MiB, half a typical last-level cache: smaller
-    ones were no faster on an idle machine and slower on a busy one (every op synchronises the
-    threads), 40 MiB ones slower on both. A GPU gets 256 MiB
-    blocks: few kernel launches, a bounded temporary. The result is at least float32.
-    """
-    n, v = (z.shape[0] if rows is None else rows.numel()), z.shape[1]
+def _row_blocks(z):
+    """(start, end, buffer) over blocks of z's rows, the buffer a reused [rows, V] float32 (or float64)
+    scratch. What a pass like torch.logsumexp(z / tau) costs is memory: [N, V] float32 temporaries
+    (fresh pages on a CPU) and five passes over them. Blocks keep the temporary bounded, z is read
+    once per pass, bf16 logits are never upcast whole, and on a CPU the block stays in the last-level
+    cache. CPU blocks are 16 MiB, half a typical last-level cache: smaller ones were no faster on an
+    idle machine and slower on a busy one (every op synchronises the threads), 40 MiB ones slower on
+    both. A GPU gets 256 MiB blocks: few kernel launches, a bounded temporary."""
+    n, v = z.shape
     dtype = torch.promote_types(z.dtype, torch.float32)
-    block = max(1, (16 << 20 if z.device.type == "cpu" else 256 << 20) // (v * dtype.itemsize))
-    buf = torch.empty(min(block, n), v, dtype=dtype, device=z.device)
-    gathered = None
-    if rows is not None:
-        gathered = torch.empty(min(block, n), v, dtype=z.dtype, device=z.device)
-    sums = torch.empty(n, dtype=dtype, device=z.device)
-    for s in range(0, n, block):
-        e = min(s + block, n)
-        if rows is None:
-            z_block = z[s:e]
-        else:
-            z_block = torch.index_select(z, 0, rows[s:e], out=gathered[: e - s])
-        b = torch.sub(z_block, shift[s:e, None], out=buf[: e - s])
+    rows = max(1, (16 << 20 if z.device.type == "cpu" else 256 << 20) // (v * dtype.itemsize))
+    buf = torch.empty(min(rows, n), v, dtype=dtype, device=z.device)
+    for s in range(0, n, rows):
+        e = min(s + rows, n)
+        yield s, e, buf[: e - s]
+
+
+def _log_sum_exp(z, shift, inv_tau=None):
+    """log sum_v exp((z[r, v] - shift[r]) * inv_tau[r]) [N] for z [N, V]; shift [N] is the row
+    maximum (from the top-k), inv_tau [N] defaults to 1. Blockwise (_row_blocks); at least float32."""
+    sums = z.new_empty(z.shape[0], dtype=torch.promote_types(z.dtype, torch.float32))
+    for s, e, buf in _row_blocks(z):
+        b = torch.sub(z[s:e], shift[s:e, None], out=buf)
         if inv_tau is not None:
             b.mul_(inv_tau[s:e, None])
         torch.sum(b.exp_(), -1, out=sums[s:e])
     return sums.log_()
 
 
-def _full_entropy_at_most(z, top, h_top, threshold):
-    """The authors' low-entropy rule: is the full-vocabulary entropy at tau=1 <= threshold? Exact,
-    and for most tokens without a pass over V. z [N, V], top [N, k] its top-k logits, h_top [N]
-    their entropy (renormalised).
-
-    With p the softmax over all V logits, m the mass outside the top-k and p_min the smallest top-k
-    probability:
-    (a) H_full >= H_top - log(1-m) >= H_top. Write H_full = (1-m) A + m B, A and B the averages of
-        -log p over the top-k (weights p / (1-m)) and over the other V-k tokens (weights p / m). A =
-        H_top - log(1-m) and A <= -log p_min, as every top-k p is >= p_min. Every other token's
-        logit is <= every top-k logit, so its p <= p_min and B >= -log p_min >= A; hence H_full >=
-        A. (It needs the top k: for the k smallest logits, say, it fails.) A token whose top-k
-        entropy is above the threshold is decided without V; only the others get a logsumexp over V,
-        for m.
-    (b) For those, H_full = H_bin(m) + (1-m) H_top + m H_tail, where the tail's own entropy H_tail
-        is at most log(V-k) (V-k tokens) and, by (a)'s p <= p_min, at least log(m / p_min): bounds
-        on both sides. Only the tokens these bounds leave undecided (rare: a visible tail mass) get
-        their exact entropy.
-    """
-    n, v = z.shape
-    k = top.shape[-1]
-    if k == v:
-        return h_top <= threshold
-    # float32 rounding: H_top is exact to ~1e-7 relative; m, from two sums of order 1 (shifted by
-    # the max), to ~1e-6, which moves the bounds of (b) by < 2e-5. Tokens within the slack of the
-    # threshold go exact.
-    slack = 1e-4
-    at_most = torch.zeros(n, dtype=torch.bool, device=z.device)
-    rows = (h_top <= threshold + slack).nonzero().squeeze(-1)       # (a): the rest are above it
-    if rows.numel() == 0:
-        return at_most
-    top_max = top[rows].amax(-1)
-    top_shifted = top[rows] - top_max.unsqueeze(-1)                       # [R, k], max 0
-    # the pass over V, these rows only (all of them: no gather)
-    log_sum_full = _log_sum_exp(z, top_max, rows=None if rows.numel() == n else rows)
-    m = (-torch.expm1(torch.logsumexp(top_shifted, -1) - log_sum_full)).clamp(0.0, 1.0)
-    log_p_min = top_shifted.amin(-1) - log_sum_full
-    log_tail_size = math.log(v - k)
-    # m = 0 (every other logit -inf, so p_min may be 0 too): no tail term; rounding can make m a
-    # hair above 0, hence the cap at log(V-k), which H_tail never exceeds anyway
-    h_tail_low = torch.where(m > 0, (m.log() - log_p_min).clamp(0.0, log_tail_size), 0.0)
-    h_rest = torch.special.entr(m) + torch.special.entr(1 - m) + (1 - m) * h_top[rows]
-    lower, upper = h_rest + m * h_tail_low, h_rest + m * log_tail_size
-    at_most_rows = upper <= threshold - slack
-    unsure = (lower <= threshold + slack) & ~at_most_rows
-    if unsure.any():
-        at_most_rows[unsure] = entropy(z[rows[unsure]]) <= threshold
-    at_most[rows] = at_most_rows
-    return at_most
+def _full_entropy(z, z_max):
+    """The entropy of softmax(z) over the full vocabulary [N], for the authors' low-entropy rule:
+    H = log S - sum_v q_v b_v / S with b = z - z_max, q = exp(b), S = sum_v q_v, blockwise
+    (_row_blocks). Every row takes the pass over V: choosing the rows that need it (those whose
+    top-k entropy is low) would make a GPU report their count to the host, a sync per chunk."""
+    h = z.new_empty(z.shape[0], dtype=torch.promote_types(z.dtype, torch.float32))
+    floor = torch.finfo(h.dtype).min
+    q_buf = None
+    for s, e, buf in _row_blocks(z):
+        b = torch.sub(z[s:e], z_max[s:e, None], out=buf).clamp_(min=floor)   # -inf: q = 0, q b = 0
+        q_buf = torch.empty_like(buf) if q_buf is None else q_buf
+        q = torch.exp(b, out=q_buf[: e - s])
+        mass = q.sum(-1)
+        q_dot_b = torch.bmm(q.unsqueeze(1), b.unsqueeze(2)).view(-1)         # no [n, V] product
+        h[s:e] = mass.log() - q_dot_b / mass
+    return h

@@ -265,22 +265,19 @@ def test_bf16_inputs_are_computed_in_float32():
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
 def test_log_sum_exp_blockwise_is_logsumexp(dtype):
-    """Several blocks of rows (27 float32 rows of 152k logits per block), a partial last block, a subset of the
-    rows in any order, per-row temperatures and -inf entries."""
+    """Several blocks of rows (27 float32 rows of 152k logits per block), a partial last block, per-row
+    temperatures and -inf entries."""
     z = llm_like_logits(40, V_BIG, seed=8).to(dtype)
     z[3, 100:] = float("-inf")
     inv_tau = 1 / (1.1 + 0.4 * torch.rand(40, dtype=torch.float64))
-    rows = torch.randperm(40)[:29]
     shift = z.double().amax(-1)
     want = torch.logsumexp((z.double() - shift[:, None]) * inv_tau[:, None], -1)
     low = torch.promote_types(dtype, torch.float32)
     got_all = cl._log_sum_exp(z, shift.to(low), inv_tau.to(low))
-    got_rows = cl._log_sum_exp(z, shift[rows].to(low), inv_tau[rows].to(low), rows=rows)
     got_tau1 = cl._log_sum_exp(z, shift.to(low))
     tol = 1e-12 if dtype == torch.float64 else 1e-5
     assert got_all.dtype == low
     torch.testing.assert_close(got_all.double(), want, rtol=0, atol=tol)
-    torch.testing.assert_close(got_rows.double(), want[rows], rtol=0, atol=tol)
     torch.testing.assert_close(got_tau1.double(), torch.logsumexp(z.double() - shift[:, None], -1), rtol=0, atol=tol)
 
 
@@ -353,50 +350,27 @@ def test_near_one_hot_is_forced_to_tau_min_only_with_the_authors_rule():
     assert torch.equal(diag_paper["clamped_high"], torch.ones(2))  # H(1.5) is still below H + Delta
 
 
-def test_full_entropy_rule_decides_exactly_near_the_threshold():
-    """The bound-based test of H_full <= 0.03 agrees with computing H_full, also for rows whose tail mass
-    makes the bounds straddle the threshold."""
-    v, k = 20000, 512
-    g = torch.Generator().manual_seed(0)
-    z = torch.randn(256, v, generator=g) * 0.5
-    z[:, 0] += torch.linspace(9.0, 20.0, 256)          # sweeps H_full through 0.03
-    top = z.topk(k, -1).values
-    got = cl._full_entropy_at_most(z, top, cl.entropy(top), 0.03)
-    want = cl.entropy(z.double()) <= 0.03
-    assert want.any() and (~want).any()
-    assert torch.equal(got, want)
-
-
-def test_full_entropy_is_at_least_the_top_k_entropy():
-    """What lets the low-entropy rule skip the pass over V: H_full >= H_top - log(1-m) >= H_top, m the mass
-    outside the top-k, on rows built to break it (ties at the k-th logit, -inf entries, one dominant token
-    over a flat tail tied with the top-k's minimum). It needs the TOP-k: for the k smallest logits it fails."""
-    g = torch.Generator().manual_seed(0)
-    gap, gap_bottom = [], []
-    for trial in range(400):
-        v = int(torch.randint(2, 400, (1,), generator=g))
-        k = int(torch.randint(1, v + 1, (1,), generator=g))
-        z = torch.randn(v, generator=g, dtype=torch.float64) * 10 * torch.rand(1, generator=g, dtype=torch.float64)
-        if trial % 4 == 1:
-            z[: v // 2] = float("-inf")
-        elif trial % 4 == 2:
-            z = z.round()                                            # ties at the k-th logit
-        elif trial % 4 == 3:
-            z.fill_(0.0)
-            z[0] = 30 * torch.rand(1, generator=g).item()            # dominant token, flat tail at p_min
-        for sub, out in ((z.topk(k).values, gap), (-(-z).topk(k).values, gap_bottom)):
-            m = -torch.expm1(torch.logsumexp(sub, 0) - torch.logsumexp(z, 0))
-            out.append((cl.entropy(z) - cl.entropy(sub) + torch.log1p(-m)).item())
-    assert min(gap) > -1e-12
-    assert min(gap_bottom) < -0.1
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_full_entropy_blockwise_is_the_entropy(dtype):
+    """The low-entropy rule's pass at tau=1: several blocks of rows, a partial last block, -inf entries and
+    a row with a single finite logit (entropy 0)."""
+    z = llm_like_logits(40, V_BIG, seed=9).to(dtype)
+    z[3, 100:] = float("-inf")
+    z[5, 1:] = float("-inf")
+    got = cl._full_entropy(z, z.float().amax(-1))
+    assert got.dtype == torch.float32 and torch.isfinite(got).all()
+    want = cl.entropy(z.double())
+    # float32 sums over 152k terms: within 5e-4 nats (the float32 log_softmax entropy is within 1e-4 here)
+    torch.testing.assert_close(got.double(), want, rtol=0, atol=5e-4)
+    assert got[5] == 0
 
 
 def rule_rows(n=64, v=20000, k=512):
-    """Rows that sweep the full-vocabulary entropy through 0.03 in ways a test of it on the top-k could get
-    wrong, [4 * n, v]: (1) one dominant token over logits all tied at the top-k's minimum, so the tail is as
-    heavy as (a) allows and H_top <= 0.03 < H_full on some rows; (2) two tokens and nothing else (the rest at
-    -60): H_top ~ H_full on both sides; (3) a tail of 5000 tokens one nat below the top-k's minimum, where the
-    bounds of (b) straddle 0.03 on both sides; (4) fewer than k finite logits (the rest -inf, m = 0)."""
+    """Rows that sweep the full-vocabulary entropy through 0.03 in ways a test of it on the top-k would get
+    wrong, [4 * n, v]: (1) one dominant token over logits all tied at the top-k's minimum, a heavy tail:
+    H_top <= 0.03 < H_full on some rows; (2) two tokens and nothing else (the rest at -60): H_top ~ H_full on
+    both sides; (3) a tail of 5000 tokens one nat below the top-k's minimum; (4) fewer than k finite logits
+    (the rest -inf)."""
     d = torch.linspace(6.0, 20.0, n)[:, None]
     tied = torch.zeros(n, v)
     tied[:, :1] = d
@@ -413,37 +387,17 @@ def rule_rows(n=64, v=20000, k=512):
     return torch.cat([tied, rival, straddle, masked])
 
 
-def test_low_entropy_rule_is_exact_and_skips_v_where_the_top_k_decides(monkeypatch):
-    """The forced-tau_min decision equals the exact float64 H_full <= 0.03 on rule_rows; the pass over V at
-    tau=1 runs for exactly the rows whose top-k entropy does not rule the rule out, and the exact entropy for
-    rows the bounds leave undecided, on both sides of the threshold."""
+def test_low_entropy_rule_is_exact():
+    """The forced-tau_min decision equals the exact float64 H_full <= 0.03 on rule_rows, on both sides of the
+    threshold, including rows whose top-k entropy is low while the full one is not."""
     z = rule_rows()
     n, v = z.shape
     h_top = cl.entropy(z.topk(512, -1, sorted=False).values)
     want = cl.entropy(z.double()) <= 0.03
-    passed, exact = [], []
-    log_sum_exp, entropy = cl._log_sum_exp, cl.entropy
-
-    def record_pass(z_, shift, inv_tau=None, rows=None):
-        if rows is not None:
-            passed.append(rows)
-        return log_sum_exp(z_, shift, inv_tau, rows)
-
-    def record_exact(z_, tau=1.0):
-        if z_.shape[-1] == v:
-            exact.append(z_.double())
-        return entropy(z_, tau)
-
-    monkeypatch.setattr(cl, "_log_sum_exp", record_pass)
-    monkeypatch.setattr(cl, "entropy", record_exact)
     _, diag = cl.teacher_log_prob(z, torch.zeros(n, dtype=torch.long))
     assert torch.equal(diag["forced_tau_min"].bool(), want)
     assert (diag["tau"][want] == 1.1).all()
     assert want.any() and (~want).any() and ((h_top <= 0.03) & ~want).any()   # H_top low, H_full high
-    candidates = (h_top <= 0.03 + 1e-4).nonzero().squeeze(-1)
-    assert len(passed) == 1 and torch.equal(passed[0], candidates) and len(candidates) < 0.8 * n
-    h_exact = entropy(torch.cat(exact)) if exact else torch.zeros(0)
-    assert (h_exact <= 0.03).sum() >= 2 and (h_exact > 0.03).sum() >= 2
 
 
 def test_solver_clamps_targets_outside_the_bracket():
