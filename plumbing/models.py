@@ -93,7 +93,6 @@ def shard_model(model, device, bf16: bool, grad_ckpt: bool, trainable: bool = Tr
     offload: FSDP2's CPUOffloadPolicy keeps the sharded float32 parameters, their gradients and (since the
     optimiser is built on those parameters) the Adam states in pinned CPU memory; the GPU holds only the
     layers being computed. The optimiser step then runs on the CPU."""
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
     from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 
     full = model.state_dict() if dist.get_rank() == 0 else {}
@@ -107,15 +106,24 @@ def shard_model(model, device, bf16: bool, grad_ckpt: bool, trainable: bool = Tr
     fully_shard(model, mp_policy=mp, offload_policy=policy)
     if dist.get_rank() != 0:
         model.to_empty(device=device)
-    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
-    for buf in model.buffers():  # non-persistent buffers (rotary inv_freq) are not in the state dict
-        buf.data = buf.data.to(device)
-        dist.broadcast(buf, src=0)
+    broadcast_weights(model, full, device)
     # from_pretrained returns eval mode, where HF skips gradient checkpointing: set the mode explicitly
     model.train(trainable)
     if not trainable:
         model.requires_grad_(False)
     return model
+
+
+def broadcast_weights(model, full: dict, device) -> None:
+    """Rank 0's full weights into every rank's shards, and the buffers the state dict leaves out (rotary inv_freq).
+    Its own function: the one step of sharding that moves tensor data between ranks, which bench/dryrun.py's
+    simulated GPUs cannot run (they hold no data)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, set_model_state_dict
+
+    set_model_state_dict(model, full, options=StateDictOptions(full_state_dict=True, broadcast_from_rank0=True))
+    for buf in model.buffers():  # non-persistent buffers (rotary inv_freq) are not in the state dict
+        buf.data = buf.data.to(device)
+        dist.broadcast(buf, src=0)
 
 
 def full_tensors(model, dtype=None, skip=()):
