@@ -242,27 +242,36 @@ def loss_denominator(mbs: list[MicroBatch], args, device):
     return denominator
 
 
-def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
-    """One optimiser step on one mini-batch: the clipped surrogate of every rank's response tokens,
-    combined as --loss_agg says (no KL term). Returns this rank's sums [loss, clip_low, clip_high,
-    kl, tokens] and the global gradient norm."""
+def policy_gradients(model, mbs: list[MicroBatch], args, device):
+    """The gradient of one mini-batch's clipped surrogate over every rank's response tokens, combined
+    as --loss_agg says (no KL term), clipped to --grad_clip. Returns this rank's sums [loss,
+    clip_low, clip_high, kl] and the global gradient norm before clipping, on the device (no host
+    sync: policy_update reads them once)."""
     world = dist.get_world_size()
     denominator = loss_denominator(mbs, args, device)
-    sums = torch.zeros(4, dtype=torch.float64, device=device)   # no host sync per micro-batch
+    sums = torch.zeros(4, dtype=torch.float64, device=device)
     for mb in mbs:             # FSDP reduce-scatters each micro-batch: no full gradient is kept
         total, diag = micro_batch_loss(model, mb, args)
         # FSDP averages gradients over ranks, hence * world: the mini-batch's loss over all ranks
         (total * world / denominator).backward()
         sums += torch.stack([total.detach(), diag["clip_low"].sum(), diag["clip_high"].sum(),
                              diag["kl"].sum()]).double()
-    tokens = sum(len(mb.adv) for mb in mbs)
-    grad_norm = clip_grad_norm(model, args.grad_clip)
+    return sums, clip_grad_norm(model, args.grad_clip)
+
+
+def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
+    """One optimiser step on one mini-batch (policy_gradients). Returns this rank's sums [loss,
+    clip_low, clip_high, kl, tokens] and the global gradient norm."""
+    sums, grad_norm = policy_gradients(model, mbs, args, device)
+    host = torch.cat([sums, grad_norm.double().view(1)]).cpu()      # the update's host sync
+    grad_norm = host[-1].item()
     if not math.isfinite(grad_norm):                   # global: every rank stops alike
         raise FloatingPointError(f"the gradient norm is not finite ({grad_norm}); the update was "
                                  f"not applied")
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
-    return torch.cat([sums.cpu(), torch.tensor([float(tokens)], dtype=torch.float64)]), grad_norm
+    tokens = sum(len(mb.adv) for mb in mbs)
+    return torch.cat([host[:-1], torch.tensor([float(tokens)], dtype=torch.float64)]), grad_norm
 
 
 # ================================================================================================

@@ -193,6 +193,31 @@ def micro_batch_loss(model, teacher, base, batch, old_logp, args, cfg, want_entr
     return total, cat_diags(teacher_diags) | diag
 
 
+def accumulate_gradients(model, teacher, base, micro_batches, weights, old_logp, args, cfg,
+                         want_log):
+    """Alg. 1 lines 4-13 over one optimiser step's micro-batches (this rank's), weights [N] each:
+    forward, loss and backward per micro-batch, then the gradient clipped to --grad_clip. Returns
+    the step's loss over all ranks and the gradient norm before clipping, both on the device (no
+    host sync: the loop reads them once), and the micro-batches' diagnostics if want_log."""
+    world = dist.get_world_size()
+    loss_sum, diags = torch.zeros((), dtype=torch.float64, device=weights[0].device), []
+    for batch, w, old in zip(micro_batches, weights, old_logp):
+        total, diag = micro_batch_loss(model, teacher, base, batch, old, args, cfg, want_log, w)
+        # FSDP averages gradients over ranks, hence * world for the gradient of the step's loss.
+        # Each micro-batch's backward reduce-scatters its gradient into the float32 shards:
+        # syncing only the last one would hold a full float32 gradient of every parameter on
+        # every rank (30 GB at 7B).
+        (total * world).backward()
+        if base is not None:
+            base.reshard()                                   # its head was gathered for backward
+        loss_sum += total.detach()
+        if want_log:
+            diags.append(diag)
+    grad_norm = clip_grad_norm(model, args.grad_clip)
+    dist.all_reduce(loss_sum)
+    return loss_sum, grad_norm, diags
+
+
 @torch.no_grad()
 def update_teacher(teacher, model, mu):
     """Alg. 1 line 17, as written: phi <- (1 - mu) phi + mu theta (mu = 0.99 pulls the teacher 99%
@@ -398,25 +423,12 @@ def main():
         want_log = step % args.log_every == 0
         for g in optimizer.param_groups:
             g["lr"] = lr_at(step, total_steps, args)
-        t0, diags = time.perf_counter(), []
-        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-        for k in step_mbs:
-            w = per_token(weight, batch[rank][k], n_targets, device)   # [N]
-            total, diag = micro_batch_loss(model, teacher, base, mine[k], old_logp[k], args, cfg,
-                                           want_log, w)                # Alg. 1 lines 4-13
-            # FSDP averages gradients over ranks, hence * world for the gradient of the step's loss.
-            # Each micro-batch's backward reduce-scatters its gradient into the float32 shards:
-            # syncing only the last one would hold a full float32 gradient of every parameter on
-            # every rank (30 GB at 7B).
-            (total * world).backward()
-            if base is not None:
-                base.reshard()                               # its head was gathered for backward
-            loss_sum += total.detach()                # on the device: no host sync per micro-batch
-            if want_log:
-                diags.append(diag)
-        grad_norm = clip_grad_norm(model, args.grad_clip)
-        dist.all_reduce(loss_sum)
-        loss = loss_sum.item()                          # the step's host sync
+        t0 = time.perf_counter()
+        weights = [per_token(weight, batch[rank][k], n_targets, device) for k in step_mbs]
+        loss, grad_norm, diags = accumulate_gradients(
+            model, teacher, base, [mine[k] for k in step_mbs], weights,
+            [old_logp[k] for k in step_mbs], args, cfg, want_log)     # Alg. 1 lines 4-13
+        loss, grad_norm = torch.stack([loss, grad_norm.double()]).tolist()   # the step's host sync
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             mbs = [mine[k] for k in step_mbs]
             olds = [old_logp[k] for k in step_mbs]

@@ -167,9 +167,10 @@ def cpu_threads_per_rank() -> int:
     return max(1, cpus // int(os.environ.get("LOCAL_WORLD_SIZE", 1)))
 
 
-def clip_grad_norm(model, max_norm: float) -> float:
-    """Clip the gradient to a global norm of max_norm (over every rank's shards) and return the norm before."""
+def clip_grad_norm(model, max_norm: float) -> torch.Tensor:
+    """Clip the gradient to a global norm of max_norm (over every rank's shards) and return the norm before, a
+    0-d tensor on the device: reading it is the caller's host sync."""
     from torch.distributed.tensor import DTensor
 
     norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
-    return (norm.full_tensor() if isinstance(norm, DTensor) else norm).item()
+    return norm.full_tensor() if isinstance(norm, DTensor) else norm
