@@ -19,9 +19,12 @@ def normed_hidden(model, batch):
     logits for only the last position: the full [B, T, V] logits are never built."""
     captured = {}
     hook = model.model.norm.register_forward_hook(lambda mod, inp, out: captured.update(h=out))
+    # No padding, no mask: attention runs causal without one (flash attention on a GPU), and
+    # transformers does not read the mask back to the host to find that it is all ones.
+    mask = batch["attention_mask"] if batch["padded"] else None
     try:
-        model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-              logits_to_keep=1, use_cache=False)   # no KV cache: nothing here generates
+        model(input_ids=batch["input_ids"], attention_mask=mask, logits_to_keep=1,
+              use_cache=False)                     # no KV cache: nothing here generates
     finally:
         hook.remove()
     return captured["h"]

@@ -317,15 +317,16 @@ def plan_micro_batches(lengths: list[int], global_batch: int, token_budget: int,
     return plan
 
 
-def collate(batch: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, torch.Tensor]:
-    """Right-pads a micro-batch to its longest sequence.
+def collate(batch: list[tuple[list[int], list[int]]], pad_id: int, device=None) -> dict:
+    """Right-pads a micro-batch to its longest sequence; its tensors on `device` if given.
 
     loss_mask is aligned with input_ids: loss_mask[b, t] = 1 when token input_ids[b, t] is a trained
     target, predicted from positions < t. The trainer therefore scores logits[:, :-1] against
     input_ids[:, 1:] and weights with loss_mask[:, 1:] (position 0 is never a target). Padding has
     attention_mask = loss_mask = 0. target_index [N] lists the flat positions b * T + t whose next
     token is trained, in order: the host knows them here, so selecting them on a GPU needs no
-    boolean mask (a device-to-host sync)."""
+    boolean mask (a device-to-host sync). padded (a bool) says whether any sequence is shorter than
+    T: without padding the model needs no attention mask (chunked_logits.normed_hidden)."""
     T = max(len(ids) for ids, _ in batch)
     input_ids = torch.full((len(batch), T), pad_id, dtype=torch.long)  # [B, T]
     attention_mask = torch.zeros(len(batch), T, dtype=torch.long)     # [B, T]
@@ -339,8 +340,11 @@ def collate(batch: list[tuple[list[int], list[int]]], pad_id: int) -> dict[str, 
         loss_mask[b, : len(ids)] = torch.as_tensor(mask, dtype=torch.float32)
         flags = mask.tolist() if isinstance(mask, torch.Tensor) else mask
         target_index += [b * T + t - 1 for t in range(1, len(flags)) if flags[t]]
-    return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask,
-            "target_index": torch.tensor(target_index, dtype=torch.long)}             # [N]
+    tensors = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask,
+               "target_index": torch.tensor(target_index, dtype=torch.long)}          # [N]
+    if device is not None:
+        tensors = {k: v.to(device) for k, v in tensors.items()}
+    return tensors | {"padded": any(len(ids) < T for ids, _ in batch)}
 
 
 def padding_efficiency(lengths: list[int], micro_batches: list[list[int]]) -> float:

@@ -792,7 +792,7 @@ def run_tokens(args: TokensArgs, cfg: cl.LossConfig) -> dict:
     prompt = example_prompt(example, tokenizer, args.system_prompt)
     ids, mask = tokenize_sft(tokenizer, prompt, example.response)
     device = next(student.model.parameters()).device
-    batch = {k: v.to(device) for k, v in collate([(ids, mask)], tokenizer.pad_token_id).items()}
+    batch = collate([(ids, mask)], tokenizer.pad_token_id, device)
     view = {k: v.cpu() for k, v in curio_token_view(student.model, teacher, batch, cfg,
                                                     args.loss_chunk).items()}
     summary = cl.summarize(view, cfg.alpha)        # what sft.py logs, over this example's tokens

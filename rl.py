@@ -336,9 +336,9 @@ def micro_batches(prompt_ids, samples, adv, args, pad_id, device) -> list[list[M
         mbs = []
         for first in range(0, len(seqs), args.micro_batch):
             part = seqs[first : first + args.micro_batch]
-            batch = data.collate([(ids, mask) for ids, mask, _ in part], pad_id)
+            batch = data.collate([(ids, mask) for ids, mask, _ in part], pad_id, device)
             adv_tok = torch.tensor([a for _, mask, a in part for _ in range(sum(mask))])   # [N]
-            mbs.append(MicroBatch({k: v.to(device) for k, v in batch.items()}, adv_tok.to(device)))
+            mbs.append(MicroBatch(batch, adv_tok.to(device)))
         minis.append(mbs)
     return minis
 

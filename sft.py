@@ -303,8 +303,7 @@ def per_token(weight, examples, n_targets, device):
 
 def collate_on(example_ids, dataset, pad_id, device):
     """One micro-batch of examples, padded (data.collate), on the device."""
-    batch = data.collate([dataset[i] for i in example_ids], pad_id)
-    return {k: v.to(device) for k, v in batch.items()}
+    return data.collate([dataset[i] for i in example_ids], pad_id, device)
 
 
 def gather_diags(diag):

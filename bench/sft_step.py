@@ -198,8 +198,7 @@ def build(shape: dict, run: dict, device, bf16: bool, grad_ckpt: bool):
     for length in sequence_lengths(run):
         ids = torch.randint(0, shape["vocab"], (length,), generator=g).tolist()
         items.append((ids, [0] * (length // 8) + [1] * (length - length // 8)))
-    batch = data.collate(items, pad_id=0)
-    return model, teacher, opt, {k: t.to(device) for k, t in batch.items()}
+    return model, teacher, opt, data.collate(items, pad_id=0, device=device)
 
 
 @torch.no_grad()

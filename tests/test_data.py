@@ -274,6 +274,10 @@ def test_collate_right_pads():
     assert out["loss_mask"].tolist() == [[0, 1, 1, 0, 0], [0, 0, 1, 1, 1]]
     assert out["input_ids"].dtype == out["attention_mask"].dtype == torch.long
     assert out["loss_mask"].dtype == torch.float32
+    # the positions b * T + t - 1 that predict the trained targets (b, t), as the loss mask says
+    b, t = out["loss_mask"].nonzero().unbind(-1)
+    assert out["target_index"].tolist() == (b * 5 + t - 1).tolist() == [0, 1, 6, 7, 8]
+    assert out["padded"] is True and data.collate(batch[1:], pad_id=0)["padded"] is False
     with pytest.raises(ValueError, match="batch item 0"):
         data.collate([([1, 2], [1])], pad_id=0)
 

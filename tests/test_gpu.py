@@ -94,7 +94,7 @@ def cuda_sft_step_peak(config, loss, batch, chunk):
     del full, initial
     teacher, base = (other if second == "teacher" else None), (other if second == "base" else None)
     optimizer = models.make_optimizer(model, 1e-5, 0.01, 0.999, device, False)
-    batch = {k: v.to(device) for k, v in batch.items()}
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
     args = sft.Args(loss=loss, loss_chunk=chunk)
     for step in range(2):
         torch.cuda.reset_peak_memory_stats(device)
@@ -138,7 +138,8 @@ def test_planner_is_within_15_percent_of_a_grpo_steps_max_memory_allocated(world
     config = Qwen2Config(vocab_size=151936, hidden_size=1024, num_hidden_layers=4, num_attention_heads=8,
                          num_key_value_heads=2, intermediate_size=2816, max_position_embeddings=8192,
                          tie_word_embeddings=False)
-    batch = {k: v.to(device) for k, v in gpu_batch(2, 4096, 151936).items()}
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v
+             for k, v in gpu_batch(2, 4096, 151936).items()}
     n = int(batch["loss_mask"][:, 1:].sum())
     args = rl.Args(loss_chunk=2048)
     torch.manual_seed(0)
