@@ -104,8 +104,8 @@ def shard_model(model, device, bf16: bool, grad_ckpt: bool, trainable: bool = Tr
     for layer in model.model.layers:
         fully_shard(layer, mp_policy=mp, offload_policy=policy)
     fully_shard(model, mp_policy=mp, offload_policy=policy)
-    if dist.get_rank() != 0:
-        model.to_empty(device=device)
+    if dist.get_rank() != 0:     # where rank 0's shards are: on the CPU when offloaded (FSDP2 requires it, and
+        model.to_empty(device="cpu" if offload else device)   # the broadcast then runs on one backend, gloo)
     broadcast_weights(model, full, device)
     # from_pretrained returns eval mode, where HF skips gradient checkpointing: set the mode explicitly
     model.train(trainable)
