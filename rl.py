@@ -237,7 +237,7 @@ def loss_denominator(mbs: list[MicroBatch], args, device):
         count = sum(len(mb.adv) for mb in mbs)
     else:
         count = sum(len(mb.batch["input_ids"]) for mb in mbs) * args.max_response_len
-    denominator = torch.tensor(float(count), device=device)              # nccl: CUDA tensors only
+    denominator = torch.full((), float(count), device=device)    # nccl: CUDA tensors only
     dist.all_reduce(denominator)
     return denominator
 
@@ -331,7 +331,7 @@ def micro_batches(prompt_ids, samples, adv, args, pad_id, device) -> list[list[M
         for i in range(start, start + per_mini):
             for j, s in enumerate(samples[i]):
                 mask = [0] * len(prompt_ids[i]) + [1] * len(s.token_ids)
-                seqs.append((prompt_ids[i] + s.token_ids, mask, float(adv[i, j])))
+                seqs.append((prompt_ids[i] + s.token_ids, mask, float(adv[i][j])))
         seqs.sort(key=lambda t: -len(t[0]))
         mbs = []
         for first in range(0, len(seqs), args.micro_batch):
@@ -457,7 +457,7 @@ def train(args, device, reward_fn=None):
 
         # ---- old log-probs and entropy at the rollout temperature, recomputed by the trainer, not
         # taken from the engine: the ratio compares two evaluations with the same numerics
-        minis = micro_batches([prompts[i].ids for i in mine], samples, adv, args,
+        minis = micro_batches([prompts[i].ids for i in mine], samples, adv.tolist(), args,
                               tokenizer.pad_token_id, device)
         for mbs in minis:
             for mb in mbs:

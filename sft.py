@@ -156,8 +156,9 @@ def micro_batch_loss(model, teacher, base, batch, old_logp, args, cfg, want_entr
         teacher.reshard()                  # FSDP keeps a root's weights gathered after its forward
     top20 = None
     if args.loss == "entropy_top20":        # the bonus on the micro-batch's top-20% entropy tokens
+        h_no_grad = h.detach()              # (torch's memory tracker hooks inputs that need a gradient)
         with torch.no_grad():
-            h_ent = [cl.entropy(model.lm_head(h[s : s + args.loss_chunk])) for s in chunks]
+            h_ent = [cl.entropy(model.lm_head(h_no_grad[s : s + args.loss_chunk])) for s in chunks]
         top20 = cl.top_entropy_mask(torch.cat(h_ent))              # [N]
     base_h = None
     if base is not None:                                           # the kl baseline's frozen model
@@ -298,7 +299,7 @@ def per_token(weight, examples, n_targets, device):
     w = []
     for i in examples:
         w += [weight[i]] * n_targets[i]
-    return torch.tensor(w, device=device)
+    return torch.tensor(w).to(device)     # built on the host, then copied (bench/dryrun.py can fake that)
 
 
 def collate_on(example_ids, dataset, pad_id, device):
@@ -348,9 +349,14 @@ def load_sft_data(args, tokenizer):
 
 
 def load_models(args, device, bf16):
-    """The student and, if the loss needs one, the second model: CurioSFT's teacher, a copy of the
-    student (Alg. 1 line 1: phi <- theta), or the kl baseline's frozen base. Both sharded alike."""
-    student = load_full_model(args.model, args.scratch, args.seed)
+    """The student and, if the loss needs one, the second model (shard_models)."""
+    return shard_models(load_full_model(args.model, args.scratch, args.seed), args, device, bf16)
+
+
+def shard_models(student, args, device, bf16):
+    """The student sharded and, if the loss needs one, the second model: CurioSFT's teacher, a copy
+    of the student (Alg. 1 line 1: phi <- theta), or the kl baseline's frozen base, sharded alike.
+    Returns (model, teacher, base), None for the model the loss does not use."""
     second = cl.second_model(args.loss)
     initial = copy.deepcopy(student) if second else None
     model = shard_model(student, device, bf16, args.grad_ckpt, offload=args.offload)
