@@ -19,15 +19,26 @@ def normed_hidden(model, batch):
     logits for only the last position: the full [B, T, V] logits are never built."""
     captured = {}
     hook = model.model.norm.register_forward_hook(lambda mod, inp, out: captured.update(h=out))
-    # No padding, no mask: attention runs causal without one (flash attention on a GPU), and
-    # transformers does not read the mask back to the host to find that it is all ones.
-    mask = batch["attention_mask"] if batch["padded"] else None
     try:
-        model(input_ids=batch["input_ids"], attention_mask=mask, logits_to_keep=1,
+        model(input_ids=batch["input_ids"], attention_mask=attention_masks(batch), logits_to_keep=1,
               use_cache=False)                     # no KV cache: nothing here generates
     finally:
         hook.remove()
     return captured["h"]
+
+
+def attention_masks(batch):
+    """The attention mask the decoder layers use, made here, where the host knows the padding
+    (data.collate's `padded`): from a [B, T] mask transformers would read values back to the host
+    on every forward (is the mask all ones? are sequences packed?), a GPU sync each time. Without
+    padding: no mask, causal by SDPA's flag (flash attention on a GPU). With it: causal and not
+    a padding key, [B, 1, T, T] bool, the mask transformers builds for SDPA."""
+    if not batch["padded"]:
+        return {"full_attention": None}
+    keep = batch["attention_mask"].bool()                                  # [B, T]
+    T = keep.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=keep.device).tril()   # [T, T]
+    return causal & keep[:, None, None, :]                                 # [B, 1, T, T]
 
 
 def no_grad_logits(head, h):
