@@ -466,6 +466,9 @@ def _step_moments(s: Shapes, r: Run, micro_batches: int, loss_bytes: dict, secon
         moments.append(("teacher side", {**static, "gathered_parameters": root, "gradients": earlier,
                         "teacher": second_static + root + h_second, "activations": top,
                         "logits": n * loss_bytes["teacher"]}))
+    if r.stage == "sft" and r.loss == "entropy_top20":   # the no-grad pass over the chunks that picks the top 20%
+        moments.append(("entropy pass", {**static, "gathered_parameters": root, "gradients": earlier,
+                        "activations": top, "logits": n * loss_bytes["teacher"]}))
     moments.append(("loss forward", {**static, "gathered_parameters": root, "gradients": earlier, **during_loss,
                     "activations": top + 4 * N, "logits": n * loss_bytes["forward"]}))
     done = head_grad if chunks > 1 else 0                      # lm_head's grad from the chunks already done
