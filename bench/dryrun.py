@@ -1,0 +1,512 @@
+"""The dry run: sft.py's or rl.py's own training steps on simulated GPUs, at paper scale, on a CPU in about a minute.
+
+    python bench/dryrun.py config/sft_paper.py --gpus 8 --json out/dryrun/sft_curio.json
+    python bench/dryrun.py config/sft_paper.py --loss sft --gpus 8
+    python bench/dryrun.py config/rl_paper.py --gpus 8
+    python bench/dryrun.py config/sft_paper.py config/sft_small.py --gpus 1
+
+Presets and flags are sft.py's or rl.py's (the stage comes from the presets, or --stage); --model takes a local model
+directory or a hub id whose shapes the project knows (Qwen/Qwen2.5-Math-7B, Qwen/Qwen2.5-Math-1.5B; no weights are
+read, nothing is downloaded), and defaults to the preset's model: 7B, or 1.5B with the small presets.
+
+One process plays one rank (rank 1 of --gpus; rank 0 only adds reading the weights and writing logs) on torch's fake
+tensors (shapes, dtypes and devices, no data) on `cuda`, with the fake process group: what bench/sim_gpu.py sets up.
+It runs what that rank runs, with the trainers' own functions: the model built from its config.json and sharded by
+sft.shard_models / plumbing.models.shard_model (FSDP2, bf16 compute over float32 master weights, activation
+checkpointing, the teacher or base model), the optimiser from plumbing.models.make_optimizer, then two optimiser steps
+of two micro-batches each (the longest sequences the preset admits, every response token trained): for SFT
+sft.accumulate_gradients (forward, loss, backward, clipping; PSFT's old log-probs first), optimizer.step and
+sft.update_teacher; for GRPO rl.micro_batches, the old log-probs (chunked_logits.token_log_probs) and
+rl.policy_gradients, then optimizer.step. It fails, in one line naming the place, unless:
+  sharding   every parameter is a sharded DTensor on cuda in float32, computed in bf16 (the preset's), the teacher
+             (or base) sharded alike; the optimiser is the fused AdamW with its states on cuda
+  float32    the per-token losses' diagnostics (log-probs, entropies, temperatures) are float32 or wider
+  devices    no CPU tensor meets a CUDA tensor in the step, and nothing moves to the host
+  attention  every attention call runs flash or memory-efficient attention, never the math fallback
+  memory     the step-2 peak of torch's own tracker (FSDPMemTracker) is within 10% of bench/memory.py's plan for the
+             same shapes
+  fits       both figures fit the GPU (--gpu_gib) with the planner's headroom kept free
+It also reads every value the step reads back to the host (a device-to-host sync on a GPU) and the line that asks.
+What it does not cover is listed in its output: see NOT_COVERED.
+"""
+import argparse
+import collections
+import dataclasses
+import json
+import os
+import runpy
+import subprocess
+import sys
+import time
+import traceback
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
+import sim_gpu  # noqa: E402
+
+if __name__ == "__main__" and os.environ.get(sim_gpu.LIB_ENV):   # the rank's process: the C++ shim before torch
+    sim_gpu.preload(Path(os.environ[sim_gpu.LIB_ENV]))
+
+import torch  # noqa: E402
+from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
+from torch.utils._pytree import tree_flatten  # noqa: E402
+
+import curio_loss as cl  # noqa: E402
+import memory  # noqa: E402
+from plumbing import models  # noqa: E402
+from plumbing.cli import parse_config, split_presets  # noqa: E402
+
+GIB = 2**30
+STEPS, MICRO_BATCHES = 2, 2            # optimiser steps, micro-batches each: the tracker's step 2 is the figure
+TOLERANCE = 0.10                       # |measured / planned - 1| allowed
+# hub ids whose config.json shapes bench/memory.py ships (the 16k-context 7B of the authors' scripts has the 7B's)
+KNOWN_MODELS = {"Qwen/Qwen2.5-Math-7B": "Qwen2.5-Math-7B", "Hao0oWang/Qwen2.5-Math-7B-16k-think": "Qwen2.5-Math-7B",
+                "Qwen/Qwen2.5-Math-1.5B": "Qwen2.5-Math-1.5B"}
+SMALL_PRESETS = ("sft_small.py", "rl_small.py")       # layered on a paper preset: the 1.5B model
+NOT_COVERED = [
+    "rank 0's reading of the weights and their broadcast to the shards (plumbing.models.broadcast_weights)",
+    "the loop's one host read per optimiser step (the loss and gradient norm) and the stop-signal check",
+    "rank 0's gathering and summary of the logged diagnostics (gather_object, .item())",
+    "checkpoint writing and resuming (torch.distributed.checkpoint, safetensors)",
+    "kernel speed, NCCL and its buffers, the CUDA context and the allocator's fragmentation",
+    "numerics on a GPU (fake tensors hold no values: bf16 rounding, NaN, the loss's values)",
+]
+NOT_COVERED_RL = ["vLLM: its memory share, sleep/wake, the weight sync and generation (rollouts here are synthetic)",
+                  "grading the rollouts (math-verify runs on the host)"]
+
+
+class DryRunFailure(Exception):
+    """A check that failed: its name and one line."""
+
+
+# ------------------------------------------------------------------------------------------------
+# Settings: the dry run's own flags, the stage's (sft.Args / rl.Args with the presets), the model's shapes
+# ------------------------------------------------------------------------------------------------
+def parse(argv):
+    parser = argparse.ArgumentParser(prog="bench/dryrun.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--gpus", type=int, default=8, help="GPUs (ranks) the run is sharded over")
+    parser.add_argument("--gpu_gib", type=float, default=79.1, help="each GPU's memory as torch reports it (H100 "
+                        "80 GB: 79.1 GiB)")
+    parser.add_argument("--stage", choices=["sft", "rl"], help="default: from the presets (rl if one sets GRPO's "
+                        "fields)")
+    parser.add_argument("--model", help="a local model directory, or " + ", ".join(KNOWN_MODELS))
+    parser.add_argument("--json", help="write the result here")
+    own, rest = parser.parse_known_args(argv)
+    if own.gpus < 1:
+        raise SystemExit(f"--gpus {own.gpus}: must be >= 1")
+    return own, rest
+
+
+def stage_of(presets: list[str], given: str | None) -> str:
+    """rl when a preset sets a field only rl.py has; sft otherwise."""
+    if given:
+        return given
+    import rl
+    import sft
+
+    rl_only = {f.name for f in dataclasses.fields(rl.Args)} - {f.name for f in dataclasses.fields(sft.Args)}
+    for path in presets:
+        if not Path(path).is_file():
+            raise SystemExit(f"{path}: no such preset")
+        if rl_only & set(runpy.run_path(path)):
+            return "rl"
+    return "sft"
+
+
+def model_config(name: str | None, presets: list[str]):
+    """The transformers config of --model (or the presets' model): a known hub id's shipped shapes, or a local
+    directory's config.json (no remote code)."""
+    from transformers import AutoConfig, Qwen2Config
+
+    if name is None:
+        small = any(Path(p).name in SMALL_PRESETS for p in presets)
+        name = "Qwen/Qwen2.5-Math-1.5B" if small else "Qwen/Qwen2.5-Math-7B"
+    if name in KNOWN_MODELS:
+        shape = dict(memory.MODELS[KNOWN_MODELS[name]])
+        shape.pop("model_type")
+        return name, Qwen2Config(**shape, max_position_embeddings=16384)
+    path = Path(name)
+    if not (path / "config.json").is_file():
+        raise SystemExit(f"--model {name}: neither a model directory with a config.json nor one of "
+                         f"{', '.join(KNOWN_MODELS)}")
+    return name, AutoConfig.from_pretrained(path)
+
+
+def stage_settings(stage: str, presets: list[str], rest: list[str], model: str):
+    """sft.py's or rl.py's settings from the presets and flags, with their own errors. train_file and model are
+    placeholders: the dry run reads neither."""
+    argv = presets + ["--train_file", "(dry run)", "--model", model] + rest
+    if stage == "sft":
+        import sft
+
+        args, user_cfg = parse_config(sft.Args, cl.LossConfig, argv=argv, prog="bench/dryrun.py")
+        return sft, args, cl.config_for(args.loss, user_cfg)
+    import rl
+
+    (args,) = parse_config(rl.Args, argv=argv, prog="bench/dryrun.py")
+    return rl, args, None
+
+
+# ------------------------------------------------------------------------------------------------
+# Watching the step: values read back to the host, tensors moved to it
+# ------------------------------------------------------------------------------------------------
+HOST_READS = {"aten._local_scalar_dense.default", "aten.nonzero.default", "aten.item.default",
+              "aten.is_nonzero.default", "aten.equal.default"}
+OUTSIDE = "outside the project"
+COPIES = {"aten._to_copy.default", "aten.copy_.default", "aten._copy_from.default",
+          "aten._copy_from_and_resize.default"}
+
+
+def project_site() -> str:
+    """The innermost frame of the project's own code (not bench/, not torch's): file:line (function)."""
+    for frame in reversed(traceback.extract_stack()):
+        path = Path(frame.filename).resolve()
+        if ROOT in path.parents and path.is_file() and "bench" not in path.relative_to(ROOT).parts[:1] \
+                and ".venv" not in path.parts:
+            return f"{path.relative_to(ROOT)}:{frame.lineno} ({frame.name})"
+    return OUTSIDE
+
+
+class HostWatch(TorchDispatchMode):
+    """Every op that reads a CUDA value back to the host (a sync on a GPU) or makes a CPU tensor out of a CUDA one,
+    with the project's line that asked for it."""
+
+    def __init__(self):
+        super().__init__()
+        self.reads, self.moves = collections.Counter(), collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = str(func)
+        watched = name in HOST_READS or name in COPIES
+        on_gpu = watched and any(isinstance(t, torch.Tensor) and t.device.type == "cuda"
+                                 for t in tree_flatten((args, kwargs))[0])
+        if on_gpu and name in HOST_READS:
+            self.reads[project_site()] += 1
+        out = func(*args, **(kwargs or {}))
+        if on_gpu and name in COPIES and any(isinstance(t, torch.Tensor) and t.device.type == "cpu"
+                                             for t in tree_flatten((out, args[:1]))[0]):
+            site = project_site()
+            if site != OUTSIDE:                          # (FSDP2's CPU offload moves gradients by design)
+                self.moves[f"{site}: {name}"] += 1
+        return out
+
+
+# ------------------------------------------------------------------------------------------------
+# The checks
+# ------------------------------------------------------------------------------------------------
+def check_sharding(model, others, bf16: bool, home: str) -> None:
+    """home: where the float32 shards live, cuda (or cpu with FSDP2's CPU offload)."""
+    from torch.distributed.tensor import DTensor
+
+    def fail(message):
+        raise DryRunFailure(f"sharding: {message}")
+
+    for name, p in model.named_parameters():
+        if not isinstance(p, DTensor):
+            fail(f"student parameter {name} is not a sharded DTensor")
+        if p.device.type != home or p.dtype != torch.float32:
+            fail(f"student parameter {name} is {p.dtype} on {p.device}, not float32 on {home}")
+    want = torch.bfloat16 if bf16 else None
+    policy = model._get_fsdp_state()._mp_policy
+    if policy.param_dtype != want:
+        fail(f"the student computes in {policy.param_dtype}, the preset asks {want or 'float32'}")
+    student = dict(model.named_parameters())
+    for label, other in others.items():
+        for name, p in other.named_parameters():
+            s = student[name]
+            if not isinstance(p, DTensor) or p.placements != s.placements or p.to_local().shape != \
+                    s.to_local().shape or p.device != s.device or p.dtype != s.dtype:
+                fail(f"the {label}'s {name} is not sharded as the student's")
+        if other._get_fsdp_state()._mp_policy.param_dtype != want:
+            fail(f"the {label} computes in {other._get_fsdp_state()._mp_policy.param_dtype}, not {want}")
+
+
+def check_optimizer(optimizer, home: str) -> None:
+    """After a step, when AdamW has made its states."""
+    if not optimizer.defaults.get("fused"):
+        raise DryRunFailure("sharding: the optimiser is not the fused AdamW")
+    for state in optimizer.state.values():
+        for key, t in state.items():
+            if isinstance(t, torch.Tensor) and t.dim() and t.device.type != home:
+                raise DryRunFailure(f"sharding: an optimiser state ({key}) is on {t.device}")
+
+
+def check_float32(diags) -> None:
+    for diag in diags:
+        for key, t in diag.items():
+            if t.is_floating_point() and t.dtype not in (torch.float32, torch.float64):
+                raise DryRunFailure(f"float32: the per-token {key} is {t.dtype}, not float32")
+
+
+def step_peak_tracker(model, optimizer):
+    """torch's FSDPMemTracker, its per-module statistics dropped at each forward of the root: it refuses a second
+    root forward in one step (the micro-batches), and the peak, what the dry run reads, does not need them."""
+    from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
+
+    class StepPeakTracker(FSDPMemTracker):
+        def _fsdp_state_pre_forward(self, fsdp_mod, orig):
+            inner = super()._fsdp_state_pre_forward(fsdp_mod, orig)
+            if fsdp_mod is not self._root_mod:
+                return inner
+
+            def pre_forward(*args, **kwargs):
+                if not self._mod_tracker.is_bw:
+                    self.memory_tracking.clear()
+                return inner(*args, **kwargs)
+            return pre_forward
+
+    return StepPeakTracker(model, optimizer)
+
+
+def gpu_shard_bytes(module) -> int:
+    """Bytes of a module's sharded parameters on this rank's GPU (allocated before the tracker started; none when
+    they are offloaded to the CPU)."""
+    return sum(p.to_local().nbytes for p in module.parameters() if p.device.type == "cuda")
+
+
+# ------------------------------------------------------------------------------------------------
+# One rank's steps
+# ------------------------------------------------------------------------------------------------
+def sft_steps(sft, model, teacher, base, optimizer, args, cfg, device):
+    """What sft.py's loop runs for STEPS optimiser steps of MICRO_BATCHES micro-batches each, at the longest
+    sequences the preset admits. Yields after each step with its diagnostics."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    seq = min(args.max_prompt_len + args.max_response_len, args.token_budget)
+    per_mb = max(1, args.token_budget // seq)
+    n = per_mb * MICRO_BATCHES
+    lengths = [seq - (i == n - 1 and per_mb > 1) for i in range(n)]     # the last micro-batch padded
+    items = [(list(range(length)), [0] + [1] * (length - 1)) for length in lengths]
+    n_targets = [length - 1 for length in lengths]
+    micro = [list(range(k * per_mb, (k + 1) * per_mb)) for k in range(MICRO_BATCHES)]
+    shape = {"sequences": per_mb, "seq_len": seq, "trained": per_mb * (seq - 1), "micro_batches": MICRO_BATCHES}
+    for step in range(STEPS):
+        batches = [sft.collate_on(ids, items, 0, device) for ids in micro]
+        old_logp = [None] * len(batches)
+        if args.loss == "psft":
+            old_logp = [sft.token_log_probs(model, b, args.loss_chunk)[0] for b in batches]
+        with unset_fake_temporarily():                  # host work in sft.py too (a CPU generator)
+            weight = sft.token_weights(list(range(len(items))), n_targets, args, step)
+        weights = [sft.per_token(weight, ids, n_targets, device) for ids in micro]
+        _, _, diags = sft.accumulate_gradients(model, teacher, base, batches, weights, old_logp, args, cfg, True)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if teacher is not None:                        # every teacher_every steps in sft.py: here every step
+            sft.update_teacher(teacher, model, args.teacher_mu)
+        yield shape, diags
+
+
+def rl_steps(rl, model, optimizer, args, device, gpus):
+    """What rl.py's loop runs after generation, for STEPS optimiser steps of MICRO_BATCHES micro-batches each:
+    synthetic rollouts of the longest responses, their old log-probs, the clipped update."""
+    from chunked_logits import token_log_probs
+    from plumbing.generation import Sample
+
+    prompts = max(1, -(-MICRO_BATCHES * args.micro_batch // args.rollouts))       # per rank, per step
+    args = dataclasses.replace(args, mini_batch=prompts * gpus)                     # one mini-batch a step
+    prompt_ids = [list(range(args.max_prompt_len))] * prompts
+    # the longest responses; every micro_batch-th a token shorter, so that the last micro-batch is padded
+    lengths = [args.max_response_len - (j % args.micro_batch == 0) for j in range(args.rollouts)]
+    samples = [[Sample(list(range(n)), "", None, None, "length") for n in lengths]] * prompts
+    adv = [[(j % 2) * 2.0 - 1 for j in range(args.rollouts)]] * prompts       # host floats, as rl.py's
+    shape = {"sequences": args.micro_batch, "seq_len": args.max_prompt_len + args.max_response_len,
+             "trained": args.micro_batch * args.max_response_len}
+    for step in range(STEPS):
+        (mbs,) = rl.micro_batches(prompt_ids, samples, adv, args, 0, device)
+        for mb in mbs:
+            mb.old_lp, mb.entropy = token_log_probs(model, mb.batch, args.loss_chunk, args.temperature)
+        model.reshard()
+        _, _ = rl.policy_gradients(model, mbs, args, device)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        yield shape | {"micro_batches": len(mbs)}, []
+
+
+def allocate_shards(offload: bool):
+    """The one seam: plumbing.models.broadcast_weights, rank 0's weights into every rank's shards, cannot run on
+    tensors without data. In its place: nothing on ranks other than 0, whose shards shard_model allocated; on rank
+    0 (one GPU) the shards where its loaded weights would be, the buffers on the GPU as broadcast_weights puts them."""
+    def broadcast_weights(model, full, device):
+        if any(p.device.type == "meta" for p in model.parameters()):
+            model.to_empty(device="cpu" if offload else device)
+            for buf in model.buffers():
+                buf.data = buf.data.to(device)
+    return broadcast_weights
+
+
+def simulate(argv) -> dict:
+    own, rest = parse(argv)
+    import rl
+    import sft
+
+    presets, rest = split_presets(rest, [sft.Args, rl.Args, cl.LossConfig])
+    stage = stage_of(presets, own.stage)
+    model_name, config = model_config(own.model, presets)
+    trainer, args, cfg = stage_settings(stage, presets, rest, model_name)
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from transformers import AutoModelForCausalLM
+
+    kernels = collections.Counter()
+    sim_gpu.install_cuda_shims()
+    sim_gpu.mesh_outside_fake_mode()
+    sim_gpu.fake_pinned_memory()
+    sim_gpu.route_attention_like_cuda(kernels)
+    sim_gpu.fake_process_group(own.gpus, rank=1 if own.gpus > 1 else 0)
+    models.broadcast_weights = allocate_shards(args.offload)
+    device = torch.device("cuda", 0)
+    bf16 = args.bf16
+    config._attn_implementation = "sdpa"
+    watch, t0 = HostWatch(), time.perf_counter()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        with torch.device("meta"):                      # what load_full_model gives every rank but rank 0
+            student = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+        if stage == "sft":
+            model, teacher, base = trainer.shard_models(student, args, device, bf16)
+        else:
+            model = models.shard_model(student, device, bf16, args.grad_ckpt, offload=args.offload)
+            teacher = base = None
+        others = {k: v for k, v in (("teacher", teacher), ("base", base)) if v is not None}
+        home = "cpu" if args.offload else "cuda"
+        check_sharding(model, others, bf16, home)
+        optimizer = models.make_optimizer(model, args.lr, args.weight_decay, getattr(args, "adam_beta2", 0.999),
+                                          device, args.offload)
+        steps = sft_steps(trainer, model, teacher, base, optimizer, args, cfg, device) if stage == "sft" \
+            else rl_steps(trainer, model, optimizer, args, device, own.gpus)
+        tracker = step_peak_tracker(model, optimizer)
+        try:
+            with watch:
+                shape, diags_seen = next(steps)          # step 1 (the tracker's own step 1 reports a bogus peak)
+            with tracker, watch:
+                shape, diags = next(steps)
+        except Exception as e:                           # what made a mismatch of devices, if a move did
+            if watch.moves:
+                raise DryRunFailure(f"devices: a tensor moved to the host in the step "
+                                    f"({next(iter(watch.moves))}), then {type(e).__name__}") from e
+            raise
+        diags_seen += diags
+        peak_snapshot = tracker.get_tracker_snapshot("peak")[device]
+        peak_tracked = peak_snapshot["Total"]
+        resident_others = sum(gpu_shard_bytes(m) for m in others.values())
+        check_optimizer(optimizer, home)
+    seconds = time.perf_counter() - t0
+    check_float32(diags_seen)
+    if watch.moves:
+        site, n = watch.moves.most_common(1)[0]
+        raise DryRunFailure(f"devices: a tensor moved to the host in the step ({n}x at {site})")
+    if not kernels or kernels["math"]:
+        raise DryRunFailure(f"attention: {dict(kernels) or 'no SDPA call'}: the math fallback keeps [B, H, T, T] "
+                            f"scores (eager attention, or inputs no fused kernel takes)")
+
+    measured = peak_tracked + resident_others
+    plan = planned(config, stage, args, shape, own)
+    training = plan["phases"]["rl training" if stage == "rl" else "sft step"]
+    planned_bytes = training["total_bytes"] - training["parts"].get("vllm", 0)
+    limit = (1 - memory.Run.headroom) * own.gpu_gib * GIB
+    result = {
+        "stage": stage, "model": model_name, "gpus": own.gpus, "loss": args.loss if stage == "sft" else
+        args.policy_loss, "presets": presets, "micro_batch": shape,
+        "micro_batches_per_step": shape["micro_batches"],
+        "peak_gib_measured": round(measured / GIB, 3), "peak_gib_planned": round(planned_bytes / GIB, 3),
+        "ratio": round(measured / planned_bytes, 4), "gpu_gib": own.gpu_gib,
+        "peak_gib_planned_all_phases": round(plan["total_bytes"] / GIB, 3),
+        "margin_gib": round((limit - max(measured, plan["total_bytes"])) / GIB, 2),
+        "fits": max(measured, plan["total_bytes"]) <= limit, "attention_kernel": "+".join(sorted(kernels)),
+        "peak_parts_gib": {str(k): round(v / GIB, 3) for k, v in peak_snapshot.items() if v},
+        "attention_calls": dict(kernels), "host_reads": dict(watch.reads), "steps_run": STEPS,
+        "seconds": round(seconds, 1), "not_covered": NOT_COVERED + (NOT_COVERED_RL if stage == "rl" else []),
+    }
+    if abs(result["ratio"] - 1) > TOLERANCE:
+        result["failed"] = (f"memory: the tracker's peak {result['peak_gib_measured']} GiB is "
+                            f"{result['ratio']:.3f}x the planner's {result['peak_gib_planned']} GiB (allowed: "
+                            f"within {TOLERANCE:.0%}); bench/memory.py or the trainer is wrong")
+    elif not result["fits"]:
+        result["failed"] = (f"fits: {max(measured, plan['total_bytes']) / GIB:.1f} GiB per GPU (measured "
+                            f"{result['peak_gib_measured']}, planned {result['peak_gib_planned_all_phases']}) "
+                            f"does not fit {own.gpu_gib} GiB with {memory.Run.headroom:.0%} kept free")
+    return result
+
+
+def planned(config, stage, args, shape, own) -> dict:
+    """bench/memory.py's plan for the shapes the dry run ran: its micro-batch and micro-batches per step."""
+    run = dict(stage=stage, gpus=own.gpus, token_budget=shape["sequences"] * shape["seq_len"],
+               seq_len=shape["seq_len"], trained_tokens=shape["trained"], loss_chunk=args.loss_chunk,
+               bf16=args.bf16, grad_ckpt=args.grad_ckpt, offload=args.offload, gpu_gib=own.gpu_gib,
+               max_prompt_len=args.max_prompt_len, max_response_len=args.max_response_len)
+    if stage == "sft":
+        run |= dict(loss=args.loss, updates_per_batch=args.updates_per_batch,
+                    global_batch=MICRO_BATCHES * shape["sequences"] * own.gpus * args.updates_per_batch)
+    else:
+        run |= dict(micro_batch=args.micro_batch, rollouts=args.rollouts,
+                    mini_batch=shape["micro_batches"] * args.micro_batch * own.gpus // args.rollouts,
+                    gpu_memory_utilization=args.gpu_memory_utilization, vllm_sleep=args.vllm_sleep)
+    return memory.plan(config.to_dict(), **run)
+
+
+# ------------------------------------------------------------------------------------------------
+# Report, and the two processes
+# ------------------------------------------------------------------------------------------------
+def describe(r: dict) -> str:
+    mb = r["micro_batch"]
+    lines = [f"dry run: {r['stage']} {r['loss']}, {r['model']}, {r['gpus']} simulated GPUs of {r['gpu_gib']} GiB; "
+             f"{r['steps_run']} optimiser steps of {r['micro_batches_per_step']} micro-batches of {mb['sequences']} x "
+             f"{mb['seq_len']} tokens ({mb['trained']} trained), {r['seconds']} s",
+             f"  peak per GPU, step 2: measured {r['peak_gib_measured']:.2f} GiB (torch's FSDPMemTracker), planned "
+             f"{r['peak_gib_planned']:.2f} GiB (bench/memory.py): ratio {r['ratio']:.3f}",
+             f"  fits: {'yes' if r['fits'] else 'NO'}, margin {r['margin_gib']:+.1f} GiB below "
+             f"{1 - memory.Run.headroom:.0%} of the GPU"
+             + (f" (the planner's generation phase: {r['peak_gib_planned_all_phases']:.1f} GiB)"
+                if r["stage"] == "rl" else ""),
+             f"  attention: {r['attention_kernel']} ({sum(r['attention_calls'].values())} calls)",
+             f"  host reads in the step: {sum(r['host_reads'].values()) or 'none'}"]
+    lines += [f"    {n}x {site}" for site, n in r["host_reads"].items()]
+    lines.append("  not covered: " + "; ".join(r["not_covered"]))
+    if r.get("failed"):
+        lines.append(f"FAILED {r['failed']}")
+    return "\n".join(lines)
+
+
+def rank_main(argv) -> int:
+    """The rank's process (the C++ shim already loaded): simulate, print, write --json; 1 on a failed check."""
+    own, _ = parse(argv)
+    try:
+        result = simulate(argv)
+    except DryRunFailure as e:
+        result = {"failed": str(e)}
+    except Exception as e:       # a device mismatch, a host read the fake tensors cannot answer, a wrong dtype...
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        result = {"failed": f"the step raised {type(e).__name__} at {failure_site(e)}: {first[:300]}"}
+    if own.json:
+        Path(own.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(own.json).write_text(json.dumps(result, indent=1) + "\n")
+    if "stage" in result:
+        print(describe(result), flush=True)
+    else:
+        print(f"dry run FAILED {result['failed']}", file=sys.stderr, flush=True)
+    return 1 if result.get("failed") else 0
+
+
+def failure_site(e: BaseException) -> str:
+    """The innermost frame of the project's code in the exception's traceback."""
+    frames = [f for f in traceback.extract_tb(e.__traceback__)
+              if ROOT in Path(f.filename).resolve().parents and ".venv" not in Path(f.filename).parts]
+    inner = [f for f in frames if Path(f.filename).resolve().parent != ROOT / "bench"] or frames
+    if not inner:
+        return "torch"
+    f = inner[-1]
+    return f"{Path(f.filename).resolve().relative_to(ROOT)}:{f.lineno} ({f.name})"
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if os.environ.get(sim_gpu.LIB_ENV):
+        return rank_main(argv)
+    parse(argv)                                          # --help and the dry run's own errors, here
+    library = sim_gpu.build()
+    env = dict(os.environ, **{sim_gpu.LIB_ENV: str(library)})
+    return subprocess.run([sys.executable, __file__, *argv], env=env).returncode
+
+
+if __name__ == "__main__":
+    sys.exit(main())
