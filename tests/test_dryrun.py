@@ -1,0 +1,147 @@
+"""bench/dryrun.py: the trainers' own steps on simulated GPUs (fake CUDA tensors, a fake process group), run as the
+command users run, in subprocesses. The paper's presets at 7B on 8 simulated GPUs, and each check shown to fail
+when the thing it checks is broken once (on a small model, in one process that breaks and mends in turn)."""
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+DRYRUN = str(ROOT / "bench" / "dryrun.py")
+
+
+@pytest.fixture(scope="module")
+def library():
+    """The simulated-GPU C++ library: built on first use (~40 s with g++ and ninja), cached outside the repo."""
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import sim_gpu; print(sim_gpu.build())"
+    done = subprocess.run([sys.executable, "-c", code, str(ROOT / "bench")], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]
+
+
+def test_paper_presets_run_on_8_simulated_gpus_within_10_percent_of_the_plan(library, tmp_path):
+    """CurioSFT and one baseline with the paper's SFT preset, and GRPO with the paper's RL preset, at 7B on 8
+    simulated GPUs, the three at once (two cores)."""
+    runs = {"sft_curio": ["config/sft_paper.py"], "sft_baseline": ["config/sft_paper.py", "--loss", "sft"],
+            "rl_paper": ["config/rl_paper.py"]}
+    procs = {name: subprocess.Popen([sys.executable, DRYRUN, *argv, "--gpus", "8", "--json", str(tmp_path / name)],
+                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+             for name, argv in runs.items()}
+    for name, proc in procs.items():
+        out = proc.communicate(timeout=900)[0]
+        assert proc.returncode == 0, f"{name}: {out[-3000:]}"
+        r = json.loads((tmp_path / name).read_text())
+        assert r["model"] == "Qwen/Qwen2.5-Math-7B" and r["gpus"] == 8 and r["steps_run"] == 2
+        assert 0.9 <= r["ratio"] <= 1.1 and r["fits"] and r["margin_gib"] > 0, r
+        assert "math" not in r["attention_kernel"] and "flash" in r["attention_kernel"], r
+        assert r["host_reads"] == {}, r["host_reads"]                  # no host sync inside the step
+        assert r["not_covered"] and "failed" not in r
+        assert "peak per GPU, step 2: measured" in out
+    assert json.loads((tmp_path / "sft_curio").read_text())["loss"] == "curio"
+    assert json.loads((tmp_path / "rl_paper").read_text())["stage"] == "rl"
+
+
+BREAKS = r'''
+import json, os, sys
+from pathlib import Path
+root, out, argv = sys.argv[1], Path(sys.argv[2]), json.loads(sys.argv[3])
+sys.path[:0] = [root, root + "/bench"]
+import sim_gpu
+sim_gpu.preload(Path(os.environ[sim_gpu.LIB_ENV]))
+import torch
+import curio_loss as cl
+import dryrun
+import sft
+
+
+def run(label):
+    dryrun.rank_main(argv + ["--json", str(out / label)])
+
+
+run("intact")
+
+curio_sft_loss = cl.curio_sft_loss                  # a .cpu() slipped into the loss
+cl.curio_sft_loss = lambda *a, **k: (lambda loss, diag: (loss.cpu(), diag))(*curio_sft_loss(*a, **k))
+run("cpu_in_the_loss")
+cl.curio_sft_loss = curio_sft_loss
+
+shard_model = sft.shard_model                       # the teacher left unsharded, or computing in float32
+
+
+def unsharded(m, device, bf16, grad_ckpt, trainable=True, offload=False):
+    if trainable:
+        return shard_model(m, device, bf16, grad_ckpt, trainable, offload)
+    for module in m.modules():                      # full float32 tensors on the device, no FSDP
+        for name, p in list(module.named_parameters(recurse=False)):
+            setattr(module, name, torch.nn.Parameter(torch.empty(p.shape, device=device), requires_grad=False))
+        for name, b in list(module.named_buffers(recurse=False)):
+            module.register_buffer(name, torch.empty(b.shape, dtype=b.dtype, device=device), persistent=False)
+    m.reshard = lambda: None                        # as FSDP's, so that the step runs through
+    return m
+
+
+sft.shard_model = unsharded
+run("unsharded_teacher")
+sft.shard_model = lambda m, device, bf16, grad_ckpt, trainable=True, offload=False: shard_model(
+    m, device, bf16 and trainable, grad_ckpt, trainable, offload)
+run("float32_teacher")
+sft.shard_model = shard_model
+
+torch.backends.cuda.enable_flash_sdp(False)         # attention on the math path
+torch.backends.cuda.enable_mem_efficient_sdp(False)
+run("math_attention")
+torch.backends.cuda.enable_flash_sdp(True)
+torch.backends.cuda.enable_mem_efficient_sdp(True)
+
+plan = dryrun.memory.plan                           # the planner off by 20%
+
+
+def plan_off(*args, **kwargs):
+    result = plan(*args, **kwargs)
+    for phase in result["phases"].values():
+        phase["total_bytes"] = int(phase["total_bytes"] * 1.2)
+    return result
+
+
+dryrun.memory.plan = plan_off
+run("planner_off")
+'''
+
+
+def test_each_check_fails_when_what_it_checks_is_broken(library, tmp_path):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({
+        "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 256, "num_hidden_layers": 2,
+        "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 8192,
+        "tie_word_embeddings": False, "max_position_embeddings": 4096}))
+    argv = ["config/sft_paper.py", "--model", str(model), "--max_prompt_len", "64", "--max_response_len", "448",
+            "--token_budget", "1024", "--loss_chunk", "256", "--gpus", "2"]
+    env = dict(os.environ, CURIOSFT_SIM_GPU_LIB=library)
+    done = subprocess.run([sys.executable, "-c", BREAKS, str(ROOT), str(tmp_path), json.dumps(argv)], cwd=ROOT,
+                          env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = {p.name: json.loads(p.read_text()) for p in tmp_path.iterdir() if p.is_file()}
+    intact = result["intact"]
+    assert "failed" not in intact and 0.9 <= intact["ratio"] <= 1.1, intact
+    assert "efficient" in intact["attention_kernel"] and "flash" in intact["attention_kernel"]
+    assert result["cpu_in_the_loss"]["failed"].startswith("devices: a tensor moved to the host"), result
+    assert "sft.py" in result["cpu_in_the_loss"]["failed"]                  # the line that asked for it
+    assert result["unsharded_teacher"]["failed"].startswith("sharding: the teacher's model.embed_tokens.weight is "
+                                                            "not sharded"), result["unsharded_teacher"]
+    assert result["float32_teacher"]["failed"].startswith("sharding: the teacher computes in None")
+    assert result["math_attention"]["failed"].startswith("attention: {'math'"), result["math_attention"]
+    assert result["planner_off"]["failed"].startswith("memory: "), result["planner_off"]
+    assert 0.8 <= result["planner_off"]["ratio"] <= 0.86
+
+
+def test_a_flag_sft_py_refuses_is_refused_alike(library):
+    done = subprocess.run([sys.executable, DRYRUN, "config/sft_paper.py", "--loss", "curio_typo", "--gpus", "8"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "--loss" in done.stderr and "curio_typo" in done.stderr, done.stderr[-2000:]
+    done = subprocess.run([sys.executable, DRYRUN, "config/nope.py", "--gpus", "8"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "config/nope.py" in done.stderr, done.stderr[-2000:]
