@@ -403,13 +403,14 @@ def summarize(diag: dict[str, torch.Tensor], alpha: float = 1.0) -> dict[str, fl
 # SPEED HELPERS: the same results at a lower cost (a reader of the method may skip them)
 # ================================================================================================
 def _row_blocks(z):
-    """(start, end, buffer) over blocks of z's rows, the buffer a reused [rows, V] float32 (or float64)
-    scratch. What a pass like torch.logsumexp(z / tau) costs is memory: [N, V] float32 temporaries
-    (fresh pages on a CPU) and five passes over them. Blocks keep the temporary bounded, z is read
-    once per pass, bf16 logits are never upcast whole, and on a CPU the block stays in the last-level
-    cache. CPU blocks are 16 MiB, half a typical last-level cache: smaller ones were no faster on an
-    idle machine and slower on a busy one (every op synchronises the threads), 40 MiB ones slower on
-    both. A GPU gets 256 MiB blocks: few kernel launches, a bounded temporary."""
+    """(start, end, buffer) over blocks of z's rows, the buffer a reused [rows, V] float32 (or
+    float64) scratch. What a pass like torch.logsumexp(z / tau) costs is memory: [N, V] float32
+    temporaries (fresh pages on a CPU) and five passes over them. Blocks keep the temporary
+    bounded, z is read once per pass, bf16 logits are never upcast whole, and on a CPU the block
+    stays in the last-level cache. CPU blocks are 16 MiB, half a typical last-level cache: smaller
+    ones were no faster on an idle machine and slower on a busy one (every op synchronises the
+    threads), 40 MiB ones slower on both. A GPU gets 256 MiB blocks: few kernel launches, a
+    bounded temporary."""
     n, v = z.shape
     dtype = torch.promote_types(z.dtype, torch.float32)
     rows = max(1, (16 << 20 if z.device.type == "cpu" else 256 << 20) // (v * dtype.itemsize))
@@ -421,7 +422,8 @@ def _row_blocks(z):
 
 def _log_sum_exp(z, shift, inv_tau=None):
     """log sum_v exp((z[r, v] - shift[r]) * inv_tau[r]) [N] for z [N, V]; shift [N] is the row
-    maximum (from the top-k), inv_tau [N] defaults to 1. Blockwise (_row_blocks); at least float32."""
+    maximum (from the top-k), inv_tau [N] defaults to 1. Blockwise (_row_blocks); at least
+    float32."""
     sums = z.new_empty(z.shape[0], dtype=torch.promote_types(z.dtype, torch.float32))
     for s, e, buf in _row_blocks(z):
         b = torch.sub(z[s:e], shift[s:e, None], out=buf)

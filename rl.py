@@ -243,10 +243,10 @@ def loss_denominator(mbs: list[MicroBatch], args, device):
 
 
 def policy_gradients(model, mbs: list[MicroBatch], args, device):
-    """The gradient of one mini-batch's clipped surrogate over every rank's response tokens, combined
-    as --loss_agg says (no KL term), clipped to --grad_clip. Returns this rank's sums [loss,
-    clip_low, clip_high, kl] and the global gradient norm before clipping, on the device (no host
-    sync: policy_update reads them once)."""
+    """The gradient of one mini-batch's clipped surrogate over every rank's response tokens,
+    combined as --loss_agg says (no KL term), clipped to --grad_clip. Returns this rank's sums
+    [loss, clip_low, clip_high, kl] and the global gradient norm before clipping, on the device
+    (no host sync: policy_update reads them once)."""
     world = dist.get_world_size()
     denominator = loss_denominator(mbs, args, device)
     sums = torch.zeros(4, dtype=torch.float64, device=device)

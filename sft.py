@@ -156,7 +156,7 @@ def micro_batch_loss(model, teacher, base, batch, old_logp, args, cfg, want_entr
         teacher.reshard()                  # FSDP keeps a root's weights gathered after its forward
     top20 = None
     if args.loss == "entropy_top20":        # the bonus on the micro-batch's top-20% entropy tokens
-        h_no_grad = h.detach()              # (torch's memory tracker hooks inputs that need a gradient)
+        h_no_grad = h.detach()          # (torch's memory tracker hooks inputs needing a gradient)
         with torch.no_grad():
             h_ent = [cl.entropy(model.lm_head(h_no_grad[s : s + args.loss_chunk])) for s in chunks]
         top20 = cl.top_entropy_mask(torch.cat(h_ent))              # [N]
@@ -299,7 +299,7 @@ def per_token(weight, examples, n_targets, device):
     w = []
     for i in examples:
         w += [weight[i]] * n_targets[i]
-    return torch.tensor(w).to(device)     # built on the host, then copied (bench/dryrun.py can fake that)
+    return torch.tensor(w).to(device)     # built on the host, then copied (fake tensors can copy)
 
 
 def collate_on(example_ids, dataset, pad_id, device):

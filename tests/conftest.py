@@ -92,6 +92,19 @@ def world_of_one():
 
 
 @pytest.fixture(scope="module")
+def checkpoint(world_of_one, tiny_model_dir, tmp_path_factory):
+    """A model directory with weights (a random tiny Qwen2) and tokenizer: what rl.py and the engines load."""
+    from transformers import AutoTokenizer
+
+    from plumbing import models
+
+    out = tmp_path_factory.mktemp("start")
+    models.load_full_model(str(tiny_model_dir), scratch=True, seed=0).save_pretrained(out)
+    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(out)
+    return out
+
+
+@pytest.fixture(scope="module")
 def one_thread():
     """One intra-op thread: OpenMP threads spin-wait when the CPU is shared (a loaded 2-core machine ran tiny
     models ~20x slower with 2 threads than with 1)."""

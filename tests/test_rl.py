@@ -23,17 +23,6 @@ REPO = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-@pytest.fixture(scope="module")
-def checkpoint(world_of_one, tiny_model_dir, tmp_path_factory):
-    """The starting point rl.py expects: an HF directory with weights (a random tiny Qwen2) and tokenizer."""
-    from transformers import AutoTokenizer
-
-    out = tmp_path_factory.mktemp("start")
-    models.load_full_model(str(tiny_model_dir), scratch=True, seed=0).save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(out)
-    return out
-
-
 def fsdp_model(path):
     return models.shard_model(models.load_full_model(str(path), scratch=False, seed=0), torch.device("cpu"),
                               bf16=False, grad_ckpt=False)

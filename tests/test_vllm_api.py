@@ -118,17 +118,6 @@ def record_methods(vllm, monkeypatch) -> list[tuple[str, set[str]]]:
     return calls
 
 
-@pytest.fixture(scope="module")
-def checkpoint(world_of_one, tiny_model_dir, tmp_path_factory):
-    """A model directory with weights (a random tiny Qwen2) and its tokenizer."""
-    from transformers import AutoTokenizer
-
-    out = tmp_path_factory.mktemp("vllm_api")
-    models.load_full_model(str(tiny_model_dir), scratch=True, seed=0).save_pretrained(out)
-    AutoTokenizer.from_pretrained(tiny_model_dir).save_pretrained(out)
-    return out
-
-
 @pytest.fixture
 def project_calls(checkpoint, world_of_one, monkeypatch):
     """Every call rl.py's and evaluate.py's engines make, run against the recording fake."""
