@@ -430,6 +430,8 @@ def train(args, device, reward_fn=None):
         log = run_dir.RunLog(out_dir, step, args.steps, "grpo", args.loggers, asdict(args))
         run_dir.keep_steps_upto(rollouts_file, step)      # as log.jsonl: no step twice on resume
     records, last_saved = [], step
+    if step >= args.steps:                   # resumed at its end: a finished run does no work
+        print0(f"{out_dir}: complete at step {step} of {args.steps}; nothing to train")
 
     while step < args.steps:
         t0 = time.perf_counter()

@@ -414,8 +414,12 @@ def main():
         last_saved = step
         print0(f"saved {path}")
 
-    # ---- ALGO LOGIC: one optimiser step per iteration (Alg. 1 lines 2-17)
     steps = plan_steps(lengths, world, args, epoch, batch_idx)
+    if step >= last_steps:                   # resumed at its end: a finished run does no work
+        print0(f"{out_dir}: complete at step {step} of {last_steps}; nothing to train")
+        steps = []
+
+    # ---- ALGO LOGIC: one optimiser step per iteration (Alg. 1 lines 2-17)
     for epoch, batch_idx, update, batch, step_mbs in steps:
         if update == 0:                 # a new data batch: this rank's micro-batches, on the device
             mine = [collate_on(mb, dataset, tokenizer.pad_token_id, device) for mb in batch[rank]]

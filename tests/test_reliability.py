@@ -241,6 +241,11 @@ def test_resume_refuses_other_settings_and_logs_each_step_once(tiny_model_dir, t
     run_sft(tiny_model_dir, toy_sft_file, tmp_path, "--max_steps", "6", "--save_every", "2", "--epochs", "2")
     steps = [json.loads(line)["step"] for line in (tmp_path / "log.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4, 5, 6]
+    # the same command again: the run is complete, says so and trains nothing (it trained a step 7 before)
+    log, saved = (tmp_path / "log.jsonl").read_text(), checkpoints.complete(tmp_path)
+    proc = run_sft(tiny_model_dir, toy_sft_file, tmp_path, "--max_steps", "6", "--save_every", "2", "--epochs", "2")
+    assert f"{tmp_path}: complete at step 6 of 6; nothing to train" in proc.stdout, proc.stdout[-2000:]
+    assert (tmp_path / "log.jsonl").read_text() == log and checkpoints.complete(tmp_path) == saved
 
 
 def test_a_changed_training_file_is_refused_on_resume(tiny_model_dir, toy_sft_file, tmp_path):
