@@ -66,14 +66,16 @@ def select_targets(hidden, batch):
 
 
 def chunked_sum(fn, chunk, *per_token):
-    """Sum of fn(*tensors of one chunk) -> (loss sum, diagnostics) over chunks of `chunk` tokens
-    of the per-token tensors (None passes through). Each chunk is recomputed in backward (torch
-    checkpoint), so only the inputs, e.g. h [N, H], are kept, never the [N, V] logits fn builds."""
+    """Sum of fn(*tensors of one chunk, memo) -> (loss sum, diagnostics) over chunks of `chunk`
+    tokens of the per-token tensors (None passes through). Each chunk is recomputed in backward
+    (torch checkpoint), so only the inputs, e.g. h [N, H], are kept, never the [N, V] logits fn
+    builds. memo, a dict per chunk, keeps what fn's forward computed without a gradient for the
+    recompute, which then need not compute it again (a pass over [n, V] logits is memory-bound)."""
     n = len(per_token[0])
     total, diags = per_token[0].new_zeros((), dtype=torch.float32), []
     for s in range(0, max(n, 1), chunk):       # one (empty) chunk when N = 0: FSDP needs a backward
         part = [t if t is None else t[s : s + chunk] for t in per_token]
-        loss, diag = checkpoint(fn, *part, use_reentrant=False)
+        loss, diag = checkpoint(fn, *part, {}, use_reentrant=False)
         total = total + loss
         diags.append(diag)
     return total, cat_diags(diags)

@@ -217,7 +217,7 @@ def micro_batch_loss(model, mb: MicroBatch, args):
     The logits exist one chunk at a time, recomputed in backward (chunked_logits.chunked_sum)."""
     h, y = select_targets(normed_hidden(model, mb.batch), mb.batch)      # [N, H], [N]
 
-    def chunk_loss(h_c, y_c, old_c, adv_c):
+    def chunk_loss(h_c, y_c, old_c, adv_c, _memo):
         logits = model.lm_head(h_c).float() / args.temperature          # [n, V]
         lp, _ = cl.student_log_prob(logits, y_c)
         loss, diag = clipped_loss(lp, old_c, adv_c, args.clip_low, args.clip_high, args.policy_loss,

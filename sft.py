@@ -165,11 +165,14 @@ def micro_batch_loss(model, teacher, base, batch, old_logp, args, cfg, want_entr
         with torch.no_grad():
             base_h, _ = select_targets(normed_hidden(base, batch), batch)
 
-    def chunk_loss(h_c, y_c, w_c, lq_c, base_h_c, old_c, top20_c):
+    def chunk_loss(h_c, y_c, w_c, lq_c, base_h_c, old_c, top20_c, memo):
+        # memo: the no-grad results of the chunk's forward, reused when backward recomputes it
         logits = model.lm_head(h_c)                                # line 4: student logits [n, V]
         other, diag = lq_c, {}
         if args.loss == "curio_self_teacher":                      # lines 7-11 on its own logits
-            lq_c, diag = cl.teacher_log_prob(logits.detach(), y_c, cfg)
+            if "lq" not in memo:
+                memo["lq"] = cl.teacher_log_prob(logits.detach(), y_c, cfg)
+            lq_c, diag = memo["lq"]
         if args.loss in cl.CURIO_LOSSES:                           # lines 12-13: Eq. 5, 6
             loss, student_diag = cl.curio_sft_loss(logits, y_c, lq_c, cfg)
         elif args.loss == "kl":
@@ -185,8 +188,8 @@ def micro_batch_loss(model, teacher, base, batch, old_logp, args, cfg, want_entr
             loss, student_diag = cl.STUDENT_ONLY_LOSSES[args.loss](logits, y_c, cfg=cfg)
         if check:
             cl.check_finite(loss, logits, y_c, other)
-        if want_entropy:
-            student_diag["student_entropy"] = cl.entropy(logits.detach())
+        if want_entropy and "entropy" not in memo:             # (backward's recompute drops diag)
+            memo["entropy"] = student_diag["student_entropy"] = cl.entropy(logits.detach())
         return (loss if w_c is None else loss * w_c).sum(), diag | student_diag
 
     total, diag = chunked_sum(chunk_loss, args.loss_chunk, h, y, weights, lq, base_h, old_logp,
@@ -307,8 +310,21 @@ def collate_on(example_ids, dataset, pad_id, device):
     return data.collate([dataset[i] for i in example_ids], pad_id, device)
 
 
+def read_step(loss, grad_norm, diag):
+    """The optimiser step's one device-to-host read (a GPU sync): the loss, the gradient norm and
+    the per-token diagnostics {name: [N]} (empty when the step logs nothing) in one tensor.
+    Returns the two floats and the diagnostics as float32 host tensors."""
+    keys = list(diag)
+    parts = [torch.stack([loss.double(), grad_norm.double()])]
+    parts += [diag[k].double().flatten() for k in keys]
+    host = torch.cat(parts).cpu()
+    loss, grad_norm = host[:2].tolist()
+    values = host[2:].split([diag[k].numel() for k in keys])
+    return loss, grad_norm, {k: v.float() for k, v in zip(keys, values)}
+
+
 def gather_diags(diag):
-    """Per-token diagnostics of every rank on rank 0 (a few floats per token); None elsewhere."""
+    """Per-token diagnostics (host tensors) of every rank on rank 0; None elsewhere."""
     local = {k: v.float().cpu() for k, v in diag.items()}
     all_ranks = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(local, all_ranks, dst=0)
@@ -437,7 +453,7 @@ def main():
         loss, grad_norm, diags = accumulate_gradients(
             model, teacher, base, [mine[k] for k in step_mbs], weights,
             [old_logp[k] for k in step_mbs], args, cfg, want_log)     # Alg. 1 lines 4-13
-        loss, grad_norm = torch.stack([loss, grad_norm.double()]).tolist()   # the step's host sync
+        loss, grad_norm, diags = read_step(loss, grad_norm, cat_diags(diags))   # the host sync
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             mbs = [mine[k] for k in step_mbs]
             olds = [old_logp[k] for k in step_mbs]
@@ -450,7 +466,7 @@ def main():
         if teacher is not None and step % args.teacher_every == 0:     # Alg. 1 lines 16-17
             update_teacher(teacher, model, args.teacher_mu)
         if want_log:
-            all_diags = gather_diags(cat_diags(diags))                 # rank 0's; None elsewhere
+            all_diags = gather_diags(diags)                            # rank 0's; None elsewhere
             dt = time.perf_counter() - t0
             if log is not None:
                 log.write({"step": step, "epoch": epoch, "loss": loss, "grad_norm": grad_norm,
