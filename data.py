@@ -9,6 +9,7 @@ Row schema (the authors' and LUFFY's files, e.g. OpenR1-Math-46K and the benchma
     target: [{role: assistant, content: "<think>\\n..."}]   (training files: the expert response)
 """
 import json
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -274,6 +275,29 @@ def _pack(step: list[int], lengths: list[int], token_budget: int) -> list[list[i
         else:
             mbs.append([i])
     return mbs
+
+
+def least_padded_split(lengths: list[int], groups: int, cap: int) -> list[int]:
+    """Sizes of `groups` consecutive micro-batches of lengths sorted longest first whose padded
+    tokens (size x first length) are fewest, none over cap: a long sequence goes with few, short
+    ones with more. Exact, by dynamic programming over (micro-batches, sequences): O(groups x n^2)."""
+    n = len(lengths)
+    best = [[math.inf] * (n + 1) for _ in range(groups + 1)]     # best[g][k]: first k in g groups
+    start = [[0] * (n + 1) for _ in range(groups + 1)]
+    best[0][0] = 0
+    for g in range(1, groups + 1):
+        for k in range(g, n - (groups - g) + 1):
+            for i in range(g - 1, k):
+                cost = best[g - 1][i] + (k - i) * lengths[i]
+                if (k - i) * lengths[i] <= cap and cost < best[g][k]:
+                    best[g][k], start[g][k] = cost, i
+    if best[groups][n] == math.inf:
+        raise ValueError(f"{n} sequences do not split into {groups} micro-batches of <= {cap} tokens")
+    sizes, k = [], n
+    for g in range(groups, 0, -1):
+        sizes.append(k - start[g][k])
+        k = start[g][k]
+    return sizes[::-1]
 
 
 def _deal(mbs: list[list[int]], lengths: list[int], world_size: int) -> list[list[list[int]]]:

@@ -321,9 +321,10 @@ def rollout_seed(args, step, rank, world, n_prompts):
 
 def micro_batches(prompt_ids, samples, adv, args, pad_id, device) -> list[list[MicroBatch]]:
     """Sequences prompt + response (the response, its EOS included when it stopped, is trained),
-    grouped into mini-batches (one per optimiser step) of micro-batches of `micro_batch` sequences,
-    sorted by length so padding stays small. Every rank has the same counts, as FSDP's collectives
-    require. Returns minis[m] = [MicroBatch], without old log-probs yet."""
+    grouped into mini-batches (one per optimiser step) of micro-batches: as many as micro-batches of
+    `micro_batch` sequences would make (every rank the same count, as FSDP's collectives require),
+    none over micro_batch longest sequences' tokens, sized by length to pad least
+    (data.least_padded_split). Returns minis[m] = [MicroBatch], without old log-probs yet."""
     per_mini = args.mini_batch // dist.get_world_size()          # prompts per mini-batch, this rank
     minis = []
     for start in range(0, len(prompt_ids), per_mini):
@@ -333,9 +334,12 @@ def micro_batches(prompt_ids, samples, adv, args, pad_id, device) -> list[list[M
                 mask = [0] * len(prompt_ids[i]) + [1] * len(s.token_ids)
                 seqs.append((prompt_ids[i] + s.token_ids, mask, float(adv[i][j])))
         seqs.sort(key=lambda t: -len(t[0]))
-        mbs = []
-        for first in range(0, len(seqs), args.micro_batch):
-            part = seqs[first : first + args.micro_batch]
+        groups = -(-len(seqs) // args.micro_batch)
+        cap = args.micro_batch * max(args.max_prompt_len + args.max_response_len, len(seqs[0][0]))
+        sizes = data.least_padded_split([len(ids) for ids, _, _ in seqs], groups, cap)
+        mbs, first = [], 0
+        for size in sizes:
+            part, first = seqs[first : first + size], first + size
             batch = data.collate([(ids, mask) for ids, mask, _ in part], pad_id, device)
             adv_tok = torch.tensor([a for _, mask, a in part for _ in range(sum(mask))])   # [N]
             mbs.append(MicroBatch(batch, adv_tok.to(device)))
@@ -386,6 +390,14 @@ def step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norm
 # ================================================================================================
 # The loop
 # ================================================================================================
+def check_world(args, world):
+    """Refuses a GPU count that does not divide the mini-batch (or a mini-batch that does not divide
+    the step's prompts)."""
+    if args.prompts_per_step % args.mini_batch or args.mini_batch % world:
+        raise SystemExit(f"--prompts_per_step {args.prompts_per_step} must be a multiple of "
+                         f"--mini_batch {args.mini_batch}, and that of the ranks ({world})")
+
+
 def train(args, device, reward_fn=None):
     """GRPO in an initialised process group. reward_fn(samples, examples) -> (rewards, failures)
     defaults to math_reward. Returns the log records (every rank computes them)."""
@@ -394,9 +406,7 @@ def train(args, device, reward_fn=None):
             return math_reward(samples, examples, args.reward, args.grader_timeout,
                                args.grader_workers)
     rank, world = dist.get_rank(), dist.get_world_size()
-    if args.prompts_per_step % args.mini_batch or args.mini_batch % world:
-        raise SystemExit(f"--prompts_per_step {args.prompts_per_step} must be a multiple of "
-                         f"--mini_batch {args.mini_batch}, and that of the ranks ({world})")
+    check_world(args, world)
     bf16 = args.bf16 and device.type == "cuda"
     out_dir = Path(args.out_dir)
     stop = StopSignal()                      # SIGTERM / Ctrl-C: finish the step, save, leave

@@ -123,6 +123,13 @@ class Args:
                              f"passes its horizon)")
 
 
+def check_world(args, world):
+    """Refuses, before anything is loaded, a GPU count that does not divide the global batch."""
+    if args.global_batch % world:
+        raise SystemExit(f"--global_batch {args.global_batch} is not divisible by the number of GPUs "
+                         f"(ranks), {world}")
+
+
 # settings a resumed run may change: they change nothing it computes (run_dir.claim checks the rest)
 MAY_CHANGE_ON_RESUME = {"out_dir", "max_steps", "save_every", "keep_last", "log_every", "loggers",
                         "loss_chunk", "grad_ckpt", "offload", "dist_timeout_min"}
@@ -387,6 +394,7 @@ def main():
     args, user_loss_cfg = parse_config(Args, cl.LossConfig)
     cfg = cl.config_for(args.loss, user_loss_cfg)
     rank, world, device = setup_distributed(args.dist_timeout_min)
+    check_world(args, world)
     stop = StopSignal()                      # SIGTERM / Ctrl-C: finish the data batch, save, leave
     args.model = resolve_model(args.model, weights=not args.scratch)   # org/name: the hub's copy
     bf16 = args.bf16 and device.type == "cuda"

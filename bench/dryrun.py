@@ -31,12 +31,14 @@ What it does not cover is listed in its output: see NOT_COVERED.
 """
 import argparse
 import collections
+import contextlib
 import dataclasses
 import json
 import os
 import runpy
 import subprocess
 import sys
+import tempfile
 import time
 import traceback
 from pathlib import Path
@@ -54,6 +56,7 @@ from torch.utils._pytree import tree_flatten  # noqa: E402
 
 import curio_loss as cl  # noqa: E402
 import memory  # noqa: E402
+import roofline  # noqa: E402
 from plumbing import models  # noqa: E402
 from plumbing.cli import parse_config, split_presets  # noqa: E402
 
@@ -92,6 +95,16 @@ def parse(argv):
                         "fields)")
     parser.add_argument("--model", help="a local model directory, or " + ", ".join(KNOWN_MODELS))
     parser.add_argument("--json", help="write the result here")
+    roofs = roofline.GPU()
+    parser.add_argument("--peak_tflops", type=float, default=roofs.bf16_tflops, help="the GPU's dense bf16 "
+                        "TFLOP/s, for the roofline estimate (H100 SXM)")
+    parser.add_argument("--hbm_tbs", type=float, default=roofs.hbm_tbs, help="its memory bandwidth, TB/s")
+    parser.add_argument("--link_gbs", type=float, default=roofs.link_gbs, help="its bandwidth to the other GPUs, "
+                        "GB/s each way (NVLink 4)")
+    parser.add_argument("--compare_losses", nargs="+", default=[], metavar="LOSS", help="SFT: dry runs of these "
+                        "--loss values too, with the same presets and flags, and this run's ratios to them")
+    parser.add_argument("--no_confirm", action="store_true", help="when the settings do not fit: name the "
+                        "largest that does by the planner, without the dry run that confirms it")
     own, rest = parser.parse_known_args(argv)
     if own.gpus < 1:
         raise SystemExit(f"--gpus {own.gpus}: must be >= 1")
@@ -168,27 +181,44 @@ def project_site() -> str:
     return OUTSIDE
 
 
+def stand_in(func, args):
+    """What a read-back a fake tensor cannot answer (it holds no value) returns instead: a plausible value of the
+    right type and shape (1, True, every element nonzero), so that the step runs on and every read is counted."""
+    if str(func) == "aten.nonzero.default":
+        return torch.empty(args[0].numel(), args[0].dim(), dtype=torch.long, device=args[0].device)
+    dtype = args[0].dtype
+    return True if dtype == torch.bool else 1.0 if dtype.is_floating_point else 1
+
+
 class HostWatch(TorchDispatchMode):
-    """Every op that reads a CUDA value back to the host (a sync on a GPU) or makes a CPU tensor out of a CUDA one,
-    with the project's line that asked for it."""
+    """Every read of a CUDA value by the host (a sync on a GPU: .item(), .tolist(), a boolean mask, .cpu(), ...),
+    with the project's line that asked for it; `moves` are those that make a CPU tensor of a CUDA one."""
 
     def __init__(self):
         super().__init__()
         self.reads, self.moves = collections.Counter(), collections.Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch._subclasses.fake_tensor import DataDependentOutputException, DynamicOutputShapeException
+
         name = str(func)
         watched = name in HOST_READS or name in COPIES
         on_gpu = watched and any(isinstance(t, torch.Tensor) and t.device.type == "cuda"
                                  for t in tree_flatten((args, kwargs))[0])
         if on_gpu and name in HOST_READS:
             self.reads[project_site()] += 1
-        out = func(*args, **(kwargs or {}))
+        try:
+            out = func(*args, **(kwargs or {}))
+        except (DataDependentOutputException, DynamicOutputShapeException):
+            if name not in HOST_READS:
+                raise
+            out = stand_in(func, args)
         if on_gpu and name in COPIES and any(isinstance(t, torch.Tensor) and t.device.type == "cpu"
                                              for t in tree_flatten((out, args[:1]))[0]):
             site = project_site()
             if site != OUTSIDE:                          # (FSDP2's CPU offload moves gradients by design)
-                self.moves[f"{site}: {name}"] += 1
+                self.moves[site] += 1
+                self.reads[site] += 1
         return out
 
 
@@ -268,9 +298,9 @@ def gpu_shard_bytes(module) -> int:
 # ------------------------------------------------------------------------------------------------
 # One rank's steps
 # ------------------------------------------------------------------------------------------------
-def sft_steps(sft, model, teacher, base, optimizer, args, cfg, device):
+def sft_steps(sft, model, teacher, base, optimizer, args, cfg, device, roof):
     """What sft.py's loop runs for STEPS optimiser steps of MICRO_BATCHES micro-batches each, at the longest
-    sequences the preset admits. Yields after each step with its diagnostics."""
+    sequences the preset admits, each step a logging step. Yields the micro-batches' shape after each step."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
     seq = min(args.max_prompt_len + args.max_response_len, args.token_budget)
@@ -280,24 +310,30 @@ def sft_steps(sft, model, teacher, base, optimizer, args, cfg, device):
     items = [(list(range(length)), [0] + [1] * (length - 1)) for length in lengths]
     n_targets = [length - 1 for length in lengths]
     micro = [list(range(k * per_mb, (k + 1) * per_mb)) for k in range(MICRO_BATCHES)]
-    shape = {"sequences": per_mb, "seq_len": seq, "trained": per_mb * (seq - 1), "micro_batches": MICRO_BATCHES}
+    shape = {"sequences": per_mb, "seq_len": seq, "trained": per_mb * (seq - 1), "micro_batches": MICRO_BATCHES,
+             "tokens_per_step": sum(lengths)}
     for step in range(STEPS):
         batches = [sft.collate_on(ids, items, 0, device) for ids in micro]
         old_logp = [None] * len(batches)
-        if args.loss == "psft":
-            old_logp = [sft.token_log_probs(model, b, args.loss_chunk)[0] for b in batches]
+        if args.loss == "psft":                         # at the start of a data batch in sft.py: here every step
+            with roof.region("old log-probs"):
+                old_logp = [sft.token_log_probs(model, b, args.loss_chunk)[0] for b in batches]
         with unset_fake_temporarily():                  # host work in sft.py too (a CPU generator)
             weight = sft.token_weights(list(range(len(items))), n_targets, args, step)
         weights = [sft.per_token(weight, ids, n_targets, device) for ids in micro]
-        _, _, diags = sft.accumulate_gradients(model, teacher, base, batches, weights, old_logp, args, cfg, True)
+        loss, grad_norm, diags = sft.accumulate_gradients(model, teacher, base, batches, weights, old_logp,
+                                                          args, cfg, True)
+        check_float32(diags)
+        sft.read_step(loss, grad_norm, sft.cat_diags(diags))
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         if teacher is not None:                        # every teacher_every steps in sft.py: here every step
-            sft.update_teacher(teacher, model, args.teacher_mu)
-        yield shape, diags
+            with roof.region("teacher update"):
+                sft.update_teacher(teacher, model, args.teacher_mu)
+        yield shape
 
 
-def rl_steps(rl, model, optimizer, args, device, gpus):
+def rl_steps(rl, model, optimizer, args, device, gpus, roof):
     """What rl.py's loop runs after generation, for STEPS optimiser steps of MICRO_BATCHES micro-batches each:
     synthetic rollouts of the longest responses, their old log-probs, the clipped update."""
     from chunked_logits import token_log_probs
@@ -306,21 +342,22 @@ def rl_steps(rl, model, optimizer, args, device, gpus):
     prompts = max(1, -(-MICRO_BATCHES * args.micro_batch // args.rollouts))       # per rank, per step
     args = dataclasses.replace(args, mini_batch=prompts * gpus)                     # one mini-batch a step
     prompt_ids = [list(range(args.max_prompt_len))] * prompts
-    # the longest responses; every micro_batch-th a token shorter, so that the last micro-batch is padded
-    lengths = [args.max_response_len - (j % args.micro_batch == 0) for j in range(args.rollouts)]
-    samples = [[Sample(list(range(n)), "", None, None, "length") for n in lengths]] * prompts
+    # the longest responses, micro_batch - 1 of them a token shorter: the last micro-batch is padded
+    lengths = [[args.max_response_len - (i * args.rollouts + j < args.micro_batch - 1)
+                for j in range(args.rollouts)] for i in range(prompts)]
+    samples = [[Sample(list(range(n)), "", None, None, "length") for n in row] for row in lengths]
     adv = [[(j % 2) * 2.0 - 1 for j in range(args.rollouts)]] * prompts       # host floats, as rl.py's
     shape = {"sequences": args.micro_batch, "seq_len": args.max_prompt_len + args.max_response_len,
-             "trained": args.micro_batch * args.max_response_len}
+             "trained": args.micro_batch * args.max_response_len,
+             "tokens_per_step": sum(args.max_prompt_len + n for row in lengths for n in row)}
     for step in range(STEPS):
         (mbs,) = rl.micro_batches(prompt_ids, samples, adv, args, 0, device)
-        for mb in mbs:
-            mb.old_lp, mb.entropy = token_log_probs(model, mb.batch, args.loss_chunk, args.temperature)
+        with roof.region("old log-probs"):
+            for mb in mbs:
+                mb.old_lp, mb.entropy = token_log_probs(model, mb.batch, args.loss_chunk, args.temperature)
         model.reshard()
-        _, _ = rl.policy_gradients(model, mbs, args, device)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        yield shape | {"micro_batches": len(mbs)}, []
+        rl.policy_update(model, optimizer, mbs, args, device)
+        yield shape | {"micro_batches": len(mbs)}
 
 
 def allocate_shards(offload: bool):
@@ -344,8 +381,10 @@ def simulate(argv) -> dict:
     stage = stage_of(presets, own.stage)
     model_name, config = model_config(own.model, presets)
     trainer, args, cfg = stage_settings(stage, presets, rest, model_name)
+    trainer.check_world(args, own.gpus)
 
     from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.utils.flop_counter import FlopCounterMode
     from transformers import AutoModelForCausalLM
 
     kernels = collections.Counter()
@@ -358,7 +397,9 @@ def simulate(argv) -> dict:
     device = torch.device("cuda", 0)
     bf16 = args.bf16
     config._attn_implementation = "sdpa"
-    watch, t0 = HostWatch(), time.perf_counter()
+    roof = roofline.Roofline(roofline.GPU(bf16_tflops=own.peak_tflops, hbm_tbs=own.hbm_tbs, link_gbs=own.link_gbs))
+    first, watch, flops = HostWatch(), HostWatch(), FlopCounterMode(display=False)
+    t0 = time.perf_counter()
     with FakeTensorMode(allow_non_fake_inputs=True):
         with torch.device("meta"):                      # what load_full_model gives every rank but rank 0
             student = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
@@ -372,60 +413,151 @@ def simulate(argv) -> dict:
         check_sharding(model, others, bf16, home)
         optimizer = models.make_optimizer(model, args.lr, args.weight_decay, getattr(args, "adam_beta2", 0.999),
                                           device, args.offload)
-        steps = sft_steps(trainer, model, teacher, base, optimizer, args, cfg, device) if stage == "sft" \
-            else rl_steps(trainer, model, optimizer, args, device, own.gpus)
+        steps = sft_steps(trainer, model, teacher, base, optimizer, args, cfg, device, roof) if stage == "sft" \
+            else rl_steps(trainer, model, optimizer, args, device, own.gpus, roof)
         tracker = step_peak_tracker(model, optimizer)
         try:
-            with watch:
-                shape, diags_seen = next(steps)          # step 1 (the tracker's own step 1 reports a bogus peak)
-            with tracker, watch:
-                shape, diags = next(steps)
+            with charged_regions(roof, trainer, optimizer, teacher, base):
+                # step 1: FLOPs and the roofline (FlopCounterMode's module hooks keep what activation
+                # checkpointing frees: not under the tracker); step 2: memory (the tracker's own step 1
+                # reports a bogus peak) and host reads
+                with first, flops, roof:
+                    next(steps)
+                with tracker, watch:
+                    shape = next(steps)
         except Exception as e:                           # what made a mismatch of devices, if a move did
-            if watch.moves:
+            moves = first.moves + watch.moves
+            if moves:
                 raise DryRunFailure(f"devices: a tensor moved to the host in the step "
-                                    f"({next(iter(watch.moves))}), then {type(e).__name__}") from e
+                                    f"({next(iter(moves))}), then {type(e).__name__}") from e
             raise
-        diags_seen += diags
         peak_snapshot = tracker.get_tracker_snapshot("peak")[device]
-        peak_tracked = peak_snapshot["Total"]
         resident_others = sum(gpu_shard_bytes(m) for m in others.values())
         check_optimizer(optimizer, home)
-    seconds = time.perf_counter() - t0
-    check_float32(diags_seen)
-    if watch.moves:
-        site, n = watch.moves.most_common(1)[0]
-        raise DryRunFailure(f"devices: a tensor moved to the host in the step ({n}x at {site})")
+        weights = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
     if not kernels or kernels["math"]:
         raise DryRunFailure(f"attention: {dict(kernels) or 'no SDPA call'}: the math fallback keeps [B, H, T, T] "
                             f"scores (eager attention, or inputs no fused kernel takes)")
+    measured = peak_snapshot["Total"] + resident_others
+    result = {"stage": stage, "model": model_name, "gpus": own.gpus, "presets": presets,
+              "loss": args.loss if stage == "sft" else args.policy_loss, "micro_batch": shape,
+              "micro_batches_per_step": shape["micro_batches"], "steps_run": STEPS}
+    result |= memory_result(config, stage, args, shape, own, measured, peak_snapshot)
+    result["attention_kernel"], result["attention_calls"] = "+".join(sorted(kernels)), dict(kernels)
+    result |= speed_result(roof, flops.get_total_flops(), weights, shape, config, watch)
+    result["seconds"] = round(time.perf_counter() - t0, 1)
+    result["not_covered"] = NOT_COVERED + (NOT_COVERED_RL if stage == "rl" else [])
+    if not result["fits"]:
+        result["fitting"] = largest_fitting(config, stage, args, shape, own, max(1.0, result["ratio"]))
+    failed = [check(result) for check in (check_memory, check_syncs)]
+    if any(failed):
+        result["failed"] = next(f for f in failed if f)
+    return result
 
-    measured = peak_tracked + resident_others
+
+@contextlib.contextmanager
+def charged_regions(roof, trainer, optimizer, teacher, base):
+    """The roofline's regions: the teacher's (or the base model's) forward and head, the optimiser's step; the
+    functions are put back on exit."""
+    def charged(fn, label):
+        def wrapper(*args, **kwargs):
+            with roof.region(label):
+                return fn(*args, **kwargs)
+        return wrapper
+
+    heads = {id(m.lm_head): label for m, label in ((teacher, "teacher logits"), (base, "base model")) if m}
+    for m, label in ((teacher, "teacher forward"), (base, "base model")):
+        if m is not None:
+            roof.watch_module(m, label)
+    saved = [(cl, "teacher_log_prob"), (trainer, "no_grad_logits"), (optimizer, "step")]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in saved if hasattr(owner, name)]
+    no_grad_logits = getattr(trainer, "no_grad_logits", None)
+    cl.teacher_log_prob = charged(cl.teacher_log_prob, "teacher loss")
+    optimizer.step = charged(optimizer.step, "optimizer")
+    if no_grad_logits:
+        trainer.no_grad_logits = lambda head, h: charged(no_grad_logits, heads.get(id(head), "student"))(head, h)
+    try:
+        yield
+    finally:
+        for owner, name, fn in saved:
+            setattr(owner, name, fn)
+
+
+def memory_result(config, stage, args, shape, own, measured, peak_snapshot) -> dict:
+    """The memory figures: the tracker's peak (measured) against bench/memory.py's plan, and the fit."""
     plan = planned(config, stage, args, shape, own)
     training = plan["phases"]["rl training" if stage == "rl" else "sft step"]
     planned_bytes = training["total_bytes"] - training["parts"].get("vllm", 0)
     limit = (1 - memory.Run.headroom) * own.gpu_gib * GIB
-    result = {
-        "stage": stage, "model": model_name, "gpus": own.gpus, "loss": args.loss if stage == "sft" else
-        args.policy_loss, "presets": presets, "micro_batch": shape,
-        "micro_batches_per_step": shape["micro_batches"],
-        "peak_gib_measured": round(measured / GIB, 3), "peak_gib_planned": round(planned_bytes / GIB, 3),
-        "ratio": round(measured / planned_bytes, 4), "gpu_gib": own.gpu_gib,
-        "peak_gib_planned_all_phases": round(plan["total_bytes"] / GIB, 3),
-        "margin_gib": round((limit - max(measured, plan["total_bytes"])) / GIB, 2),
-        "fits": max(measured, plan["total_bytes"]) <= limit, "attention_kernel": "+".join(sorted(kernels)),
-        "peak_parts_gib": {str(k): round(v / GIB, 3) for k, v in peak_snapshot.items() if v},
-        "attention_calls": dict(kernels), "host_reads": dict(watch.reads), "steps_run": STEPS,
-        "seconds": round(seconds, 1), "not_covered": NOT_COVERED + (NOT_COVERED_RL if stage == "rl" else []),
-    }
-    if abs(result["ratio"] - 1) > TOLERANCE:
-        result["failed"] = (f"memory: the tracker's peak {result['peak_gib_measured']} GiB is "
-                            f"{result['ratio']:.3f}x the planner's {result['peak_gib_planned']} GiB (allowed: "
-                            f"within {TOLERANCE:.0%}); bench/memory.py or the trainer is wrong")
-    elif not result["fits"]:
-        result["failed"] = (f"fits: {max(measured, plan['total_bytes']) / GIB:.1f} GiB per GPU (measured "
-                            f"{result['peak_gib_measured']}, planned {result['peak_gib_planned_all_phases']}) "
-                            f"does not fit {own.gpu_gib} GiB with {memory.Run.headroom:.0%} kept free")
-    return result
+    need = max(measured, plan["total_bytes"])
+    return {"peak_gib_measured": round(measured / GIB, 3), "peak_gib_planned": round(planned_bytes / GIB, 3),
+            "ratio": round(measured / planned_bytes, 4), "gpu_gib": own.gpu_gib,
+            "peak_gib_planned_all_phases": round(plan["total_bytes"] / GIB, 3),
+            "margin_gib": round((limit - need) / GIB, 2), "fits": need <= limit,
+            "peak_parts_gib": {str(k): round(v / GIB, 3) for k, v in peak_snapshot.items() if v}}
+
+
+def speed_result(roof, flops: int, weights: int, shape: dict, config, watch) -> dict:
+    """Host syncs, FLOPs and the roofline's estimate of the step (per rank), its regions and costliest ops."""
+    compute = sum(roof.seconds.values())
+    est = max(compute, roof.comm_seconds())              # FSDP overlaps the collectives with compute
+    model_flops = 6 * weights * shape["tokens_per_step"]      # 6ND: forward and backward of the tokens
+    teacher = sum(roof.seconds[r] for r in ("teacher forward", "teacher logits", "teacher loss"))
+    # one bf16 logsumexp over the step's [N, V] logits: a single read of them, at the memory's bandwidth
+    lse = shape["trained"] * shape["micro_batches"] * config.vocab_size * 2 / (roof.gpu.hbm_tbs * 1e12)
+    return {"syncs_per_step": sum(watch.reads.values()), "sync_sites": dict(watch.reads),
+            "flops_per_step": flops, "est_ms_per_step": round(est * 1e3, 2),
+            "est_ms_parts": {r: round(s * 1e3, 2) for r, s in roof.seconds.most_common()},
+            "comm_ms_est": round(roof.comm_seconds() * 1e3, 2),
+            "mfu_est": round(model_flops / (est * roof.gpu.bf16_tflops * 1e12), 3),
+            "teacher_share": round(teacher / compute, 4),
+            "teacher_loss_per_lse": round(roof.seconds["teacher loss"] / lse, 2),
+            "costliest_ops_ms": {r: roof.top_ops(r) for r in roof.seconds},
+            "gpu_roofs": dataclasses.asdict(roof.gpu)}
+
+
+def check_memory(r: dict) -> str | None:
+    if abs(r["ratio"] - 1) > TOLERANCE:
+        return (f"memory: the tracker's peak {r['peak_gib_measured']} GiB is {r['ratio']:.3f}x the planner's "
+                f"{r['peak_gib_planned']} GiB (allowed: within {TOLERANCE:.0%}); bench/memory.py or the trainer "
+                f"is wrong")
+    if not r["fits"]:
+        return (f"fits: {max(r['peak_gib_measured'], r['peak_gib_planned_all_phases']):.2f} GiB per GPU "
+                f"(measured {r['peak_gib_measured']}, planned {r['peak_gib_planned_all_phases']}) does not fit "
+                f"{r['gpu_gib']} GiB with {memory.Run.headroom:.0%} kept free")
+    return None
+
+
+def check_syncs(r: dict) -> str | None:
+    """At most one host read per optimiser step: the step's own (sft.read_step, rl.policy_update)."""
+    if r["syncs_per_step"] > 1:
+        sites = ", ".join(f"{n}x {site}" for site, n in r["sync_sites"].items())
+        return f"syncs: {r['syncs_per_step']} host reads in one optimiser step (at most 1): {sites}"
+    return None
+
+
+def largest_fitting(config, stage, args, shape, own, ratio: float) -> dict | None:
+    """When the settings do not fit: the largest SFT token budget (whole sequences of the longest length) or
+    GRPO micro-batch that does by the planner, its figure scaled by the measured/planned ratio when above 1;
+    failing that, the fewest GPUs (a power of two, at most 64) that fit. None if neither does."""
+    limit = (1 - memory.Run.headroom) * own.gpu_gib * GIB
+    seq = shape["seq_len"]
+    trained = shape["trained"] // shape["sequences"]
+    for k in range(shape["sequences"] - 1, 0, -1):
+        smaller = dict(shape, sequences=k, trained=k * trained)
+        new_args = dataclasses.replace(args, micro_batch=k) if stage == "rl" else args
+        need = planned(config, stage, new_args, smaller, own)["total_bytes"] * ratio
+        if need <= limit:
+            flag, value = ("--micro_batch", k) if stage == "rl" else ("--token_budget", k * seq)
+            return {"flag": flag, "value": value, "peak_gib_planned": round(need / GIB, 2)}
+    gpus = own.gpus * 2
+    while gpus <= 64:
+        more = argparse.Namespace(**{**vars(own), "gpus": gpus})
+        need = planned(config, stage, args, shape, more)["total_bytes"] * ratio
+        if need <= limit:
+            return {"flag": "--gpus", "value": gpus, "peak_gib_planned": round(need / GIB, 2)}
+        gpus *= 2
+    return None
 
 
 def planned(config, stage, args, shape, own) -> dict:
@@ -454,13 +586,19 @@ def describe(r: dict) -> str:
              f"{mb['seq_len']} tokens ({mb['trained']} trained), {r['seconds']} s",
              f"  peak per GPU, step 2: measured {r['peak_gib_measured']:.2f} GiB (torch's FSDPMemTracker), planned "
              f"{r['peak_gib_planned']:.2f} GiB (bench/memory.py): ratio {r['ratio']:.3f}",
-             f"  fits: {'yes' if r['fits'] else 'NO'}, margin {r['margin_gib']:+.1f} GiB below "
+             f"  fits: {'yes' if r['fits'] else 'NO'}, margin {r['margin_gib']:+.2f} GiB below "
              f"{1 - memory.Run.headroom:.0%} of the GPU"
              + (f" (the planner's generation phase: {r['peak_gib_planned_all_phases']:.1f} GiB)"
                 if r["stage"] == "rl" else ""),
              f"  attention: {r['attention_kernel']} ({sum(r['attention_calls'].values())} calls)",
-             f"  host reads in the step: {sum(r['host_reads'].values()) or 'none'}"]
-    lines += [f"    {n}x {site}" for site, n in r["host_reads"].items()]
+             f"  host reads (GPU syncs) in step 2: {r['syncs_per_step'] or 'none'}"]
+    lines += [f"    {n}x {site}" for site, n in r["sync_sites"].items()]
+    parts = ", ".join(f"{region} {ms:.0f}" for region, ms in r["est_ms_parts"].items())
+    lines += [f"  FLOPs per step: {r['flops_per_step'] / 1e12:.1f} TFLOP (torch's FlopCounterMode)",
+              f"  estimated step time: {r['est_ms_per_step'] / 1e3:.2f} s, MFU {r['mfu_est']:.0%} (a roofline "
+              f"estimate on {r['gpu_roofs']['bf16_tflops']:g} TFLOP/s, {r['gpu_roofs']['hbm_tbs']:g} TB/s: a "
+              f"lower bound on the time, not a measurement)",
+              f"    ms: {parts}; collectives {r['comm_ms_est']:.0f} (overlapped)"]
     lines.append("  not covered: " + "; ".join(r["not_covered"]))
     if r.get("failed"):
         lines.append(f"FAILED {r['failed']}")
@@ -502,10 +640,72 @@ def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if os.environ.get(sim_gpu.LIB_ENV):
         return rank_main(argv)
-    parse(argv)                                          # --help and the dry run's own errors, here
+    own, rest = parse(argv)                              # --help and the dry run's own errors, here
     library = sim_gpu.build()
     env = dict(os.environ, **{sim_gpu.LIB_ENV: str(library)})
-    return subprocess.run([sys.executable, __file__, *argv], env=env).returncode
+    with tempfile.TemporaryDirectory() as tmp:
+        def run(extra: list[str], name: str) -> tuple[int, dict]:
+            path = Path(own.json) if name == "main" and own.json else Path(tmp) / name
+            flags = rank_flags(own) + ["--json", str(path)]
+            code = subprocess.run([sys.executable, __file__, *rest, *extra, *flags], env=env).returncode
+            return code, json.loads(path.read_text()) if path.is_file() else {}
+
+        code, result = run([], "main")
+        if not result.get("stage"):
+            return code
+        for loss in own.compare_losses:
+            print(f"\n-- compared with --loss {loss} (the same presets and flags):", flush=True)
+            other_code, other = run(["--loss", loss], loss)
+            if not other.get("stage"):
+                return other_code or 1
+            result.setdefault("compare", {})[loss] = ratios(result, other)
+        fitting = result.get("fitting")
+        if fitting and not own.no_confirm:
+            print(f"\n-- the largest setting that fits by the planner, {fitting['flag']} {fitting['value']}, "
+                  f"confirmed by a dry run:", flush=True)
+            _, confirmed = run([fitting["flag"], str(fitting["value"])], "confirm")
+            fitting["confirmed"] = {k: confirmed.get(k) for k in ("fits", "peak_gib_measured", "margin_gib",
+                                                                   "est_ms_per_step", "failed")}
+        print(summary(result), flush=True)
+        if own.json:
+            Path(own.json).write_text(json.dumps(result, indent=1) + "\n")
+    return code
+
+
+def rank_flags(own) -> list[str]:
+    """The dry run's own flags for a rank's process (not --json, --compare_losses, --no_confirm)."""
+    flags = ["--gpus", str(own.gpus), "--gpu_gib", str(own.gpu_gib), "--peak_tflops", str(own.peak_tflops),
+             "--hbm_tbs", str(own.hbm_tbs), "--link_gbs", str(own.link_gbs)]
+    flags += ["--stage", own.stage] if own.stage else []
+    return flags + (["--model", own.model] if own.model else [])
+
+
+def ratios(r: dict, other: dict) -> dict:
+    """This run's FLOPs, estimated time and peak memory over another's."""
+    return {"flops_ratio": round(r["flops_per_step"] / other["flops_per_step"], 3),
+            "est_ms_ratio": round(r["est_ms_per_step"] / other["est_ms_per_step"], 3),
+            "peak_ratio": round(r["peak_gib_measured"] / other["peak_gib_measured"], 3),
+            "other": {k: other[k] for k in ("flops_per_step", "est_ms_per_step", "mfu_est", "peak_gib_measured")}}
+
+
+def summary(r: dict) -> str:
+    """The comparison's ratios and the fitting setting, after the runs' own reports."""
+    lines = []
+    for loss, c in r.get("compare", {}).items():
+        lines.append(f"{r['loss']} / {loss}: FLOPs {c['flops_ratio']:.3f}x, estimated time {c['est_ms_ratio']:.3f}x, "
+                     f"peak memory {c['peak_ratio']:.3f}x; teacher side {r['teacher_share']:.0%} of the step")
+    fitting = r.get("fitting")
+    if not r["fits"]:
+        if fitting is None:
+            lines.append("does not fit, and no smaller micro-batch or more GPUs (up to 64) would by the planner: "
+                         "try --offload or shorter --max_response_len")
+        else:
+            done = fitting.get("confirmed") or {}
+            verdict = ("confirmed: fits, margin " + f"{done['margin_gib']:+.2f} GiB" if done.get("fits")
+                       else f"not confirmed: {done.get('failed')}" if done else "not confirmed (--no_confirm)")
+            lines.append(f"does not fit; {fitting['flag']} {fitting['value']} does by the planner "
+                         f"({fitting['peak_gib_planned']} GiB), {verdict}")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

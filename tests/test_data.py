@@ -1,6 +1,10 @@
 """Tests for data.py: prompt, loaders, loss mask, micro-batch plan, collate, toy tokenizer."""
+import itertools
 import json
 import random
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -398,3 +402,42 @@ def test_bytes_that_are_not_utf8_name_the_file_and_row(tmp_path):
     (tmp_path / "bad.json").write_bytes(b"[" + good.replace(b'"q"', b'"\xfe"') + b"]")
     with pytest.raises(ValueError, match=r"bad.json: not UTF-8"):
         data.load_examples(tmp_path / "bad.json")
+
+
+def test_least_padded_split_is_the_cheapest_split_within_the_cap():
+    """Against every split of a few sorted lengths into a fixed number of consecutive micro-batches."""
+    rng = random.Random(0)
+    for _ in range(30):
+        lengths = sorted((rng.randint(1, 50) for _ in range(rng.randint(3, 9))), reverse=True)
+        groups = rng.randint(1, len(lengths))
+        cap = rng.randint(lengths[0], 4 * lengths[0])
+
+        def cost(sizes):
+            starts = [0, *itertools.accumulate(sizes)][:-1]
+            return sum(size * lengths[s] for s, size in zip(starts, sizes))
+
+        def valid(sizes):
+            starts = [0, *itertools.accumulate(sizes)][:-1]
+            return all(size * lengths[s] <= cap for s, size in zip(starts, sizes))
+
+        every = [list(c) for c in itertools.product(range(1, len(lengths) + 1), repeat=groups)
+                 if sum(c) == len(lengths)]
+        feasible = [c for c in every if valid(c)]
+        if not feasible:
+            with pytest.raises(ValueError, match="do not split"):
+                data.least_padded_split(lengths, groups, cap)
+            continue
+        sizes = data.least_padded_split(lengths, groups, cap)
+        assert len(sizes) == groups and sum(sizes) == len(lengths) and valid(sizes)
+        assert cost(sizes) == min(cost(c) for c in feasible)
+
+
+def test_the_paper_presets_pad_under_5_percent_of_computed_tokens():
+    """bench/padding.py: long-tailed lengths (a few hundred to 8,192 tokens) through sft.py's and rl.py's own
+    micro-batch plans at the paper's presets."""
+    root = Path(__file__).resolve().parents[1]
+    done = subprocess.run([sys.executable, str(root / "bench" / "padding.py"), "--examples", "8000"], cwd=root,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    shares = [float(x) for x in re.findall(r"padding ([\d.]+)%", done.stdout)]
+    assert len(shares) == 2 and all(0 < s < 5 for s in shares), done.stdout

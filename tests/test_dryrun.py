@@ -37,11 +37,18 @@ def test_paper_presets_run_on_8_simulated_gpus_within_10_percent_of_the_plan(lib
         assert r["model"] == "Qwen/Qwen2.5-Math-7B" and r["gpus"] == 8 and r["steps_run"] == 2
         assert 0.9 <= r["ratio"] <= 1.1 and r["fits"] and r["margin_gib"] > 0, r
         assert "math" not in r["attention_kernel"] and "flash" in r["attention_kernel"], r
-        assert r["host_reads"] == {}, r["host_reads"]                  # no host sync inside the step
+        # one host read per optimiser step, the step's own, and none inside the micro-batch loop
+        assert r["syncs_per_step"] == 1 and len(r["sync_sites"]) == 1, r["sync_sites"]
+        assert list(r["sync_sites"])[0].endswith("(read_step)" if r["stage"] == "sft" else "(policy_update)")
+        assert 0.2 < r["mfu_est"] < 0.8 and r["est_ms_per_step"] > 1000 and r["flops_per_step"] > 1e15, r
         assert r["not_covered"] and "failed" not in r
-        assert "peak per GPU, step 2: measured" in out
-    assert json.loads((tmp_path / "sft_curio").read_text())["loss"] == "curio"
-    assert json.loads((tmp_path / "rl_paper").read_text())["stage"] == "rl"
+        assert "peak per GPU, step 2: measured" in out and "a roofline estimate" in out
+    curio, sft = (json.loads((tmp_path / name).read_text()) for name in ("sft_curio", "sft_baseline"))
+    assert curio["loss"] == "curio" and json.loads((tmp_path / "rl_paper").read_text())["stage"] == "rl"
+    # the paper's cost claim, 1.25x SFT's step: one teacher forward against the student's three passes
+    assert 1.2 < curio["flops_per_step"] / sft["flops_per_step"] <= 1.27
+    assert 1.2 < curio["est_ms_per_step"] / sft["est_ms_per_step"] <= 1.30
+    assert 0.15 < curio["teacher_share"] < 0.25 and sft["teacher_share"] == 0
 
 
 BREAKS = r'''
@@ -96,6 +103,31 @@ run("math_attention")
 torch.backends.cuda.enable_flash_sdp(True)
 torch.backends.cuda.enable_mem_efficient_sdp(True)
 
+curio_sft_loss = cl.curio_sft_loss                  # a host read slipped into the loss
+
+
+def item_in_the_loss(*args, **kwargs):
+    loss, diag = curio_sft_loss(*args, **kwargs)
+    print("a chunk's loss:", loss.sum().item())
+    return loss, diag
+
+
+cl.curio_sft_loss = item_in_the_loss
+run("item_in_the_loss")
+cl.curio_sft_loss = curio_sft_loss
+
+teacher_log_prob = cl.teacher_log_prob              # a wasteful teacher side: a second full-vocabulary softmax
+
+
+def wasteful(z, y, cfg=cl.LossConfig()):
+    lq, diag = teacher_log_prob(z, y, cfg)
+    return lq + 0 * torch.softmax(z.float(), -1).amax(-1), diag
+
+
+cl.teacher_log_prob = wasteful
+run("wasteful_teacher")
+cl.teacher_log_prob = teacher_log_prob
+
 plan = dryrun.memory.plan                           # the planner off by 20%
 
 
@@ -111,13 +143,20 @@ run("planner_off")
 '''
 
 
-def test_each_check_fails_when_what_it_checks_is_broken(library, tmp_path):
+def tiny_model(tmp_path) -> Path:
+    """A model directory with a config.json only: a 2-layer Qwen2 of vocabulary 8192 (the dry run reads no
+    weights)."""
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({
         "model_type": "qwen2", "architectures": ["Qwen2ForCausalLM"], "hidden_size": 256, "num_hidden_layers": 2,
         "num_attention_heads": 4, "num_key_value_heads": 2, "intermediate_size": 512, "vocab_size": 8192,
         "tie_word_embeddings": False, "max_position_embeddings": 4096}))
+    return model
+
+
+def test_each_check_fails_when_what_it_checks_is_broken(library, tmp_path):
+    model = tiny_model(tmp_path)
     argv = ["config/sft_paper.py", "--model", str(model), "--max_prompt_len", "64", "--max_response_len", "448",
             "--token_budget", "1024", "--loss_chunk", "256", "--gpus", "2"]
     env = dict(os.environ, CURIOSFT_SIM_GPU_LIB=library)
@@ -136,6 +175,33 @@ def test_each_check_fails_when_what_it_checks_is_broken(library, tmp_path):
     assert result["math_attention"]["failed"].startswith("attention: {'math'"), result["math_attention"]
     assert result["planner_off"]["failed"].startswith("memory: "), result["planner_off"]
     assert 0.8 <= result["planner_off"]["ratio"] <= 0.86
+    # the sync counter: an .item() per loss chunk, named by the line that asked for it
+    item = result["item_in_the_loss"]
+    assert intact["syncs_per_step"] == 1 and item["failed"].startswith("syncs: "), item
+    assert item["syncs_per_step"] > 2 and any("sft.py" in site and "chunk_loss" in site for site in item["sync_sites"])
+    # the roofline: the extra softmax costs the teacher side at least one more write and read of the logits
+    extra = intact["micro_batch"]["trained"] * 2 * 8192 * 4 * 2 / 3.35e12 * 1e3      # ms
+    waste = result["wasteful_teacher"]
+    assert waste["est_ms_parts"]["teacher loss"] >= intact["est_ms_parts"]["teacher loss"] + extra, waste
+    assert waste["est_ms_per_step"] > intact["est_ms_per_step"] and waste["flops_per_step"] == intact["flops_per_step"]
+
+
+def test_preflight_names_the_largest_budget_that_fits_and_confirms_it(library, tmp_path):
+    """The command users run before renting GPUs: settings that do not fit the given memory, the largest token
+    budget that does by the planner, confirmed by a second dry run, and the ratios to the SFT baseline."""
+    model = tiny_model(tmp_path)
+    out = tmp_path / "preflight.json"
+    done = subprocess.run([sys.executable, DRYRUN, "config/sft_paper.py", "--model", str(model), "--max_prompt_len",
+                           "64", "--max_response_len", "960", "--token_budget", "4096", "--loss_chunk", "256",
+                           "--gpus", "2", "--gpu_gib", "0.15", "--compare_losses", "sft", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    r = json.loads(out.read_text())
+    assert done.returncode == 1 and not r["fits"] and r["failed"].startswith("fits: "), done.stdout[-3000:]
+    assert r["fitting"]["flag"] == "--token_budget" and r["fitting"]["value"] in (1024, 2048, 3072), r["fitting"]
+    assert r["fitting"]["confirmed"]["fits"] is True, r["fitting"]
+    assert f"--token_budget {r['fitting']['value']} does by the planner" in done.stdout
+    assert "confirmed: fits" in done.stdout and "curio / sft: FLOPs" in done.stdout
+    assert r["compare"]["sft"]["flops_ratio"] > 1 and r["compare"]["sft"]["est_ms_ratio"] > 1
 
 
 def test_a_flag_sft_py_refuses_is_refused_alike(library):
@@ -145,3 +211,7 @@ def test_a_flag_sft_py_refuses_is_refused_alike(library):
     done = subprocess.run([sys.executable, DRYRUN, "config/nope.py", "--gpus", "8"], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode != 0 and "config/nope.py" in done.stderr, done.stderr[-2000:]
+    done = subprocess.run([sys.executable, DRYRUN, "config/sft_paper.py", "--gpus", "7"], cwd=ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode != 0 and "--global_batch 256 is not divisible by the number of GPUs (ranks), 7" in \
+        done.stderr, done.stderr[-2000:]

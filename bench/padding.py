@@ -1,0 +1,75 @@
+"""Benchmark (not a test): the share of computed tokens that are padding, in the trainers' own micro-batch plans,
+for long-tailed lengths like the paper's data.
+
+    python bench/padding.py [--examples 46000] [--seed 0]
+
+Lengths: prompts of 40-600 tokens; responses log-normal (median 2,000 tokens), cut to 200-8,192, as reasoning
+traces are (a few hundred tokens to the 8,192 cap, a long tail). SFT: data.plan_micro_batches over one epoch with
+the paper's preset (global batch 256, 8 GPUs, 32,768-token budget). GRPO: rl.micro_batches for one rank's share
+of a mini-batch (the paper's preset: 64 prompts x 8 rollouts per mini-batch, micro-batches of 4 sequences), over
+100 mini-batches. Padding share = padded tokens / computed tokens (micro-batch size x its longest sequence).
+"""
+import argparse
+import dataclasses
+import random
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
+import data  # noqa: E402
+import rl  # noqa: E402
+from plumbing.cli import parse_config  # noqa: E402
+
+GPUS = 8
+
+
+def response_lengths(n: int, rng: random.Random) -> list[int]:
+    return [min(8192, max(200, round(rng.lognormvariate(7.6, 0.8)))) for _ in range(n)]
+
+
+def sft_share(lengths: list[int]) -> float:
+    plan = data.plan_micro_batches(lengths, 256, 32768, GPUS, seed=0, epoch=0)
+    computed = real = 0
+    for step in plan:
+        for rank in step:
+            for mb in rank:
+                computed += len(mb) * max(lengths[i] for i in mb)
+                real += sum(lengths[i] for i in mb)
+    return 1 - real / computed
+
+
+def rl_share(rng: random.Random, minis: int) -> float:
+    (args,) = parse_config(rl.Args, argv=["config/rl_paper.py", "--model", "-", "--train_file", "-"])
+    args = dataclasses.replace(args, mini_batch=args.mini_batch // GPUS)     # one rank's prompts, world of one
+    computed = real = 0
+    for _ in range(minis):
+        prompts = [[0] * rng.randint(40, 600) for _ in range(args.mini_batch)]
+        samples = [[rl.generation.Sample([0] * n, "", None, None, "stop")
+                    for n in response_lengths(args.rollouts, rng)] for _ in prompts]
+        adv = [[0.0] * args.rollouts for _ in prompts]
+        for mb in rl.micro_batches(prompts, samples, adv, args, 0, None)[0]:
+            ids = mb.batch["input_ids"]
+            computed += ids.numel()
+            real += int(mb.batch["attention_mask"].sum())
+    return 1 - real / computed
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--examples", type=int, default=46000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    lengths = [rng.randint(40, 600) + n for n in response_lengths(args.examples, rng)]
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    torch.set_num_threads(1)
+    print(f"SFT, {args.examples} examples, one epoch: padding {sft_share(lengths):.2%} of computed tokens")
+    print(f"GRPO, 100 mini-batches of one rank: padding {rl_share(rng, 100):.2%} of computed tokens")
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()
