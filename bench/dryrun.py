@@ -1,9 +1,10 @@
-"""The dry run: sft.py's or rl.py's own training steps on simulated GPUs, at paper scale, on a CPU in about a minute.
+"""The dry run: sft.py's or rl.py's own training steps on simulated GPUs, at paper scale, on a CPU in about a minute;
+and a preflight before renting GPUs (will these settings fit, how long will a step take).
 
     python bench/dryrun.py config/sft_paper.py --gpus 8 --json out/dryrun/sft_curio.json
-    python bench/dryrun.py config/sft_paper.py --loss sft --gpus 8
+    python bench/dryrun.py config/sft_paper.py --gpus 8 --compare_losses sft
     python bench/dryrun.py config/rl_paper.py --gpus 8
-    python bench/dryrun.py config/sft_paper.py config/sft_small.py --gpus 1
+    python bench/dryrun.py config/sft_paper.py config/sft_small.py --gpus 1 --gpu_gib 39.4
 
 Presets and flags are sft.py's or rl.py's (the stage comes from the presets, or --stage); --model takes a local model
 directory or a hub id whose shapes the project knows (Qwen/Qwen2.5-Math-7B, Qwen/Qwen2.5-Math-1.5B; no weights are
@@ -14,19 +15,24 @@ tensors (shapes, dtypes and devices, no data) on `cuda`, with the fake process g
 It runs what that rank runs, with the trainers' own functions: the model built from its config.json and sharded by
 sft.shard_models / plumbing.models.shard_model (FSDP2, bf16 compute over float32 master weights, activation
 checkpointing, the teacher or base model), the optimiser from plumbing.models.make_optimizer, then two optimiser steps
-of two micro-batches each (the longest sequences the preset admits, every response token trained): for SFT
-sft.accumulate_gradients (forward, loss, backward, clipping; PSFT's old log-probs first), optimizer.step and
-sft.update_teacher; for GRPO rl.micro_batches, the old log-probs (chunked_logits.token_log_probs) and
-rl.policy_gradients, then optimizer.step. It fails, in one line naming the place, unless:
+of two micro-batches each (the longest sequences the preset admits, every response token trained, one micro-batch
+padded), each a logging step: for SFT sft.accumulate_gradients (forward, loss, backward, clipping; PSFT's old
+log-probs first), sft.read_step, optimizer.step and sft.update_teacher; for GRPO rl.micro_batches, the old log-probs
+(chunked_logits.token_log_probs) and rl.policy_update. It fails, in one line naming the place, unless:
   sharding   every parameter is a sharded DTensor on cuda in float32, computed in bf16 (the preset's), the teacher
              (or base) sharded alike; the optimiser is the fused AdamW with its states on cuda
   float32    the per-token losses' diagnostics (log-probs, entropies, temperatures) are float32 or wider
-  devices    no CPU tensor meets a CUDA tensor in the step, and nothing moves to the host
+  devices    no CPU tensor meets a CUDA tensor in the step
+  syncs      at most one value read back to the host (a GPU sync) per optimiser step: the step's own
   attention  every attention call runs flash or memory-efficient attention, never the math fallback
   memory     the step-2 peak of torch's own tracker (FSDPMemTracker) is within 10% of bench/memory.py's plan for the
              same shapes
-  fits       both figures fit the GPU (--gpu_gib) with the planner's headroom kept free
-It also reads every value the step reads back to the host (a device-to-host sync on a GPU) and the line that asks.
+  fits       both figures fit the GPU (--gpu_gib) with the planner's headroom kept free; if not, it names the
+             largest token budget (GRPO: micro-batch; else GPU count) that fits by the planner, and confirms it
+             with a second dry run
+It reports the host reads with the lines that ask for them, FLOPs per step (FlopCounterMode), and a roofline estimate
+of the step's time and MFU on the GPU given by --peak_tflops, --hbm_tbs (bench/roofline.py: a lower bound on the
+time, never a measurement), by region (student, teacher forward, logits and loss, optimiser) with the costliest ops.
 What it does not cover is listed in its output: see NOT_COVERED.
 """
 import argparse
@@ -69,7 +75,7 @@ KNOWN_MODELS = {"Qwen/Qwen2.5-Math-7B": "Qwen2.5-Math-7B", "Hao0oWang/Qwen2.5-Ma
 SMALL_PRESETS = ("sft_small.py", "rl_small.py")       # layered on a paper preset: the 1.5B model
 NOT_COVERED = [
     "rank 0's reading of the weights and their broadcast to the shards (plumbing.models.broadcast_weights)",
-    "the loop's one host read per optimiser step (the loss and gradient norm) and the stop-signal check",
+    "the stop-signal check (an all-reduce and a read at the end of each data batch)",
     "rank 0's gathering and summary of the logged diagnostics (gather_object, .item())",
     "checkpoint writing and resuming (torch.distributed.checkpoint, safetensors)",
     "kernel speed, NCCL and its buffers, the CUDA context and the allocator's fragmentation",
