@@ -81,6 +81,8 @@ NOT_COVERED = [
     "kernel speed, NCCL and its buffers, the CUDA context and the allocator's fragmentation",
     "numerics on a GPU (fake tensors hold no values: bf16 rounding, NaN, the loss's values)",
 ]
+NOT_COVERED_OFFLOAD = ("with --offload, the estimated time leaves out the optimiser step on the CPU and the copies "
+                       "between host and GPU (their GiB are reported)")
 NOT_COVERED_RL = ["vLLM: its memory share, sleep/wake, the weight sync and generation (rollouts here are synthetic)",
                   "grading the rollouts (math-verify runs on the host)"]
 
@@ -452,7 +454,8 @@ def simulate(argv) -> dict:
     result["attention_kernel"], result["attention_calls"] = "+".join(sorted(kernels)), dict(kernels)
     result |= speed_result(roof, flops.get_total_flops(), weights, shape, config, watch)
     result["seconds"] = round(time.perf_counter() - t0, 1)
-    result["not_covered"] = NOT_COVERED + (NOT_COVERED_RL if stage == "rl" else [])
+    result["not_covered"] = NOT_COVERED + (NOT_COVERED_RL if stage == "rl" else []) + (
+        [NOT_COVERED_OFFLOAD] if args.offload else [])
     if not result["fits"]:
         result["fitting"] = largest_fitting(config, stage, args, shape, own, max(1.0, result["ratio"]))
     failed = [check(result) for check in (check_memory, check_syncs)]
@@ -515,6 +518,7 @@ def speed_result(roof, flops: int, weights: int, shape: dict, config, watch) -> 
             "flops_per_step": flops, "est_ms_per_step": round(est * 1e3, 2),
             "est_ms_parts": {r: round(s * 1e3, 2) for r, s in roof.seconds.most_common()},
             "comm_ms_est": round(roof.comm_seconds() * 1e3, 2),
+            "host_copy_gib": round(roof.host_copy_bytes / GIB, 2),
             "mfu_est": round(model_flops / (est * roof.gpu.bf16_tflops * 1e12), 3),
             "teacher_share": round(teacher / compute, 4),
             "teacher_loss_per_lse": round(roof.seconds["teacher loss"] / lse, 2),
@@ -604,7 +608,9 @@ def describe(r: dict) -> str:
               f"  estimated step time: {r['est_ms_per_step'] / 1e3:.2f} s, MFU {r['mfu_est']:.0%} (a roofline "
               f"estimate on {r['gpu_roofs']['bf16_tflops']:g} TFLOP/s, {r['gpu_roofs']['hbm_tbs']:g} TB/s: a "
               f"lower bound on the time, not a measurement)",
-              f"    ms: {parts}; collectives {r['comm_ms_est']:.0f} (overlapped)"]
+              f"    ms: {parts}; collectives {r['comm_ms_est']:.0f} (overlapped)"
+              + (f"; host <-> GPU copies {r['host_copy_gib']:.1f} GiB (not in the estimate)"
+                 if r["host_copy_gib"] else "")]
     lines.append("  not covered: " + "; ".join(r["not_covered"]))
     if r.get("failed"):
         lines.append(f"FAILED {r['failed']}")

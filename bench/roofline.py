@@ -6,7 +6,8 @@ formulas torch.utils.flop_counter.FlopCounterMode uses (matmuls and attention; a
 work of the full one that FlopCounterMode counts), its bytes every tensor it reads and writes (views move none;
 an op that allocates without writing, none). Eager PyTorch launches one kernel per op, so the sum over the ops is
 the step's compute time on an ideal GPU: a lower bound, since no kernel reaches the roof. Collectives (FSDP's
-all-gathers and reduce-scatters) are costed apart, on the links: FSDP overlaps them with compute.
+all-gathers and reduce-scatters) are costed apart, on the links: FSDP overlaps them with compute. Work on the CPU
+(an offloaded optimiser step) and copies between host and GPU are left out; the copies' bytes are counted.
 Each op is charged to the region open when it ran (Roofline.region, Roofline.watch_module): the teacher's forward,
 the teacher's head, the optimiser, ...; "student" otherwise (its backward included).
 """
@@ -23,6 +24,7 @@ MATMULS = {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm"}
 ATTENTION = {"aten._scaled_dot_product_flash_attention", "aten._scaled_dot_product_efficient_attention",
              "aten._scaled_dot_product_flash_attention_backward",
              "aten._scaled_dot_product_efficient_attention_backward"}
+COPIES = {"aten._to_copy", "aten.copy_", "aten._copy_from", "aten._copy_from_and_resize"}
 NO_DATA = {"aten._unsafe_view", "aten.alias", "aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty", "aten.new_empty_strided",
            "aten.detach", "aten.lift_fresh", "aten.set_", "aten.resize_", "aten.record_stream"}
 
@@ -63,7 +65,7 @@ class Roofline(TorchDispatchMode):
         self.flops = collections.Counter()
         self.bytes = collections.Counter()
         self.by_op = collections.Counter()              # (region, op): seconds
-        self.comm_bytes = 0
+        self.comm_bytes = self.host_copy_bytes = 0
 
     @contextlib.contextmanager
     def region(self, label: str):
@@ -110,6 +112,12 @@ class Roofline(TorchDispatchMode):
         out = func(*args, **(kwargs or {}))
         if func.namespace in ("c10d", "_c10d_functional"):           # a collective: on the links
             self.comm_bytes += sum(_bytes(t) for t in _tensors(out) or _tensors(args))
+            return out
+        devices = {t.device.type for t in _tensors((args, kwargs)) + _tensors(out)}
+        if "cuda" not in devices:                 # the CPU's work (an offloaded optimiser step): not the GPU's
+            return out
+        if "cpu" in devices and str(func.overloadpacket) in COPIES:   # host <-> GPU: over PCIe, costed apart
+            self.host_copy_bytes += sum(_bytes(t) for t in _tensors(out) or _tensors(args))
             return out
         seconds, flops, moved = self.op_cost(func, args, kwargs, out)
         if seconds:
