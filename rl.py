@@ -420,6 +420,10 @@ def train(args, device, reward_fn=None):
     train_data = {**run_dir.file_identity(args.train_file), "rows": rows} if rank == 0 else None
     run_dir.claim(out_dir, asdict(args), MAY_CHANGE_ON_RESUME,
                   resuming=checkpoints.latest(out_dir) is not None, data=train_data)
+    if run_dir.completed(out_dir, args.steps) is not None:        # its own record: nothing is loaded
+        print0(f"{out_dir}: complete at step {args.steps} of {args.steps}; nothing to train")
+        run_dir.release()
+        return []
     resume_from = checkpoints.resume_point(out_dir)
     # the engine first: vLLM's share of the GPU must be free when it starts
     engine, _ = generation.rollout_engine(
@@ -511,6 +515,8 @@ def train(args, device, reward_fn=None):
             print0(f"saved {path}")
         if stopping:
             run_dir.leave_after_signal(out_dir, step, stop.name, log)
+    if step == args.steps and last_saved == step:
+        run_dir.mark_complete(out_dir, step)
     if log is not None:
         log.close()
     run_dir.release()

@@ -409,6 +409,11 @@ def main():
                   resuming=checkpoints.latest(out_dir) is not None, data=train_data)
     batches_per_epoch = len(dataset) // args.global_batch
     total_steps = args.epochs * batches_per_epoch * args.updates_per_batch
+    last_steps = total_steps if args.max_steps == -1 else min(args.max_steps, total_steps)
+    if run_dir.completed(out_dir, last_steps) is not None:       # its own record: nothing is loaded
+        print0(f"{out_dir}: complete at step {last_steps} of {last_steps}; nothing to train")
+        run_dir.release()
+        shutdown()
     model, teacher, base = load_models(args, device, bf16)
     optimizer = make_optimizer(model, args.lr, args.weight_decay, args.adam_beta2, device,
                                args.offload)
@@ -422,7 +427,6 @@ def main():
         position = checkpoints.restore(resume_from, model, optimizer, teacher)
         step, epoch, batch_idx = position["step"], position["epoch"], position["batch_idx"]
         print0(f"resumed from {resume_from} at step {step} (epoch {epoch}, batch {batch_idx})")
-    last_steps = total_steps if args.max_steps == -1 else min(args.max_steps, total_steps)
     log = None
     if rank == 0:
         log = run_dir.RunLog(out_dir, step, last_steps, "sft", args.loggers, settings)
@@ -498,6 +502,8 @@ def main():
             break
     if last_saved != step:
         save()
+    if step == last_steps:
+        run_dir.mark_complete(out_dir, step)
     if log is not None:
         log.close()
     run_dir.release()

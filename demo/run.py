@@ -35,7 +35,8 @@ ROOT = Path(__file__).resolve().parents[1]  # the repository root: the stage scr
 sys.path.insert(0, str(ROOT))
 import data  # noqa: E402
 from demo import toy  # noqa: E402
-from plumbing import checkpoints  # noqa: E402
+from plumbing import checkpoints, run_dir  # noqa: E402
+from plumbing.distributed import STOPPED_EXIT  # noqa: E402
 PY = sys.executable
 
 # Everything that differs between the CI smoke run and the demo proper.
@@ -95,22 +96,34 @@ def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "", ev
            "PYTHONUNBUFFERED": "1"}  # the stage's lines arrive as they are printed, not at exit
     t0 = shown = time.time()
     log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "w") as f:
+    last = ""
+    with open(log, "a") as f:                      # (an interrupted stage's log goes on when it resumes)
         # text mode reads tqdm's "\r" updates as lines too
         proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
-        for line in proc.stdout:
-            f.write(line)
-            line = line.strip()
-            if line and time.time() - shown >= every_s:
-                shown = time.time()
-                print(f"[{name}] {shown - t0:4.0f}s  {progress_text(line, steps, shown - t0)}", flush=True)
+        try:
+            for line in proc.stdout:
+                f.write(line)
+                last = line.strip() or last
+                if last and time.time() - shown >= every_s:
+                    shown = time.time()
+                    print(f"[{name}] {shown - t0:4.0f}s  {progress_text(last, steps, shown - t0)}", flush=True)
+        except KeyboardInterrupt:                  # Ctrl-C reached the stage too: it saves and says so
+            for line in proc.stdout:
+                f.write(line)
+                last = line.strip() or last
         proc.wait()
+    if proc.returncode in (STOPPED_EXIT, -2, 130):    # stopped by the signal (saved, or not yet started)
+        raise StageStopped(f"[{name}] {last}")
     if proc.returncode != 0:
         sys.stdout.write(log.read_text()[-4000:])
         raise SystemExit(f"stage {name} failed (exit {proc.returncode}): see {log}")
     print(f"[{name}] done in {time.time() - t0:.0f}s (log: {log})", flush=True)
     return time.time() - t0
+
+
+class StageStopped(Exception):
+    """A stage's process stopped by Ctrl-C or SIGTERM; its last line says what it saved."""
 
 
 def progress_text(line: str, steps: int | None, elapsed: float) -> str:
@@ -277,7 +290,7 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
     test_rows = [json.loads(line) for line in test_file.read_text().splitlines()]
 
     def sft(name: str, model: Path, train_file: Path, loss: str, extra: list, threads: int = THREADS) -> Path:
-        if checkpoints.latest(runs / name) is None:
+        if run_dir.completed(runs / name) is None:     # not run, or interrupted: sft.py resumes it
             n_rows = len(train_file.read_text().splitlines())
             steps = flag(extra, "--epochs", 1) * (n_rows // flag(extra, "--global_batch", 8))
             seconds[name] = run_stage([PY, "sft.py", "config/sft_tiny.py", "--model", model, "--train_file",
@@ -300,7 +313,7 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
         ckpts[loss] = sft(loss, ckpts["base"], expert_file, loss, size["sft"])
         evaluate(loss)
         name = f"{loss}+grpo"
-        if checkpoints.latest(runs / name) is None:
+        if run_dir.completed(runs / name) is None:
             seconds[name] = run_stage([PY, "rl.py", "config/rl_tiny.py", "--model", ckpts[loss], "--train_file",
                                        rl_file, "--out_dir", runs / name, "--save_every", "0", "--grader_workers", "1",
                                        "--system_prompt", "row", *seed_flag, *size["rl"]],
@@ -317,6 +330,13 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
     t0, ran_before = time.time(), len(seconds)
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         futures = [pool.submit(evaluate, "base")] + [pool.submit(branch, loss) for loss in SFT_LOSSES]
+        try:
+            concurrent.futures.wait(futures)
+        except KeyboardInterrupt:                  # the stages got it too: they save and stop
+            concurrent.futures.wait(futures)
+        stopped = [str(f.exception()) for f in futures if isinstance(f.exception(), StageStopped)]
+        if stopped:
+            raise StageStopped("; ".join(stopped))
         for future in futures:
             future.result()  # a failed stage raises here
     if len(seconds) > ran_before:  # something ran: the wall-clock time of stages 3-5, side by side
@@ -606,6 +626,17 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=4, help="stages 3-5 run this many at a time (one thread each)")
     a = ap.parse_args()
     t0, out = time.time(), Path(a.out).resolve()
+    try:
+        run(a, out)
+    except (StageStopped, KeyboardInterrupt) as e:
+        what = str(e) if isinstance(e, StageStopped) else "between stages"
+        raise SystemExit(f"demo stopped: {what}. The same command resumes it: finished stages are kept, an "
+                         f"interrupted one goes on from its last checkpoint") from None
+    print(f"{a.size} demo: {time.time() - t0:.0f}s", flush=True)
+
+
+def run(a, out: Path) -> None:
+    """Every seed's stages, then the tables and plots."""
     if a.seeds:
         metrics = [run_seed(SIZES[a.size], out / f"seed_{s}", s, a.jobs) for s in a.seeds]
         evals = [out / f"seed_{s}" / "eval" for s in a.seeds]
@@ -614,7 +645,6 @@ def main() -> None:
         metrics = [run_seed(SIZES[a.size], out, a.seed, a.jobs)]
         evals, by_seed = [out / "eval"], None
     report(metrics, compare_all(evals, out), out, by_seed)
-    print(f"{a.size} demo: {time.time() - t0:.0f}s", flush=True)
 
 
 if __name__ == "__main__":

@@ -197,6 +197,12 @@ def run_script(main) -> None:
         rank = f"[rank {dist.get_rank()}] " if dist.is_initialized() and dist.get_world_size() > 1 else ""
         print(f"{rank}{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
         _exit(1)
+    except KeyboardInterrupt:                          # Ctrl-C where nothing could be saved (the trainers save
+        if os.environ.get("CURIOSFT_DEBUG") == "1":    # at the next step end; a second Ctrl-C lands here)
+            raise
+        print(f"{Path(sys.argv[0]).name}: interrupted; files are written whole or not at all: the same command "
+              f"resumes from what was saved", file=sys.stderr)
+        _exit(130)
 
 
 def _exit(code: int) -> None:

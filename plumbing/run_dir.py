@@ -111,6 +111,23 @@ def leave_after_signal(out_dir: Path, step: int, signal_name: str | None, log) -
     shutdown(STOPPED_EXIT)
 
 
+def mark_complete(out_dir: Path, step: int) -> None:
+    """Rank 0, at the end of a run that reached its last step and saved it: the record (complete.json) that says
+    the run is done, which a rerun and the demo read instead of guessing from the checkpoints."""
+    if dist.get_rank() == 0:
+        write_atomic(out_dir / "complete.json", json.dumps({"step": step}) + "\n")
+
+
+def completed(out_dir: Path, last_step: int | None = None) -> int | None:
+    """The step at which the run in out_dir completed (reached its planned last step, `last_step` if given, and
+    saved it), or None: not run, interrupted, or planned to a different last step."""
+    try:
+        step = json.loads((Path(out_dir) / "complete.json").read_text())["step"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return step if last_step is None or step == last_step else None
+
+
 def file_identity(path) -> dict:
     """What identifies a data file beyond its path: its sha256 and (given by the caller) its rows."""
     return {"file": str(path), "sha256": file_sha256(path)}

@@ -1,9 +1,14 @@
 """The CPU demo end to end (demo.py --size ci), and its progress lines and table cells."""
 import json
 import math
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
+
+import pytest
 
 import data
 from demo import decisive_token as decisive
@@ -30,13 +35,20 @@ def test_cells_show_one_seed_as_is_and_several_as_mean_and_spread():
     assert demo.over_seeds([{"x": 1}, {"x": None}, {"x": 3}], lambda m: m["x"]) == [1, 3]
 
 
-def test_demo_ci_runs_every_stage(tmp_path):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    out = tmp_path / "demo"
+@pytest.fixture(scope="module")
+def demo_ci(tmp_path_factory):
+    """The ci-size demo, uninterrupted: its output folder and the finished process."""
+    out = tmp_path_factory.mktemp("demo_ci") / "demo"
     proc = subprocess.run([sys.executable, "demo/run.py", "--size", "ci", "--out", str(out)], cwd=ROOT,
                           capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return out, proc
+
+
+def test_demo_ci_runs_every_stage(demo_ci, tmp_path):
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    out, proc = demo_ci
     world = out / "world"
     for name in ("train_pretrain", "train_expert", "train_rl", "test"):
         assert data.load_examples(world / f"{name}.jsonl")
@@ -197,3 +209,30 @@ def test_the_probes_expert_adds_two_positive_numbers_then_the_negative():
     assert decisive.first_two_then_negative([2, -5, 6, 3, 1]) == [2, 6, -5, 3, 1]      # 8 - 5: through
     assert decisive.first_two_then_negative([2, 1, 6, -9, 4]) == [2, 1, -9, 6, 4]      # 3 - 9: a dead end
     assert not toy.add_in_order(decisive.first_two_then_negative([2, 1, 6, -9, 4]))[1]
+
+
+def test_an_interrupted_demo_resumes_to_the_uninterrupted_results(demo_ci, tmp_path):
+    """Ctrl-C (SIGINT to the demo and its stages, as a terminal sends it) during the base's training and again
+    during the branches: each ends in one line saying what was saved; the same command then finishes, and the
+    metrics equal an uninterrupted run's. A finished demo run again trains nothing."""
+    out = tmp_path / "demo"
+    cmd = [sys.executable, "demo/run.py", "--size", "ci", "--out", str(out)]
+    for marker in ("[base] $", "[curio] $"):
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        for line in proc.stdout:
+            if line.startswith(marker):
+                time.sleep(2.0)                         # into the stage's work
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode != 0 and "Traceback" not in stderr + stdout, stderr[-3000:]
+        assert stderr.strip().splitlines()[-1].startswith("demo stopped: "), stderr[-3000:]
+        assert "The same command resumes it" in stderr
+    done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    got, want = (json.loads((o / "metrics.json").read_text()) for o in (out, demo_ci[0]))
+    got.pop("seconds"), want.pop("seconds")
+    assert got == want
+    again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0 and "$ " not in again.stdout, again.stdout[-3000:]        # no stage runs

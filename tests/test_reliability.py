@@ -245,6 +245,7 @@ def test_resume_refuses_other_settings_and_logs_each_step_once(tiny_model_dir, t
     log, saved = (tmp_path / "log.jsonl").read_text(), checkpoints.complete(tmp_path)
     proc = run_sft(tiny_model_dir, toy_sft_file, tmp_path, "--max_steps", "6", "--save_every", "2", "--epochs", "2")
     assert f"{tmp_path}: complete at step 6 of 6; nothing to train" in proc.stdout, proc.stdout[-2000:]
+    assert "resumed from" not in proc.stdout                 # known from its record: no model was loaded
     assert (tmp_path / "log.jsonl").read_text() == log and checkpoints.complete(tmp_path) == saved
 
 

@@ -543,7 +543,7 @@ def toy_reward_of(path):
     return sum(in_lower_quarter([s for g in out for s in g], None)[0]) / 128
 
 
-def test_grpo_raises_a_toy_reward_and_resumes_exactly(checkpoint, toy_sft_file, world_of_one, tmp_path):
+def test_grpo_raises_a_toy_reward_and_resumes_exactly(checkpoint, toy_sft_file, world_of_one, tmp_path, capsys):
     args = rl.Args(model=str(checkpoint), train_file=str(toy_sft_file), out_dir=str(tmp_path / "a"), steps=6,
                    prompts_per_step=2, rollouts=8, mini_batch=1, micro_batch=16, max_prompt_len=512,
                    max_response_len=8, lr=3e-2, top_p=1.0, bf16=False, grad_ckpt=False, loss_chunk=512,
@@ -586,6 +586,13 @@ def test_grpo_raises_a_toy_reward_and_resumes_exactly(checkpoint, toy_sft_file, 
     from safetensors.torch import load_file
     wa, wb = (load_file(tmp_path / d / "step_000006" / "model.safetensors") for d in "ab")
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+    # run again, finished: it says so from its record, loads nothing and writes nothing
+    log, _ = (tmp_path / "b" / "log.jsonl").read_text(), capsys.readouterr()
+    assert rl.train(args, world_of_one, reward_fn=in_lower_quarter) == []
+    said = capsys.readouterr().out
+    assert "complete at step 6 of 6; nothing to train" in said and "resumed from" not in said, said
+    assert (tmp_path / "b" / "log.jsonl").read_text() == log and json.loads(
+        (tmp_path / "b" / "complete.json").read_text()) == {"step": 6}
 
 
 # ---------------------------------------------------------------- the command line
