@@ -13,6 +13,7 @@ Each finished benchmark is kept under OUT/progress/: a rerun with the same setti
 of sampling it again. Sampling (vLLM or HF generate), grading, tables and plots are plumbing/; this
 file is what is measured. python evaluate.py --help lists the flags.
 """
+import difflib
 import hashlib
 import itertools
 import json
@@ -40,7 +41,7 @@ from plumbing.distributed import print0, setup_distributed, shutdown
 from plumbing.generation import ENGINES, Engine, Sample, encode, engine_kind, generate, load_engine
 from plumbing.grading import GRADING_MODES, answer_kind, grade, graded_text, ground_truth_unparsable
 from plumbing.models import check_model_dir, resolve_model
-from plumbing.run_dir import lock_dir, release, write_atomic
+from plumbing.run_dir import drop_if_empty, lock_dir, release, write_atomic
 
 
 @dataclass
@@ -70,8 +71,9 @@ class Args:
     """longest response in tokens (App. E)"""
     max_prompt_len: int = 1024
     """longer prompts (chat template included) are left out and counted per benchmark (App. E)"""
-    system_prompt: Literal[SYSTEM_PROMPT_MODES] = "paper"
-    """the prompt around each question: paper | row | messages (data.example_prompt)"""
+    system_prompt: Literal[("auto", *SYSTEM_PROMPT_MODES)] = "auto"
+    """the prompt around each question: paper | row | messages (data.example_prompt); auto: what
+    the checkpoint was trained with (its run's run_config.json), else paper"""
     seed: int = 0
     """sampling seed"""
     limit: int = 0
@@ -156,8 +158,9 @@ class TokensArgs:
     """the example: its 0-based row in the file"""
     out: str = "out/tokens.html"
     """the page: one self-contained HTML file"""
-    system_prompt: Literal[SYSTEM_PROMPT_MODES] = "paper"
-    """the prompt around the question, as in training: paper | row | messages"""
+    system_prompt: Literal[("auto", *SYSTEM_PROMPT_MODES)] = "auto"
+    """the prompt around the question: paper | row | messages; auto: what the checkpoint was
+    trained with (its run's run_config.json), else paper"""
     loss_chunk: int = 2048
     """tokens per logits chunk: the [tokens, vocab] logits exist one chunk at a time"""
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
@@ -532,7 +535,7 @@ def drop_long_prompts(benchmarks: dict[str, list[Example]], tokenizer, args: Arg
     over 1024 tokens the same way; a benchmark left with no question is left out."""
     kept, dropped = {}, {}
     for b, examples in benchmarks.items():
-        lengths = [len(encode(tokenizer, example_prompt(ex, tokenizer, args.system_prompt)))
+        lengths = [len(encode(tokenizer, example_prompt(ex, tokenizer, prompt_mode(args))))
                    for ex in examples]
         fits = [ex for ex, length in zip(examples, lengths) if length <= args.max_prompt_len]
         dropped[b] = len(examples) - len(fits)
@@ -610,7 +613,7 @@ def evaluate_benchmarks(engine: Engine, tokenizer, benchmarks: dict[str, list[Ex
     for i, (name, examples) in enumerate(benchmarks.items(), 1):
         start = time.perf_counter()
         n = args.n_mmlu_pro if name.startswith("mmlu_pro") else args.n_samples
-        prompts = [example_prompt(ex, tokenizer, args.system_prompt) for ex in examples]
+        prompts = [example_prompt(ex, tokenizer, prompt_mode(args)) for ex in examples]
         path = progress_dir / progress_file_name(name) if progress_dir is not None else None
         key = _progress_key(args, examples, prompts) if path is not None and rank == 0 else None
         saved = [_load_progress(path, key) if key is not None else None]
@@ -667,6 +670,30 @@ def warn_about_grading(name: str, unparsable: list[int], failures: int, grading:
                f"--grader-timeout): each scores 0")
 
 
+def trained_system_prompt(model: str, given: str) -> str:
+    """--system_prompt as it applies to this checkpoint: auto is what its training run recorded
+    (run_config.json beside it or in its run directory), else paper; a given mode that differs
+    from the recorded one is used, and said."""
+    recorded = None
+    for folder in (Path(model), Path(model).parent):
+        try:
+            recorded = json.loads((folder / "run_config.json").read_text()).get("system_prompt")
+            break
+        except (OSError, ValueError, AttributeError):
+            continue
+    if given == "auto":
+        return recorded if recorded in SYSTEM_PROMPT_MODES else "paper"
+    if recorded and recorded != given:
+        print0(f"note: --system_prompt {given}, while {model} was trained with {recorded}")
+    return given
+
+
+def prompt_mode(args) -> str:
+    """args.system_prompt, auto read as paper where no checkpoint was looked at (run_eval and
+    evaluate_checkpoint put the checkpoint's own mode in its place)."""
+    return "paper" if args.system_prompt == "auto" else args.system_prompt
+
+
 def run_eval(args: Args) -> dict | None:
     """Evaluate one checkpoint; under torchrun every rank takes a block of each benchmark and
     rank 0 writes the results, which it returns (the other ranks return None)."""
@@ -697,6 +724,8 @@ def run_eval(args: Args) -> dict | None:
         return evaluate_checkpoint(args, benchmarks, rank, world, group)
     finally:
         release()
+        if rank == 0:
+            drop_if_empty(Path(args.out))              # a failed start leaves no folder behind
 
 
 def evaluate_checkpoint(args: Args, benchmarks: dict[str, list[Example]], rank: int, world: int,
@@ -704,6 +733,7 @@ def evaluate_checkpoint(args: Args, benchmarks: dict[str, list[Example]], rank: 
     """run_eval's work once OUT is held: expert entropy, engine, benchmarks, result files."""
     if rank == 0:
         verify_model_dir(args.model)                       # a damaged checkpoint stops here
+    args = replace(args, system_prompt=trained_system_prompt(args.model, args.system_prompt))
     expert = None
     if args.sft_data and rank == 0:  # HF logits; first, so that vLLM gets the memory after
         examples = load_examples(args.sft_data, require_response=True)[: args.sft_examples]
@@ -782,7 +812,9 @@ def run_tokens(args: TokensArgs, cfg: cl.LossConfig) -> dict:
     if args.row >= len(examples):
         raise ValueError(f"--row {args.row}: {args.data} has rows 0 to {len(examples) - 1}")
     example = examples[args.row]
-    student, tokenizer = load_engine(resolve_model(args.model), "hf", args.dtype)
+    args = replace(args, model=resolve_model(args.model))
+    args = replace(args, system_prompt=trained_system_prompt(args.model, args.system_prompt))
+    student, tokenizer = load_engine(args.model, "hf", args.dtype)
     teacher = None
     if args.teacher:
         teacher = load_engine(resolve_model(args.teacher), "hf", args.dtype)[0].model
@@ -798,12 +830,16 @@ def run_tokens(args: TokensArgs, cfg: cl.LossConfig) -> dict:
     summary = cl.summarize(view, cfg.alpha)        # what sft.py logs, over this example's tokens
     page = token_page.render(tokenizer, ids, mask, view, summary, cfg, {
         "model": args.model, "teacher": args.teacher or "the model itself (self-teacher)",
-        "example": f"{args.data}, row {args.row} ({example.data_source})"})
+        "example": f"{args.data}, row {args.row} ({example.data_source})",
+        "system_prompt": args.system_prompt})
     Path(args.out).absolute().parent.mkdir(parents=True, exist_ok=True)
     write_atomic(Path(args.out), page)
     print(f"{args.out}: {len(view['lp'])} response tokens; w_t {summary['w_top20']:.3f} at the top "
           f"20% teacher-entropy tokens, {summary['w_bottom80']:.3f} at the rest")
     return view
+
+
+SUBCOMMANDS = ("plot", "compare", "tokens")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -818,6 +854,11 @@ def main(argv: list[str] | None = None) -> None:
     elif argv[:1] == ["tokens"]:
         run_tokens(*parse_config(TokensArgs, cl.LossConfig, argv=argv[1:],
                                  prog="evaluate.py tokens"))
+    elif argv[:1] and not argv[0].startswith("-") and not argv[0].endswith(".py"):
+        close = difflib.get_close_matches(argv[0], SUBCOMMANDS, n=1)
+        raise SystemExit(f"evaluate.py: unknown subcommand {argv[0]!r}"
+                         + (f", did you mean {close[0]}?" if close else "")
+                         + f" (subcommands: {', '.join(SUBCOMMANDS)}; an evaluation takes flags)")
     else:
         run_eval(parse_config(Args, argv=argv, prog="evaluate.py")[0])
         if dist.is_initialized():  # torchrun: every rank done before the group goes

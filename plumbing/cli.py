@@ -4,6 +4,7 @@ Flags come from the settings dataclasses (CleanRL's habit: one field, one line o
 nanoGPT-style Python files of assignments (config/*.py), which run when they are read. User errors print one line.
 """
 import argparse
+import difflib
 import ast
 import inspect
 import math
@@ -59,7 +60,21 @@ _NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|-inf|-nan")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Keeps the usage examples of a script's docstring as written, and shows each flag's default."""
+    """Keeps the usage examples of a script's docstring as written, and shows each flag's default (none for an
+    empty one: "(default: )" says nothing)."""
+
+    def _get_help_string(self, action):
+        if action.default in ("", None, [], ()):
+            return action.help
+        return super()._get_help_string(action)
+
+
+def did_you_mean(path: str) -> str:
+    """", did you mean X?" for the closest .py file beside a mistyped preset's path, or ""."""
+    folder = Path(path).parent
+    names = [p.name for p in folder.glob("*.py")] if folder.is_dir() else []
+    close = difflib.get_close_matches(Path(path).name, names, n=1, cutoff=0.6)
+    return f", did you mean {folder / close[0]}?" if close else ""
 
 
 def split_presets(argv: list[str], classes) -> tuple[list[str], list[str]]:
@@ -106,7 +121,7 @@ def parse_config(*classes, argv=None, prog=None):
     overrides, origin = {}, {}
     for path in presets:
         if not Path(path).is_file():
-            raise SystemExit(f"preset {path}: no such file")
+            raise SystemExit(f"preset {path}: no such file{did_you_mean(path)}")
         preset = {k: v for k, v in runpy.run_path(path).items() if not k.startswith("_")}
         for old in preset.keys() & renamed.keys():
             raise SystemExit(f"preset {path}: setting {old!r} was renamed {renamed[old]!r}")

@@ -61,6 +61,12 @@ def lock_dir(out_dir: Path, what: str = "run"):
     return lock
 
 
+def drop_if_empty(out_dir: Path) -> None:
+    """Remove out_dir when a failed job left nothing in it but its lock (after release)."""
+    if out_dir.is_dir() and {p.name for p in out_dir.iterdir()} <= {".lock"}:
+        shutil.rmtree(out_dir, ignore_errors=True)
+
+
 def _claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool, data: dict | None):
     lock = lock_dir(out_dir)
     recorded_file = out_dir / "run_config.json"

@@ -184,6 +184,7 @@ def test_a_damaged_model_is_refused_by_evaluate_and_rl(model_and_tokenizer, tmp_
     bench.write_text(toy_sft_file.read_text())
     with pytest.raises(SystemExit, match=r"files do not match their digests \(model.safetensors\)"):
         ev.run_eval(ev.Args(model=str(path), data=str(bench), out=str(tmp_path / "eval"), engine="hf"))
+    assert not (tmp_path / "eval").exists()                # no folder holding only its lock
     proc = subprocess.run([sys.executable, "rl.py", "config/rl_tiny.py", "--model", str(path), "--train_file",
                            str(toy_sft_file), "--out_dir", str(tmp_path / "rl")],
                           cwd=REPO, capture_output=True, text=True, timeout=300, env=ONE_THREAD)

@@ -98,3 +98,23 @@ def test_a_second_teacher_chunking_and_bad_rows(checkpoint, peaked, tmp_path):
     with pytest.raises(ValueError, match=f"--row {len(QUESTIONS)}: .* has rows 0 to {len(QUESTIONS) - 1}"):
         ev.main(["tokens", "--model", checkpoint, "--data", str(sft), "--row", str(len(QUESTIONS))])
     assert math.isfinite(views["1000"]["summary"]["w_top20"])
+
+
+def test_the_checkpoints_own_system_prompt_is_the_default(peaked, tmp_path, capsys):
+    """A checkpoint inside a run trained with --system_prompt messages is viewed with it, unless told otherwise,
+    and then the difference is said: the page's numbers never silently come from another prompt."""
+    import shutil
+
+    ckpt = tmp_path / "run" / "step_000004"
+    shutil.copytree(peaked, ckpt)
+    (tmp_path / "run" / "run_config.json").write_text(json.dumps({"system_prompt": "messages", "lr": 1e-5}))
+    sft = _write_sft_data(tmp_path)
+    pages = {}
+    for given in ([], ["--system_prompt", "paper"]):
+        page = tmp_path / f"page{len(given)}.html"
+        ev.main(["tokens", "--model", str(ckpt), "--data", str(sft), "--row", "1", "--out", str(page), *given])
+        pages[len(given)] = page_data(page)
+    assert pages[0]["about"]["system_prompt"] == "messages" and pages[2]["about"]["system_prompt"] == "paper"
+    assert pages[0]["lp"] != pages[2]["lp"]                   # the prompt changes the numbers
+    assert f"note: --system_prompt paper, while {ckpt} was trained with messages" in capsys.readouterr().out
+    assert ev.trained_system_prompt(peaked, "auto") == "paper"     # nothing recorded: the paper's
