@@ -50,7 +50,14 @@ def chat_prompt(messages: list[dict], tokenizer=None) -> str:
     """The tokenizer's chat template applied to `messages`, ending with an opened assistant turn
     (Qwen's ChatML when the tokenizer has no template)."""
     if tokenizer is not None and tokenizer.chat_template:
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        import jinja2
+
+        try:
+            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        except jinja2.TemplateError as e:        # a broken template, or one its sandbox refused
+            where = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
+            raise ValueError(f"{where}: its chat template failed ({type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''})") from None
     return _chatml(messages)
 
 
@@ -176,6 +183,10 @@ def _parse_row(row, i: int, path: Path, require_response: bool) -> Example:
     ground_truth = str(truth)
     if not ground_truth.strip():
         raise bad("reward_model.ground_truth", "is empty")
+    if isinstance(truth, float) and not math.isfinite(truth):       # pandas' missing value, inf
+        raise bad("reward_model.ground_truth", f"is {truth}, not an answer")
+    if not _braces_nest(ground_truth):                                # "\frac{": a cut-off answer
+        raise bad("reward_model.ground_truth", f"has unbalanced braces: {ground_truth[:60]!r}")
 
     response = None
     if row.get("target") is not None or require_response:
@@ -186,6 +197,16 @@ def _parse_row(row, i: int, path: Path, require_response: bool) -> Example:
         if not response.strip():  # also catches a response that is only "<think>\n"
             raise bad("target[0].content", "is empty")
     return Example(question, ground_truth, response, data_source, i, system, messages, str(path))
+
+
+def _braces_nest(text: str) -> bool:
+    """Every { closed by a later } (LaTeX answers: \\frac{1}{2}, \\{1, 2\\})."""
+    depth = 0
+    for c in text:
+        depth += (c == "{") - (c == "}")
+        if depth < 0:
+            return False
+    return depth == 0
 
 
 def load_examples(path, require_response: bool = False) -> list[Example]:

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 import data  # noqa: E402
 from demo import toy  # noqa: E402
 from plumbing import checkpoints, run_dir  # noqa: E402
+from plumbing.report import save_png  # noqa: E402
 from plumbing.distributed import STOPPED_EXIT  # noqa: E402
 PY = sys.executable
 
@@ -519,8 +520,7 @@ def plots(metrics: list[dict], out: Path) -> list[Path]:
 
     for f, path in zip((fig, fig2, fig3, fig4), written):
         f.tight_layout()
-        f.savefig(path, dpi=110)
-        plt.close(f)
+        save_png(f, path, dpi=110)
     return written
 
 

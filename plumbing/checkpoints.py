@@ -248,10 +248,16 @@ def damaged_files(path: Path) -> list[str] | None:
 def resume_point(out_dir: Path) -> Path | None:
     """The newest complete checkpoint whose files match their digests, or None when there is none yet. A damaged
     one is skipped with a message naming its files (the previous one is used); if every one is damaged the run
-    stops rather than silently starting over. A checkpoint without digests is used, and said to be unchecked."""
+    stops rather than silently starting over. A checkpoint without digests is damaged when another of the run
+    has them (this project writes them with every checkpoint); when none has, it is used, and said unchecked."""
     done = complete(out_dir)
+    any_digests = any((path / "sha256.json").is_file() for path in done)
     for path in reversed(done):
         bad = damaged_files(path)
+        if bad is None and any_digests:
+            print0(f"checkpoint {path}: its sha256.json is missing, while the run's other checkpoints have one; "
+                   f"trying the previous one")
+            continue
         if bad is None:
             print0(f"checkpoint {path}: no sha256.json, so its files cannot be checked; resuming from it unchecked")
             return path

@@ -6,6 +6,7 @@
     plot_results    pass@k, accuracy against entropy and diversity (Figs. 1, 4), before and after RL (Table 3),
                     curves over training from sft.py and rl.py logs (Fig. 2)
 """
+import io
 import json
 from pathlib import Path
 
@@ -15,6 +16,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 
 from data import ID_BENCHMARKS, OOD_BENCHMARKS  # noqa: E402
+from plumbing.run_dir import write_atomic  # noqa: E402
 
 
 def percent(x) -> str:
@@ -198,8 +200,15 @@ def _legend(fig, axes) -> None:
 
 
 def _save(fig, path: Path) -> str:
-    path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout(rect=(0, 0.09 if fig.legends else 0, 1, 0.93 if fig.get_suptitle() else 1))  # room for both
-    fig.savefig(path, dpi=120)
+    return save_png(fig, path)
+
+
+def save_png(fig, path: Path, dpi: int = 120) -> str:
+    """The figure as a PNG, written whole or not at all (a full disk is one line, the old file kept); closed."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    buffer = io.BytesIO()
+    fig.savefig(buffer, dpi=dpi, format="png")
     plt.close(fig)
+    write_atomic(path, buffer.getvalue())
     return str(path)

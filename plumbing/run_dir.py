@@ -242,14 +242,14 @@ def settings_of(*configs) -> dict:
     return out
 
 
-def write_atomic(path: Path, text: str) -> None:
+def write_atomic(path: Path, text: str | bytes) -> None:
     """Write to a temporary name, then rename: a crash never leaves a partial file under `path` (the demo takes
     an existing results.json as a finished stage), and a full disk stops the run with one line, the file as it
     was before."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
-        tmp.write_text(text)
+        tmp.write_bytes(text) if isinstance(text, bytes) else tmp.write_text(text)
         os.replace(tmp, path)
     except OSError as e:
         if e.errno != errno.ENOSPC:

@@ -152,6 +152,9 @@ def _drop_reward_model(r):
     ("jsonl", lambda r: r["prompt"][1].update(content=123), "prompt[1].content"),
     ("jsonl", lambda r: r["prompt"][1].update(content="  "), "prompt[1].content"),
     ("jsonl", lambda r: r["reward_model"].update(ground_truth=""), "reward_model.ground_truth"),
+    ("jsonl", lambda r: r["reward_model"].update(ground_truth=float("nan")), "reward_model.ground_truth"),
+    ("json", lambda r: r["reward_model"].update(ground_truth="\\frac{"), "reward_model.ground_truth"),
+    ("parquet", lambda r: r["reward_model"].update(ground_truth="\\frac{1}2}"), "reward_model.ground_truth"),
     ("json", lambda r: r.update(prompt=[{"role": "system", "content": "sys"}]), "prompt"),
 ])
 def test_bad_row_names_file_row_and_field(tmp_path, ext, break_row, field):
@@ -442,3 +445,15 @@ def test_the_paper_presets_pad_under_5_percent_of_computed_tokens():
     assert done.returncode == 0, done.stderr[-2000:]
     shares = [float(x) for x in re.findall(r"padding ([\d.]+)%", done.stdout)]
     assert len(shares) == 2 and all(0 < s < 5 for s in shares), done.stdout
+
+
+def test_a_chat_template_that_breaks_or_escapes_its_sandbox_is_one_line(tok):
+    import copy
+
+    hostile = copy.deepcopy(tok)
+    hostile.chat_template = "{{ messages.__class__.__mro__[1].__subclasses__() }}"    # refused by jinja's sandbox
+    with pytest.raises(ValueError, match=r": its chat template failed \(SecurityError: "):
+        data.chat_prompt([{"role": "user", "content": "hi"}], hostile)
+    hostile.chat_template = "{% for m in messages %}"                                    # never closed
+    with pytest.raises(ValueError, match=r": its chat template failed \(TemplateSyntaxError: "):
+        data.chat_prompt([{"role": "user", "content": "hi"}], hostile)

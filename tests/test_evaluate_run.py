@@ -129,3 +129,22 @@ def test_torchrun_two_ranks_give_the_results_of_one_process(checkpoint, tmp_path
     assert two == one
     assert {b: m["questions"] for b, m in one[0]["benchmarks"].items()} == {"math": 2, "aime": 2, "arc_c": 1}
     assert one[0]["expert_entropy"]["tokens"] > 0
+
+
+def test_a_plot_on_a_full_disk_is_one_line_and_keeps_the_old_file(tmp_path, monkeypatch):
+    import matplotlib.pyplot as plt
+
+    from plumbing import report
+
+    target = tmp_path / "plot.png"
+    target.write_bytes(b"old")
+    real_write = Path.write_bytes
+
+    def full_disk(self, data):
+        real_write(self, data[:10])
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_bytes", full_disk)
+    with pytest.raises(SystemExit, match="plot.png: the disk is full .*: it was not written"):
+        report.save_png(plt.figure(), target)
+    assert target.read_bytes() == b"old" and [p.name for p in tmp_path.iterdir()] == ["plot.png"]

@@ -120,6 +120,14 @@ def test_a_checkpoint_without_digests_is_resumed_and_said_to_be_unchecked(model_
     assert f"checkpoint {path}: no sha256.json" in capsys.readouterr().out
 
 
+def test_a_checkpoint_that_lost_its_digests_beside_ones_that_have_them_is_not_resumed(model_and_tokenizer, tmp_path,
+                                                                                      capsys):
+    first, second = (save(*model_and_tokenizer, tmp_path, step) for step in (1, 2))
+    (second / "sha256.json").unlink()                  # its files could then hold anything: a flipped byte
+    assert checkpoints.resume_point(tmp_path) == first
+    assert f"checkpoint {second}: its sha256.json is missing" in capsys.readouterr().out
+
+
 def test_a_write_that_fills_the_disk_removes_the_checkpoint_and_says_so(model_and_tokenizer, tmp_path,
                                                                         monkeypatch):
     model, tokenizer = model_and_tokenizer
