@@ -8,6 +8,7 @@ Notes on vLLM's behaviour cite its 0.32 source files, where they were read.
 import importlib.util
 import os
 import sys
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -202,7 +203,7 @@ def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_token
     eos = _eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     device = next(model.parameters()).device
-    result = []
+    result, progress = [], Progress(len(prompts) * n, quiet=len(prompts) <= batch_size or sys.stderr.isatty())
     for start in tqdm(range(0, len(prompts), batch_size), desc="generating (hf)",
                       disable=len(prompts) <= batch_size or not sys.stderr.isatty()):
         torch.manual_seed(seed + (offset + start) * n)  # a seed per batch from its first prompt's global index
@@ -241,7 +242,28 @@ def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_token
             if row % n == 0:
                 result.append([])
             result[-1].append(sample)
+        progress.update(new.shape[0], sum(len(s.token_ids) for group in result[-len(encoded):] for s in group))
     return result
+
+
+class Progress:
+    """A line now and then (every `every` seconds, and at the end) where no progress bar can be drawn (output to a
+    file or a pipe): samples done of the total, samples/s, generated tokens/s, ETA."""
+
+    def __init__(self, total: int, quiet: bool = False, every: float = 10.0):
+        self.total, self.quiet, self.every = total, quiet, every
+        self.done = self.tokens = 0
+        self.t0 = self.shown = time.monotonic()
+
+    def update(self, samples: int, tokens: int) -> None:
+        self.done, self.tokens = self.done + samples, self.tokens + tokens
+        now = time.monotonic()
+        if self.quiet or (now - self.shown < self.every and self.done < self.total):
+            return
+        self.shown, elapsed = now, max(now - self.t0, 1e-9)
+        eta = elapsed / self.done * (self.total - self.done)
+        print(f"generating: {self.done}/{self.total} samples, {self.done / elapsed:.2f} samples/s, "
+              f"{self.tokens / elapsed:.0f} tokens/s, ETA {eta:.0f}s", flush=True)
 
 
 # ------------------------------------------------------------------------------------------------

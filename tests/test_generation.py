@@ -2,6 +2,7 @@
 engine gives them, and the prompt-length filter of the evaluation run. vLLM is a recording fake here
 (tests/fake_vllm.py): these tests check what the code asks of vLLM 0.32, not vLLM itself."""
 import json
+import re
 
 import pytest
 import torch
@@ -232,3 +233,16 @@ def test_vllm_evaluation_needs_room_for_the_longest_prompt_and_response(chat_che
     with pytest.raises(ValueError) as exc:                     # 9216 fits: it gets as far as loading vLLM
         ev.main(argv + ["--max-model-len", "9216"])
     assert "needs CUDA and the vllm package" in str(exc.value)
+
+
+def test_generation_says_how_far_it_is_where_no_bar_is_drawn(chat_checkpoint, capsys, monkeypatch):
+    """Output to a file or a pipe (as under pytest): a line with samples done, samples/s, tokens/s and ETA."""
+    engine, tok = generation.load_engine(chat_checkpoint, "hf")
+    monkeypatch.setattr(generation.Progress.__init__, "__defaults__", (False, 0.0))      # a line every batch
+    prompts = [build_prompt(q, tok) for q in QUESTIONS[:3]]
+    out = generation.generate(engine, tok, prompts, n=2, max_new_tokens=6, seed=5, batch_size=1)
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("generating: ")]
+    assert [line.split(",")[0] for line in lines] == ["generating: 2/6 samples", "generating: 4/6 samples",
+                                                     "generating: 6/6 samples"]
+    assert all(re.search(r"[\d.]+ samples/s, \d+ tokens/s, ETA \d+s$", line) for line in lines)
+    assert lines[-1].endswith("ETA 0s") and len(out) == 3
