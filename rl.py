@@ -116,6 +116,9 @@ class Args:
     """minutes a collective may wait for the slowest rank (ranks finish their rollouts apart)"""
     loggers: list[str] = ()
     """logging besides log.jsonl: wandb, tensorboard (their packages are not in requirements.txt)"""
+    log_line: Literal["compact", "full"] = "compact"
+    """the console's line per logged step: compact (step, loss, lr, grad norm, entropy, tokens/s,
+    ...) or full (every field log.jsonl gets)"""
     log_rollouts: int = 2
     """groups per step kept in rollouts.jsonl: prompt, responses, rewards, advantages (0: none)"""
 
@@ -136,8 +139,8 @@ class Args:
 
 
 # settings a resumed run may change: they change nothing it computes (run_dir.claim checks the rest)
-MAY_CHANGE_ON_RESUME = {"out_dir", "steps", "save_every", "keep_last", "loggers", "loss_chunk",
-                        "grad_ckpt", "offload", "dist_timeout_min", "engine",
+MAY_CHANGE_ON_RESUME = {"out_dir", "steps", "save_every", "keep_last", "loggers", "log_line",
+                        "loss_chunk", "grad_ckpt", "offload", "dist_timeout_min", "engine",
                         "gpu_memory_utilization", "vllm_sleep", "sync_bucket_mb", "gen_batch_size",
                         "grader_timeout", "grader_workers", "log_rollouts"}
 
@@ -420,7 +423,7 @@ def train(args, device, reward_fn=None):
     train_data = {**run_dir.file_identity(args.train_file), "rows": rows} if rank == 0 else None
     run_dir.claim(out_dir, asdict(args), MAY_CHANGE_ON_RESUME,
                   resuming=checkpoints.latest(out_dir) is not None, data=train_data)
-    if run_dir.completed(out_dir, args.steps) is not None:        # its own record: nothing is loaded
+    if run_dir.completed(out_dir, args.steps) is not None:    # its own record: nothing is loaded
         print0(f"{out_dir}: complete at step {args.steps} of {args.steps}; nothing to train")
         run_dir.release()
         return []
@@ -441,7 +444,8 @@ def train(args, device, reward_fn=None):
         print0(f"resumed from {resume_from} at step {step}")
     log, rollouts_file = None, out_dir / "rollouts.jsonl"
     if rank == 0:
-        log = run_dir.RunLog(out_dir, step, args.steps, "grpo", args.loggers, asdict(args))
+        log = run_dir.RunLog(out_dir, step, args.steps, "grpo", args.loggers, asdict(args),
+                             line=args.log_line)
         run_dir.keep_steps_upto(rollouts_file, step)      # as log.jsonl: no step twice on resume
     records, last_saved = [], step
     if step >= args.steps:                   # resumed at its end: a finished run does no work

@@ -105,6 +105,9 @@ class Args:
     """log (and measure the student's entropy) every this many optimiser steps"""
     loggers: list[str] = ()
     """logging besides log.jsonl: wandb, tensorboard (their packages are not in requirements.txt)"""
+    log_line: Literal["compact", "full"] = "compact"
+    """the console's line per logged step: compact (step, loss, lr, grad norm, entropy, tokens/s,
+    ...) or full (every field log.jsonl gets)"""
 
     def __post_init__(self):
         check_settings(
@@ -126,13 +129,13 @@ class Args:
 def check_world(args, world):
     """Refuses, before anything is loaded, a GPU count that does not divide the global batch."""
     if args.global_batch % world:
-        raise SystemExit(f"--global_batch {args.global_batch} is not divisible by the number of GPUs "
-                         f"(ranks), {world}")
+        raise SystemExit(f"--global_batch {args.global_batch} is not divisible by the number of "
+                         f"GPUs (ranks), {world}")
 
 
 # settings a resumed run may change: they change nothing it computes (run_dir.claim checks the rest)
 MAY_CHANGE_ON_RESUME = {"out_dir", "max_steps", "save_every", "keep_last", "log_every", "loggers",
-                        "loss_chunk", "grad_ckpt", "offload", "dist_timeout_min"}
+                        "log_line", "loss_chunk", "grad_ckpt", "offload", "dist_timeout_min"}
 
 
 # ================================================================================================
@@ -429,7 +432,8 @@ def main():
         print0(f"resumed from {resume_from} at step {step} (epoch {epoch}, batch {batch_idx})")
     log = None
     if rank == 0:
-        log = run_dir.RunLog(out_dir, step, last_steps, "sft", args.loggers, settings)
+        log = run_dir.RunLog(out_dir, step, last_steps, "sft", args.loggers, settings,
+                             line=args.log_line)
     last_saved = step
 
     def save():

@@ -139,14 +139,21 @@ def file_identity(path) -> dict:
     return {"file": str(path), "sha256": file_sha256(path)}
 
 
+# the console's line per logged step (--log_line compact); log.jsonl keeps every field
+COMPACT = ("step", "epoch", "loss", "lr", "grad_norm", "student_entropy_top20", "entropy", "w_top20", "reward_mean",
+           "zero_std_frac", "response_length", "tokens_per_s", "step_time_s")
+
+
 class RunLog:
     """Rank 0's log of a run. log.jsonl keeps the records of steps <= start_step from an earlier run (the steps a
     crash lost after the last checkpoint are dropped, so no step appears twice), then appends. On a terminal, a
-    progress bar with ETA; elsewhere a plain line per record with the ETA appended."""
+    progress bar with ETA; elsewhere a plain line per record with the ETA appended. The console shows the COMPACT
+    fields (line="compact") or every one (line="full")."""
 
     def __init__(self, out_dir: Path, start_step: int, total_steps: int, desc: str, loggers=(), config=None,
-                 project: str = "curiosft"):
+                 project: str = "curiosft", line: str = "compact"):
         self.path, self.start, self.total, self.t0 = out_dir / "log.jsonl", start_step, total_steps, time.monotonic()
+        self.line = line
         keep_steps_upto(self.path, start_step)
         self.file = open(self.path, "a")
         self.bar = None
@@ -164,7 +171,8 @@ class RunLog:
             if e.errno != errno.ENOSPC:
                 raise
             raise SystemExit(f"{self.path}: the disk is full: step {record['step']} could not be logged") from None
-        line = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in record.items())
+        shown = record if self.line == "full" else {k: record[k] for k in COMPACT if k in record}
+        line = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown.items())
         step = record["step"]
         if self.bar is not None:
             self.bar.update(step - self.bar.n)

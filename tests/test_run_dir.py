@@ -77,3 +77,18 @@ def test_wandb_gets_every_record_and_keeps_its_run_id(tmp_path, monkeypatch):
     fake.util.generate_id = lambda: "other"
     run_dir.RunLog(tmp_path, 1, 2, "rl", loggers=["wandb"])
     assert calls[2]["id"] == "abc123"                        # the resumed run continues the same W&B run
+
+
+def test_the_console_line_is_compact_unless_asked_for_in_full(tmp_path, capsys):
+    record = {"step": 1, "epoch": 0, "loss": 0.5, "grad_norm": 1.25, "lr": 1e-5, "w_mean": 0.98, "tau_mean": 1.3,
+              "frac_clamped_low": 0.25, "student_entropy_top20": 2.5, "tokens_per_s": 1000.0}
+    for line in ("compact", "full"):
+        (tmp_path / line).mkdir()
+        log = run_dir.RunLog(tmp_path / line, 0, 2, "sft", line=line)
+        log.write(record)
+        log.close()
+        assert json.loads((tmp_path / line / "log.jsonl").read_text()) == record     # the file keeps everything
+    compact, full = capsys.readouterr().out.splitlines()
+    assert compact.startswith("step 1 epoch 0 loss 0.5 lr 1e-05 grad_norm 1.25 student_entropy_top20 2.5 "
+                              "tokens_per_s 1000 eta ") and "tau_mean" not in compact
+    assert "tau_mean 1.3 frac_clamped_low 0.25" in full
