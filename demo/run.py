@@ -443,9 +443,9 @@ def tables(metrics: list[dict], paired: dict[str, dict] | None = None) -> str:
 
 
 def plots(metrics: list[dict], out: Path) -> list[Path]:
-    """The paper's figures for the demo: accuracy before and after RL for each SFT method (y-range zoomed on the
-    values), pass@k, the branching tokens during SFT, and the orders the samples took. Bars and points
-    are means over seeds, the error bars the min-max spread."""
+    """The paper's figures for the demo: accuracy before and after RL for each SFT method (bars from 0), pass@k,
+    the branching tokens during SFT, and the orders the samples took. Bars and points are means over seeds, the
+    error bars the min-max spread (none with one seed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -460,24 +460,26 @@ def plots(metrics: list[dict], out: Path) -> list[Path]:
         mean = sum(v) / len(v)
         return mean, (mean - min(v), max(v) - mean)
 
+    bars = dict(capsize=3) if len(metrics) > 1 else {}         # one seed: no spread, no zero-width caps
+
     written = []
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     for ax, key, title in ((axes[0], "avg", "all test questions"), (axes[1], f"avg_{fails}",
                                                                      "where the expert's order is a dead end")):
-        lows, highs = [], []
+        highs = []
         for i, loss in enumerate(SFT_LOSSES):
             for dx, name, color in ((-0.2, loss, "tab:gray"), (0.2, f"{loss}+grpo", "tab:blue")):
                 mean, err = spread(lambda m: 100 * m["models"][name][key])
-                ax.bar(i + dx, mean, width=0.4, color=color, yerr=[[err[0]], [err[1]]], capsize=3,
-                       label=("before GRPO" if dx < 0 else "after GRPO") if i == 0 else None)
+                yerr = {"yerr": [[err[0]], [err[1]]], **bars} if bars else {}
+                ax.bar(i + dx, mean, width=0.4, color=color,
+                       label=("before GRPO" if dx < 0 else "after GRPO") if i == 0 else None, **yerr)
                 ax.annotate(f"{mean:.1f}", (i + dx, mean + err[1]), ha="center", va="bottom", fontsize="small")
-                lows.append(mean - err[0])
                 highs.append(mean + err[1])
-        margin = max(2.0, 0.15 * (max(highs) - min(lows)))
-        ax.set_ylim(max(0.0, min(lows) - margin), min(100.0, max(highs) + 2 * margin))  # the differences, not 0-100
+        ax.set_ylim(0, min(100.0, max(highs) * 1.12 + 1))           # from 0: bar heights compare
         ax.set_xticks(range(len(SFT_LOSSES)), SFT_LOSSES)
         ax.set(ylabel="avg@n (%)", title=title)
-    axes[0].legend(fontsize="small")
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize="small")
+    fig.subplots_adjust(bottom=0.2)
     written.append(out / "accuracy_before_after_rl.png")
 
     k_of = sorted(int(k) for k in metrics[0]["models"]["base"][f"pass_at_k_{fails}"])
@@ -497,8 +499,8 @@ def plots(metrics: list[dict], out: Path) -> list[Path]:
         s0 = metrics[0]["sft"][loss]
         for ax, key in ((axes3[0], "entropy"), (axes3[1], "p_expert"), (axes3[2], "p_put_off")):
             pts = [spread(lambda m: m["sft"][loss]["branching"][p][key]) for p in range(len(s0["steps"]))]
-            ax.errorbar(s0["steps"], [p[0] for p in pts], yerr=[[p[1][0] for p in pts], [p[1][1] for p in pts]],
-                        marker="o", capsize=3, color=f"C{i + 1}", label=loss)
+            yerr = {"yerr": [[p[1][0] for p in pts], [p[1][1] for p in pts]], **bars} if bars else {}
+            ax.errorbar(s0["steps"], [p[0] for p in pts], marker="o", color=f"C{i + 1}", label=loss, **yerr)
     axes3[0].axhline(1.2, color="gray", linestyle=":", label="Eq. 7's pivot")
     axes3[0].set(xlabel="SFT step", ylabel="nats", title="first-number entropy (test questions)")
     axes3[1].set(xlabel="SFT step", ylabel="probability", title="P(expert's first number)")
@@ -519,9 +521,42 @@ def plots(metrics: list[dict], out: Path) -> list[Path]:
     written.append(out / "strategy_shares.png")
 
     for f, path in zip((fig, fig2, fig3, fig4), written):
-        f.tight_layout()
+        if f is not fig:                                             # (fig keeps room for its legend)
+            f.tight_layout()
         save_png(f, path, dpi=110)
     return written
+
+
+def paired_plot(paired: dict[str, dict], by_seed: list[dict] | None, out: Path) -> Path:
+    """The headline figure: each comparison's paired difference A - B in avg@n over all test questions, with its
+    95% interval (evaluate.py compare), seed by seed and pooled; 0 marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 0.9 + 0.75 * len(paired)))
+    seeds = by_seed or []
+    for row, name in enumerate(paired):
+        pooled = paired_row(paired[name])
+        for j, per_seed in enumerate(seeds):                        # small, grey, above the pooled one
+            r = paired_row(per_seed[name])
+            y = row - 0.45 + 0.35 * (j + 0.5) / len(seeds)
+            ax.errorbar(100 * r["difference"], y, xerr=[[100 * (r["difference"] - r["low"])],
+                        [100 * (r["high"] - r["difference"])]], fmt="o", color="0.6", markersize=3,
+                        label="one seed" if row == j == 0 else None)
+        ax.errorbar(100 * pooled["difference"], row, xerr=[[100 * (pooled["difference"] - pooled["low"])],
+                    [100 * (pooled["high"] - pooled["difference"])]], fmt="D", color="C0", capsize=4,
+                    label="pooled over seeds" if seeds and row == 0 else None)
+    ax.axvline(0, color="black", linewidth=0.8)
+    ax.set_yticks(range(len(paired)), list(paired))
+    ax.invert_yaxis()
+    ax.set(xlabel="A - B, avg@n over all test questions (points), 95% paired interval",
+           title="paired differences on the same questions")
+    if seeds:
+        ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
+    fig.tight_layout()
+    return Path(save_png(fig, out / "paired_differences.png", dpi=110))
 
 
 def compare_all(evals: list[Path], out: Path) -> dict[str, dict]:
@@ -611,7 +646,7 @@ def report(metrics: list[dict], paired: dict[str, dict], out: Path, by_seed: lis
     if by_seed:
         table += "\n".join(seed_table(metrics, by_seed, paired)) + "\n"
     (out / "summary.md").write_text(table)
-    written = plots(metrics, out / "plots")
+    written = [paired_plot(paired, by_seed, out / "plots"), *plots(metrics, out / "plots")]
     print(table + f"\nplots: {', '.join(str(p) for p in written)}", flush=True)
 
 

@@ -14,6 +14,7 @@ import matplotlib
 
 matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.lines import Line2D  # noqa: E402
 
 from data import ID_BENCHMARKS, OOD_BENCHMARKS  # noqa: E402
 from plumbing.run_dir import write_atomic  # noqa: E402
@@ -109,17 +110,18 @@ def plot_results(results: list[dict], out_dir: str, logs: list[str] = (), log_ke
     rows = -(-len(benchmarks) // cols)
     fig, axes = plt.subplots(rows, cols, figsize=(4 * cols, 3 * rows + 0.6), squeeze=False)
     for ax, b in zip(axes.flat, benchmarks):
-        for r in results:
+        for i, r in enumerate(results):                    # a run keeps its colour in every panel
             if b in r["benchmarks"]:
                 curve = r["benchmarks"][b]["pass_at_k"]
-                ax.plot([int(k) for k in curve], [100 * v for v in curve.values()], marker="o", label=r["name"])
+                ax.plot([int(k) for k in curve], [100 * v for v in curve.values()], marker="o", label=r["name"],
+                        color=f"C{i}")
         ax.set(title=b, xlabel="k (samples)", ylabel="pass@k (%)")
         ax.set_xscale("log", base=2)
         ks = sorted({int(k) for r in results if b in r["benchmarks"] for k in r["benchmarks"][b]["pass_at_k"]})
         ax.set_xticks(ks, [str(k) for k in ks])
     for ax in axes.flat[len(benchmarks):]:
         ax.axis("off")
-    _legend(fig, axes)
+    _legend(fig, [r["name"] for r in results], marker="o")
     fig.suptitle("pass@k: the chance that one of k samples is right (unbiased estimator)")
     written.append(_save(fig, out / "pass_at_k.png"))
 
@@ -128,10 +130,10 @@ def plot_results(results: list[dict], out_dir: str, logs: list[str] = (), log_ke
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
     for ax, key, xlabel in zip(axes, ("entropy", "diversity"), ("sampling entropy (nats per token)",
                                                                  "diversity (1 - 4-gram Jaccard similarity)")):
-        for r in results:
+        for i, r in enumerate(results):
             x, y = r["summary"][key], r["summary"][acc_key]
             if x is not None and y is not None:
-                ax.scatter(x, 100 * y)
+                ax.scatter(x, 100 * y, color=f"C{i}")
                 ax.annotate(r["name"], (x, 100 * y), fontsize="small")
         ax.set(xlabel=xlabel, ylabel=acc_label, title=f"accuracy against {key}")
     written.append(_save(fig, out / "accuracy_vs_entropy_diversity.png"))
@@ -180,23 +182,21 @@ def _curves(runs, panels, title, path) -> str:
     """One panel per (log key, title, unit), one line per run, one legend for the figure."""
     fig, axes = plt.subplots(1, len(panels), figsize=(4 * len(panels), 3.8), squeeze=False)
     for ax, (key, panel_title, unit) in zip(axes.flat, panels):
-        for name, rows in runs:
+        for i, (name, rows) in enumerate(runs):            # a run keeps its colour in every panel
             points = [(row["step"], row[key]) for row in rows if "step" in row and key in row]
             if points:
-                ax.plot(*zip(*points), label=name)
+                ax.plot(*zip(*points), label=name, color=f"C{i}")
         ax.set(xlabel="optimiser step", ylabel=f"{panel_title} ({unit})" if unit else panel_title, title=panel_title)
-    _legend(fig, axes)
+    _legend(fig, [name for name, _ in runs])
     fig.suptitle(title)
     return _save(fig, path)
 
 
-def _legend(fig, axes) -> None:
-    """One legend for the whole figure, from the first panel that has labelled lines."""
-    for ax in axes.flat:
-        handles, labels = ax.get_legend_handles_labels()
-        if handles:
-            fig.legend(handles, labels, loc="lower center", ncol=min(len(labels), 6), fontsize="small")
-            return
+def _legend(fig, names: list[str], marker: str | None = None) -> None:
+    """One legend for the whole figure: every run in its colour (C0, C1, ... by its place in `names`), whether or
+    not the first panel draws it."""
+    handles = [Line2D([], [], color=f"C{i}", marker=marker) for i in range(len(names))]
+    fig.legend(handles, names, loc="lower center", ncol=min(len(names), 6), fontsize="small")
 
 
 def _save(fig, path: Path) -> str:

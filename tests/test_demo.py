@@ -120,8 +120,11 @@ def test_demo_ci_runs_every_stage(demo_ci, tmp_path):
     for stage in ("== 1.", "== 2.", "== 3-5.", "== 6."):
         assert stage in proc.stdout
     plots = ("accuracy_before_after_rl.png", "pass_at_k.png", "entropy_during_sft.png", "strategy_shares.png")
-    for plot in plots:
+    for plot in (*plots, "paired_differences.png"):
         assert (out / "plots" / plot).stat().st_size > 0
+    paired = {f"{a} - {b}": json.loads((out / "compare" / f"{a}_vs_{b}" / "paired.json").read_text())
+              for a, b in demo.COMPARISONS}
+    assert demo.paired_plot(paired, [paired, paired], tmp_path / "seeds").name == "paired_differences.png"
     # --seeds: the same tables and plots over several seeds' metrics, as mean (min-max)
     other = json.loads(json.dumps(metrics))
     other["seeds"], other["models"]["curio"]["avg"] = [1], metrics["models"]["curio"]["avg"] + 0.5

@@ -362,3 +362,25 @@ def test_unparsable_ground_truths_and_grader_failures_are_counted_per_benchmark(
     out = capsys.readouterr().out
     assert "warning: math: math-verify cannot parse 2 ground truths (rows 1, 2): those questions score 0" in out
     assert "warning: math: 4 responses could not be graded" in out and "warning: aime" not in out
+
+
+def test_a_run_keeps_its_colour_in_every_panel_and_in_the_legend(monkeypatch):
+    """evaluate.py plot --logs a b: the first run lacks the first panel's key; the second must still be drawn in
+    its own colour there, and the legend must give each run the colour its lines have."""
+    from matplotlib.colors import to_hex
+
+    from plumbing import report
+
+    figures = []
+    monkeypatch.setattr(report, "_save", lambda fig, path: figures.append(fig) or str(path))
+    runs = [("sft", [{"step": 1, "ce": 1.0}, {"step": 2, "ce": 0.5}]),
+            ("curio", [{"step": 1, "ce": 1.2, "w_mean": 0.9}, {"step": 2, "ce": 0.6, "w_mean": 1.0}])]
+    report._curves(runs, [("w_mean", "w", ""), ("ce", "ce", "")], "t", "x.png")
+    (fig,) = figures
+    w_panel, ce_panel = fig.axes[:2]
+    colour = {line.get_label(): to_hex(line.get_color()) for line in w_panel.lines + ce_panel.lines}
+    assert [line.get_label() for line in w_panel.lines] == ["curio"] and colour["curio"] == to_hex("C1")
+    assert colour["sft"] == to_hex("C0")
+    legend = fig.legends[0]
+    assert [t.get_text() for t in legend.get_texts()] == ["sft", "curio"]
+    assert [to_hex(h.get_color()) for h in legend.legend_handles] == [to_hex("C0"), to_hex("C1")]
