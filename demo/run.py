@@ -28,6 +28,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -91,6 +92,8 @@ def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "", ev
     """Run one stage command from the repository root, echoing it. Its output goes to `log`; as lines arrive, one at
     most every every_s seconds is printed after the stage's name, for a run of `steps` steps as progress and ETA.
     Returns the seconds taken. Stages may run in parallel threads: each prints whole lines."""
+    if STOPPING.is_set():                          # Ctrl-C came: no stage starts after it
+        raise StageStopped(f"[{name}] not started")
     print(f"[{name}] $ " + " ".join(str(c) for c in cmd), flush=True)
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "TOKENIZERS_PARALLELISM": "false",
@@ -110,11 +113,13 @@ def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "", ev
                     shown = time.time()
                     print(f"[{name}] {shown - t0:4.0f}s  {progress_text(last, steps, shown - t0)}", flush=True)
         except KeyboardInterrupt:                  # Ctrl-C reached the stage too: it saves and says so
+            STOPPING.set()
             for line in proc.stdout:
                 f.write(line)
                 last = line.strip() or last
         proc.wait()
     if proc.returncode in (STOPPED_EXIT, -2, 130):    # stopped by the signal (saved, or not yet started)
+        STOPPING.set()
         raise StageStopped(f"[{name}] {last}")
     if proc.returncode != 0:
         sys.stdout.write(log.read_text()[-4000:])
@@ -124,7 +129,11 @@ def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "", ev
 
 
 class StageStopped(Exception):
-    """A stage's process stopped by Ctrl-C or SIGTERM; its last line says what it saved."""
+    """A stage's process stopped by Ctrl-C or SIGTERM (its last line says what it saved), or a stage not started
+    after one."""
+
+
+STOPPING = threading.Event()        # set by Ctrl-C: the stages running stop, no other one starts
 
 
 def progress_text(line: str, steps: int | None, elapsed: float) -> str:
@@ -334,10 +343,11 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
         try:
             concurrent.futures.wait(futures)
         except KeyboardInterrupt:                  # the stages got it too: they save and stop
+            STOPPING.set()
             concurrent.futures.wait(futures)
         stopped = [str(f.exception()) for f in futures if isinstance(f.exception(), StageStopped)]
-        if stopped:
-            raise StageStopped("; ".join(stopped))
+        if stopped or STOPPING.is_set():
+            raise StageStopped("; ".join(stopped) or "once the running stages had finished")
         for future in futures:
             future.result()  # a failed stage raises here
     if len(seconds) > ran_before:  # something ran: the wall-clock time of stages 3-5, side by side

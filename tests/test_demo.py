@@ -239,3 +239,16 @@ def test_an_interrupted_demo_resumes_to_the_uninterrupted_results(demo_ci, tmp_p
     assert got == want
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "$ " not in again.stdout, again.stdout[-3000:]        # no stage runs
+
+
+def test_no_stage_starts_after_ctrl_c(tmp_path, monkeypatch):
+    """A stage that got Ctrl-C in its last data batch may finish normally: the demo must then start nothing more
+    (the stages after it would not have seen the signal)."""
+    import threading
+
+    monkeypatch.setattr(demo, "STOPPING", threading.Event())
+    assert demo.run_stage([sys.executable, "-c", "print('ran')"], tmp_path / "a.log", name="a") >= 0
+    demo.STOPPING.set()
+    with pytest.raises(demo.StageStopped, match=r"^\[b\] not started$"):
+        demo.run_stage([sys.executable, "-c", "print('ran')"], tmp_path / "b.log", name="b")
+    assert not (tmp_path / "b.log").exists()
