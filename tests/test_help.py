@@ -63,15 +63,19 @@ def test_the_readme_names_table_names_what_rl_py_logs_and_takes():
             assert name in logged or (name.endswith(".jsonl") and f'"{name}"' in source), name
 
 
-def test_mistyped_words_get_a_suggestion_and_empty_defaults_are_not_shown():
-    def run(*argv):
-        return subprocess.run([sys.executable, *argv], cwd=REPO, capture_output=True, text=True, timeout=120)
+def test_mistyped_words_get_a_suggestion_and_empty_defaults_are_not_shown(capsys):
+    import evaluate
+    import sft
+    from plumbing.cli import parse_config
 
-    done = run("evaluate.py", "comapre", "a", "b")
-    assert done.returncode == 1 and done.stderr.strip() == (
-        "evaluate.py: unknown subcommand 'comapre', did you mean compare? (subcommands: plot, compare, tokens; an "
-        "evaluation takes flags)")
-    done = run("sft.py", "config/sft_papr.py")
-    assert done.returncode == 1 and done.stderr.strip() == (
-        "preset config/sft_papr.py: no such file, did you mean config/sft_paper.py?")
-    assert "(default: )" not in run("evaluate.py", "--help").stdout
+    with pytest.raises(SystemExit) as e:
+        evaluate.main(["comapre", "a", "b"])
+    assert e.value.code == ("evaluate.py: unknown subcommand 'comapre', did you mean compare? (subcommands: plot, "
+                            "compare, tokens; an evaluation takes flags)")
+    with pytest.raises(SystemExit) as e:
+        parse_config(sft.Args, argv=["config/sft_papr.py"])
+    assert e.value.code == "preset config/sft_papr.py: no such file, did you mean config/sft_paper.py?"
+    with pytest.raises(SystemExit):
+        evaluate.main(["--help"])
+    shown = capsys.readouterr().out
+    assert "(default: 0.6)" in shown and "(default: )" not in shown
