@@ -214,6 +214,7 @@ def test_the_probes_expert_adds_two_positive_numbers_then_the_negative():
     assert not toy.add_in_order(decisive.first_two_then_negative([2, 1, 6, -9, 4]))[1]
 
 
+@pytest.mark.slow
 def test_an_interrupted_demo_resumes_to_the_uninterrupted_results(demo_ci, tmp_path):
     """Ctrl-C (SIGINT to the demo and its stages, as a terminal sends it) while the branches train side by side
     (from the uninterrupted run's world and base, to keep CI short): one line saying what was saved; the same

@@ -155,6 +155,7 @@ def tiny_model(tmp_path) -> Path:
     return model
 
 
+@pytest.mark.slow
 def test_each_check_fails_when_what_it_checks_is_broken(library, tmp_path):
     model = tiny_model(tmp_path)
     argv = ["config/sft_paper.py", "--model", str(model), "--max_prompt_len", "64", "--max_response_len", "448",
@@ -186,6 +187,7 @@ def test_each_check_fails_when_what_it_checks_is_broken(library, tmp_path):
     assert waste["est_ms_per_step"] > intact["est_ms_per_step"] and waste["flops_per_step"] == intact["flops_per_step"]
 
 
+@pytest.mark.slow
 def test_preflight_names_the_largest_budget_that_fits_and_confirms_it(library, tmp_path):
     """The command users run before renting GPUs: settings that do not fit the given memory, the largest token
     budget that does by the planner, confirmed by a second dry run, and the ratios to the SFT baseline."""
