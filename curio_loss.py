@@ -11,7 +11,8 @@ Read in this order:
   2. `teacher_log_prob` (Alg. 1 lines 6-11: H_t, Delta_t, tau_hat_t, lq) and `curio_sft_loss`
      (lines 12-13, Eq. 5-6): the same, vectorized over tokens, as training runs it;
      `solve_temperature` is App. B and D.
-  3. The baselines of Table 2, then the logging statistics.
+  3. The baselines of Table 2, and `VARIANT_LOSSES`, the one interface sft.py calls them (and
+     the ablation without a separate teacher) through; then the logging statistics.
 The speed helpers (blockwise passes over the vocabulary for a logsumexp and for the authors'
 low-entropy rule) sit at the end under their own banner: they change the cost, not the result.
 """
@@ -336,9 +337,36 @@ def psft_loss(logits, targets, old_logp=None, cfg: LossConfig = LossConfig()):
     return loss, {"lp": lp.detach(), "clipped": (ratio > 1 + cfg.psft_clip_high).float()}
 
 
-# the baselines that need nothing beyond the student's logits: --loss name -> loss
-STUDENT_ONLY_LOSSES = {"sft": ce_loss, "entropy": entropy_reg_loss, "dft": dft_loss,
-                       "gem": gem_loss}
+# ------------------------------------------------------------------------------------------------
+# The ablation without a separate teacher and the Table 2 baselines behind one interface (sft.py's
+# variant path): loss(logits [n, V], targets [n], extras, cfg) -> (loss [n], diagnostics). extras
+# holds what a loss needs beyond the student's logits, for the chunk's n tokens (sft.py's
+# `variant_inputs`): base_logits [n, V] (kl), old_logp [n] (psft), top20 [n] bool
+# (entropy_top20), and memo, a dict that keeps the chunk's no-grad results for backward's
+# recompute (chunked_logits.chunked_sum).
+# ------------------------------------------------------------------------------------------------
+def self_teacher_loss(logits, targets, extras, cfg: LossConfig = LossConfig()):
+    """Ablation 'w/o Separate Teacher' (Sec. 5.2): Alg. 1 lines 6-13 with the student's own
+    logits, detached, as the teacher's. The temperature search runs once per chunk: backward's
+    recompute takes its lq from extras["memo"]."""
+    memo = extras["memo"]
+    if "lq" not in memo:
+        memo["lq"] = teacher_log_prob(logits.detach(), targets, cfg)
+    lq, teacher_diag = memo["lq"]
+    loss, diag = curio_sft_loss(logits, targets, lq, cfg)
+    return loss, teacher_diag | diag
+
+
+VARIANT_LOSSES = {   # --loss name -> loss; "curio" and "curio_fixed_tau" are sft.py's CurioSFT path
+    "curio_self_teacher": self_teacher_loss,
+    "sft": lambda z, y, extras, cfg: ce_loss(z, y, cfg),
+    "entropy": lambda z, y, extras, cfg: entropy_reg_loss(z, y, cfg),
+    "entropy_top20": lambda z, y, extras, cfg: entropy_reg_loss(z, y, cfg, extras["top20"]),
+    "kl": lambda z, y, extras, cfg: kl_to_base_loss(z, y, extras["base_logits"], cfg),
+    "dft": lambda z, y, extras, cfg: dft_loss(z, y, cfg),
+    "gem": lambda z, y, extras, cfg: gem_loss(z, y, cfg),
+    "psft": lambda z, y, extras, cfg: psft_loss(z, y, extras["old_logp"], cfg),
+}
 
 
 def check_finite(loss, logits, targets, other=None) -> None:

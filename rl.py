@@ -6,9 +6,11 @@ the paper is silent, the numerics follow verl, the RL framework the authors' cod
     python rl.py config/rl_tiny.py --model out/sft/step_000010 --train_file data.jsonl
     torchrun --nproc_per_node 8 rl.py config/rl_paper.py --model SFT_CKPT --train_file train.parquet
 
-One step, as the loop in `train` reads: rollouts -> reward -> group advantages -> old log-probs ->
-one clipped update per mini-batch of prompts. The engine's sleep, wake and weight sync are
-plumbing/generation.py; python rl.py --help lists the flags.
+One step, as the loop in `train` reads: rollouts -> reward (`math_reward`, App. E) -> group
+advantages -> old log-probs -> one `policy_update` per mini-batch of prompts, which calls
+`ppo_clip_loss` (the paper's clip-higher objective) on each chunk of tokens; `dual_clip_loss` and
+the authors' `custom_loss_rl` sit beside it, picked by the flags. The engine's sleep, wake and
+weight sync are plumbing/generation.py; python rl.py --help lists the flags.
 """
 import itertools
 import json
@@ -67,7 +69,7 @@ class Args:
     clip_high: float = 0.28
     """eps_high: the ratio is clipped above at 1 + eps_high (Table 6: DAPO's clip-higher)"""
     policy_loss: Literal[POLICY_LOSSES] = "ppo_clip"
-    """ppo_clip: GRPO's (Sec. 5.2) | custom_loss_rl: the authors' scripts' (`clipped_loss`)"""
+    """ppo_clip: GRPO's (Sec. 5.2) | custom_loss_rl: the authors' scripts' (`custom_loss_rl`)"""
     clip_ratio_c: float | None = None
     """ppo_clip's dual-clip: for A < 0 the loss is at most -A * this (verl's 3) | none: no cap"""
     loss_agg: Literal[LOSS_AGGS] = "token_mean"
@@ -146,7 +148,7 @@ MAY_CHANGE_ON_RESUME = {"out_dir", "steps", "save_every", "keep_last", "loggers"
 
 
 # ================================================================================================
-# ALGO LOGIC: reward, group advantages, the clipped surrogate, the loss of one micro-batch
+# ALGO LOGIC: reward, group advantages, the clipped surrogate, one policy update
 # ================================================================================================
 def math_reward(samples, examples, grading="paper", timeout_s=10.0, workers=4):
     """App. E ("paper"): 1 when the response closes </think> and the text after it verifies against
@@ -174,37 +176,65 @@ def group_advantages(rewards, eps=1e-6):
     return adv.float(), (adv == 0).all(-1)
 
 
-def clipped_loss(lp, old_lp, adv, clip_low, clip_high, policy_loss="ppo_clip", clip_ratio_c=None):
-    """Per-token policy loss and diagnostics, r = pi_theta / pi_old, clip(r) = r clipped to
-    [1 - eps_low, 1 + eps_high].
-    ppo_clip (GRPO with clip-higher): max(-A r, -A clip(r)). With A > 0 only the upper clip can bind
-    (r > 1 + eps_high: no gradient), with A < 0 only the lower one; eps_high > eps_low lets unlikely
-    good tokens grow further, against entropy collapse. With clip_ratio_c (dual-clip, Ye et al.
-    2020, as verl's vanilla loss): for A < 0 at most -A clip_ratio_c, no gradient beyond.
-    custom_loss_rl (the authors' scripts): min(-A log pi, -A clip(r)). For A < 0 the first term is
-    the smaller (-A log pi <= 0 < -A clip(r)): REINFORCE, never clipped; for A > 0 the second:
-    gradient -A r inside the range, none outside it on either side.
-    The clip fractions count the tokens whose gradient a clip cut off (clip_high: the ratio above
-    its upper bound, the dual clip's included); "kl" is Schulman's k3 estimate of
-    KL(pi_old || pi_theta), r - 1 - log r ("Approximating KL Divergence", 2020)."""
+def policy_ratio(lp, old_lp):
+    """r = pi_theta / pi_old per token [n], and log r."""
     log_ratio = (lp - old_lp).clamp(-20.0, 20.0)                    # verl's guard against overflow
-    ratio = torch.exp(log_ratio)
-    clipped = ratio.clamp(1 - clip_low, 1 + clip_high)
-    dual = torch.zeros_like(ratio, dtype=torch.bool)
-    if policy_loss == "ppo_clip":
-        loss, low_binds = torch.maximum(-adv * ratio, -adv * clipped), adv < 0
-        if clip_ratio_c is not None:
-            dual = (adv < 0) & (ratio > clip_ratio_c)
-            loss = torch.where(adv < 0, torch.minimum(loss, -adv * clip_ratio_c), loss)
-    elif policy_loss == "custom_loss_rl":
-        loss, low_binds = torch.minimum(-adv * lp, -adv * clipped), adv > 0
-    else:
-        raise ValueError(f"policy_loss {policy_loss!r}: expected one of {', '.join(POLICY_LOSSES)}")
+    return torch.exp(log_ratio), log_ratio
+
+
+def ppo_clip_loss(lp, old_lp, adv, args):
+    """The paper's policy loss (Sec. 5.2, Table 6): GRPO's clipped surrogate with DAPO's
+    clip-higher, per token; the caller averages it over tokens (--loss_agg token_mean).
+    lp, old_lp, adv [n] -> loss [n], diagnostics. With A > 0 only the upper clip can bind
+    (r > 1 + eps_high: no gradient), with A < 0 only the lower one; eps_high > eps_low lets
+    unlikely good tokens grow further, against entropy collapse."""
+    ratio, log_ratio = policy_ratio(lp, old_lp)                                           # [n]
+    clipped = ratio.clamp(1 - args.clip_low, 1 + args.clip_high)      # Table 6: eps 0.2 / 0.28
+    loss = torch.maximum(-adv * ratio, -adv * clipped)               # max(-A r, -A clip(r))
+    return loss, clip_diagnostics(ratio, log_ratio, adv, args, low_binds=adv < 0)
+
+
+def dual_clip_loss(lp, old_lp, adv, args):
+    """ppo_clip_loss with verl's dual clip (Ye et al. 2020; --clip_ratio_c c): for A < 0 the loss
+    is at most -A c, with no gradient beyond. Its tokens count as clipped high."""
+    loss, diag = ppo_clip_loss(lp, old_lp, adv, args)
+    loss = torch.where(adv < 0, torch.minimum(loss, -adv * args.clip_ratio_c), loss)
     with torch.no_grad():
-        diag = {"clip_high": (((adv > 0) & (ratio > 1 + clip_high)) | dual).float(),
-                "clip_low": (low_binds & (ratio < 1 - clip_low)).float(),
-                "kl": ratio - 1 - log_ratio}
+        capped = (adv < 0) & (policy_ratio(lp, old_lp)[0] > args.clip_ratio_c)
+        diag["clip_high"] = torch.maximum(diag["clip_high"], capped.float())
     return loss, diag
+
+
+def custom_loss_rl(lp, old_lp, adv, args):
+    """The authors' scripts' policy loss (their `custom_loss` with algo_type "rl"):
+    min(-A log pi, -A clip(r)). For A < 0 the first term is the smaller (-A log pi <= 0 <
+    -A clip(r)): REINFORCE, never clipped; for A > 0 the second: gradient -A r inside the range,
+    none outside it on either side."""
+    ratio, log_ratio = policy_ratio(lp, old_lp)
+    clipped = ratio.clamp(1 - args.clip_low, 1 + args.clip_high)
+    loss = torch.minimum(-adv * lp, -adv * clipped)
+    return loss, clip_diagnostics(ratio, log_ratio, adv, args, low_binds=adv > 0)
+
+
+@torch.no_grad()
+def clip_diagnostics(ratio, log_ratio, adv, args, low_binds):
+    """Per token: clip_high / clip_low, the tokens whose gradient a clip cut off (A > 0 and the
+    ratio above 1 + eps_high; below 1 - eps_low where the lower clip binds); kl, Schulman's k3
+    estimate of KL(pi_old || pi_theta), r - 1 - log r ("Approximating KL Divergence", 2020)."""
+    return {"clip_high": ((adv > 0) & (ratio > 1 + args.clip_high)).float(),
+            "clip_low": (low_binds & (ratio < 1 - args.clip_low)).float(),
+            "kl": ratio - 1 - log_ratio}
+
+
+def policy_loss_fn(args):
+    """The per-token policy loss the flags pick: ppo_clip_loss (the paper's), dual_clip_loss
+    (--clip_ratio_c), custom_loss_rl (--policy_loss custom_loss_rl, the authors' scripts)."""
+    if args.policy_loss not in POLICY_LOSSES:
+        raise ValueError(f"policy_loss {args.policy_loss!r}: expected one of "
+                         f"{', '.join(POLICY_LOSSES)}")
+    if args.policy_loss == "custom_loss_rl":
+        return custom_loss_rl
+    return ppo_clip_loss if args.clip_ratio_c is None else dual_clip_loss
 
 
 @dataclass
@@ -215,19 +245,40 @@ class MicroBatch:
     entropy: torch.Tensor | None = None  # [N] that policy's entropy there (logged)
 
 
-def micro_batch_loss(model, mb: MicroBatch, args):
-    """Sum over the micro-batch's response tokens of the clipped loss, and per-token diagnostics.
-    The logits exist one chunk at a time, recomputed in backward (chunked_logits.chunked_sum)."""
-    h, y = select_targets(normed_hidden(model, mb.batch), mb.batch)      # [N, H], [N]
+def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
+    """One optimiser step on one mini-batch (this rank's micro-batches): the policy loss of every
+    response token over all ranks, combined as --loss_agg says (no KL term), its gradient clipped
+    to --grad_clip, then AdamW. The [N, V] logits exist one chunk at a time, recomputed in
+    backward (chunked_logits.chunked_sum). Returns this rank's sums [loss, clip_low, clip_high,
+    kl, tokens] and the global gradient norm, read in the update's one host sync."""
+    world = dist.get_world_size()
+    policy_loss = policy_loss_fn(args)                              # ppo_clip_loss: the paper's
 
     def chunk_loss(h_c, y_c, old_c, adv_c, _memo):
-        logits = model.lm_head(h_c).float() / args.temperature          # [n, V]
-        lp, _ = cl.student_log_prob(logits, y_c)
-        loss, diag = clipped_loss(lp, old_c, adv_c, args.clip_low, args.clip_high, args.policy_loss,
-                                  args.clip_ratio_c)
+        logits = model.lm_head(h_c).float() / args.temperature                      # [n, V]
+        lp, _ = cl.student_log_prob(logits, y_c)                                     # [n]
+        loss, diag = policy_loss(lp, old_c, adv_c, args)
         return loss.sum(), diag
 
-    return chunked_sum(chunk_loss, args.loss_chunk, h, y, mb.old_lp, mb.adv)
+    denominator = loss_denominator(mbs, args, device)
+    sums = torch.zeros(4, dtype=torch.float64, device=device)
+    for mb in mbs:             # FSDP reduce-scatters each micro-batch: no full gradient is kept
+        h, y = select_targets(normed_hidden(model, mb.batch), mb.batch)          # [N, H], [N]
+        total, diag = chunked_sum(chunk_loss, args.loss_chunk, h, y, mb.old_lp, mb.adv)
+        # FSDP averages gradients over ranks, hence * world: the mini-batch's loss over all ranks
+        (total * world / denominator).backward()
+        sums += torch.stack([total.detach(), diag["clip_low"].sum(), diag["clip_high"].sum(),
+                             diag["kl"].sum()]).double()
+    grad_norm = clip_grad_norm(model, args.grad_clip)
+    host = torch.cat([sums, grad_norm.double().view(1)]).cpu()      # the update's host sync
+    grad_norm = host[-1].item()
+    if not math.isfinite(grad_norm):                   # global: every rank stops alike
+        raise FloatingPointError(f"the gradient norm is not finite ({grad_norm}); the update was "
+                                 f"not applied")
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    tokens = sum(len(mb.adv) for mb in mbs)
+    return torch.cat([host[:-1], torch.tensor([float(tokens)], dtype=torch.float64)]), grad_norm
 
 
 def loss_denominator(mbs: list[MicroBatch], args, device):
@@ -243,38 +294,6 @@ def loss_denominator(mbs: list[MicroBatch], args, device):
     denominator = torch.full((), float(count), device=device)    # nccl: CUDA tensors only
     dist.all_reduce(denominator)
     return denominator
-
-
-def policy_gradients(model, mbs: list[MicroBatch], args, device):
-    """The gradient of one mini-batch's clipped surrogate over every rank's response tokens,
-    combined as --loss_agg says (no KL term), clipped to --grad_clip. Returns this rank's sums
-    [loss, clip_low, clip_high, kl] and the global gradient norm before clipping, on the device
-    (no host sync: policy_update reads them once)."""
-    world = dist.get_world_size()
-    denominator = loss_denominator(mbs, args, device)
-    sums = torch.zeros(4, dtype=torch.float64, device=device)
-    for mb in mbs:             # FSDP reduce-scatters each micro-batch: no full gradient is kept
-        total, diag = micro_batch_loss(model, mb, args)
-        # FSDP averages gradients over ranks, hence * world: the mini-batch's loss over all ranks
-        (total * world / denominator).backward()
-        sums += torch.stack([total.detach(), diag["clip_low"].sum(), diag["clip_high"].sum(),
-                             diag["kl"].sum()]).double()
-    return sums, clip_grad_norm(model, args.grad_clip)
-
-
-def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
-    """One optimiser step on one mini-batch (policy_gradients). Returns this rank's sums [loss,
-    clip_low, clip_high, kl, tokens] and the global gradient norm."""
-    sums, grad_norm = policy_gradients(model, mbs, args, device)
-    host = torch.cat([sums, grad_norm.double().view(1)]).cpu()      # the update's host sync
-    grad_norm = host[-1].item()
-    if not math.isfinite(grad_norm):                   # global: every rank stops alike
-        raise FloatingPointError(f"the gradient norm is not finite ({grad_norm}); the update was "
-                                 f"not applied")
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    tokens = sum(len(mb.adv) for mb in mbs)
-    return torch.cat([host[:-1], torch.tensor([float(tokens)], dtype=torch.float64)]), grad_norm
 
 
 # ================================================================================================

@@ -5,9 +5,11 @@
     python sft.py config/sft_tiny.py --model DIR --train_file data.jsonl
     torchrun --nproc_per_node 8 sft.py config/sft_paper.py --model DIR --train_file train.parquet
 
-Read `micro_batch_loss` (Alg. 1 lines 4-13), then the loop at the end of `main` (lines 2-17); the
-recipe (learning-rate schedule, loss normalisation) sits between them. Loading, sharding,
-checkpoints and logs are plumbing/.
+Read the loop at the end of `main` (Alg. 1 lines 2-17): per micro-batch it calls
+`curio_micro_batch_loss` (lines 4-13), which calls curio_loss.curio_sft_loss (Eq. 6). The
+ablation without a separate teacher and the Table 2 baselines take `variant_micro_batch_loss`
+(curio_loss.VARIANT_LOSSES). The recipe (learning-rate schedule, loss normalisation) sits between
+them. Loading, sharding, checkpoints and logs are plumbing/.
 """
 import copy
 import math
@@ -139,97 +141,37 @@ MAY_CHANGE_ON_RESUME = {"out_dir", "max_steps", "save_every", "keep_last", "log_
 
 
 # ================================================================================================
-# ALGO LOGIC: the loss of one micro-batch (Alg. 1 lines 4-13) and the teacher update (line 17)
+# ALGO LOGIC: the CurioSFT loss of one micro-batch (Alg. 1 lines 4-13), the teacher update (17)
 # ================================================================================================
-def micro_batch_loss(model, teacher, base, batch, old_logp, args, cfg, want_entropy, weights=None,
-                     check=False):
-    """Alg. 1 lines 4-13 for one micro-batch: the sum over its N response tokens of the per-token
-    loss (--loss), times weights [N] if given, and per-token diagnostics. The [N, V] logits exist
-    one chunk of tokens at a time, recomputed in backward (chunked_logits.chunked_sum).
-    teacher: CurioSFT's EMA teacher (None: the self-teacher ablation, whose teacher is the chunk's
-    own logits, detached); base: the kl baseline's frozen model; old_logp [N]: PSFT's log-probs
-    from the start of its data batch. check: name the input that made a loss non-finite (the loop
-    checks the step's loss once, and only then looks for why)."""
+def curio_micro_batch_loss(model, teacher, batch, args, cfg, want_entropy, weights=None,
+                           check=False):
+    """Alg. 1 lines 4-13 for one micro-batch (CurioSFT; curio_fixed_tau only sets cfg.fixed_tau):
+    the sum over its N response tokens of the per-token loss, times weights [N] if given, and
+    per-token diagnostics. The [N, V] logits exist one chunk of tokens at a time, recomputed in
+    backward (chunked_logits.chunked_sum). check: name the input that made a loss non-finite."""
     h, y = select_targets(normed_hidden(model, batch), batch)      # line 4: student forward, [N, H]
-    chunks = range(0, len(y), args.loss_chunk)
-    lq, teacher_diags = None, []
-    if teacher is not None:
-        with torch.no_grad():
-            h_t, _ = select_targets(normed_hidden(teacher, batch), batch)   # line 6: the teacher
-            lq = []
-            for s in chunks:                                       # lines 7-11: H_t, tau_hat_t, lq
-                z_t = no_grad_logits(teacher.lm_head, h_t[s : s + args.loss_chunk])   # [n, V]
-                lq_chunk, diag = cl.teacher_log_prob(z_t, y[s : s + args.loss_chunk], cfg)
-                lq.append(lq_chunk)
-                teacher_diags.append(diag)
-            lq = torch.cat(lq)                                     # [N]
-        teacher.reshard()                  # FSDP keeps a root's weights gathered after its forward
-    top20 = None
-    if args.loss == "entropy_top20":        # the bonus on the micro-batch's top-20% entropy tokens
-        h_no_grad = h.detach()          # (torch's memory tracker hooks inputs needing a gradient)
-        with torch.no_grad():
-            h_ent = [cl.entropy(model.lm_head(h_no_grad[s : s + args.loss_chunk])) for s in chunks]
-        top20 = cl.top_entropy_mask(torch.cat(h_ent))              # [N]
-    base_h = None
-    if base is not None:                                           # the kl baseline's frozen model
-        with torch.no_grad():
-            base_h, _ = select_targets(normed_hidden(base, batch), batch)
+    lq, teacher_diags = [], []
+    with torch.no_grad():
+        h_t, _ = select_targets(normed_hidden(teacher, batch), batch)   # line 6: teacher forward
+        for s in range(0, len(y), args.loss_chunk):                # lines 7-11: H_t, tau_hat_t, lq
+            z_t = no_grad_logits(teacher.lm_head, h_t[s : s + args.loss_chunk])        # [n, V]
+            lq_chunk, diag = cl.teacher_log_prob(z_t, y[s : s + args.loss_chunk], cfg)
+            lq.append(lq_chunk)
+            teacher_diags.append(diag)
+    teacher.reshard()                      # FSDP keeps a root's weights gathered after its forward
+    lq = torch.cat(lq) if lq else h.new_zeros(0, dtype=torch.float32)      # [N]
 
-    def chunk_loss(h_c, y_c, w_c, lq_c, base_h_c, old_c, top20_c, memo):
-        # memo: the no-grad results of the chunk's forward, reused when backward recomputes it
+    def chunk_loss(h_c, y_c, lq_c, w_c, memo):
         logits = model.lm_head(h_c)                                # line 4: student logits [n, V]
-        other, diag = lq_c, {}
-        if args.loss == "curio_self_teacher":                      # lines 7-11 on its own logits
-            if "lq" not in memo:
-                memo["lq"] = cl.teacher_log_prob(logits.detach(), y_c, cfg)
-            lq_c, diag = memo["lq"]
-        if args.loss in cl.CURIO_LOSSES:                           # lines 12-13: Eq. 5, 6
-            loss, student_diag = cl.curio_sft_loss(logits, y_c, lq_c, cfg)
-        elif args.loss == "kl":
-            with torch.no_grad():
-                other = no_grad_logits(base.lm_head, base_h_c)     # [n, V]
-            loss, student_diag = cl.kl_to_base_loss(logits, y_c, other, cfg)
-        elif args.loss == "psft":
-            loss, student_diag = cl.psft_loss(logits, y_c, old_c, cfg=cfg)
-            other = old_c
-        elif args.loss == "entropy_top20":
-            loss, student_diag = cl.entropy_reg_loss(logits, y_c, cfg, bonus_mask=top20_c)
-        else:                                                      # sft, entropy, dft, gem
-            loss, student_diag = cl.STUDENT_ONLY_LOSSES[args.loss](logits, y_c, cfg=cfg)
+        loss, diag = cl.curio_sft_loss(logits, y_c, lq_c, cfg)     # lines 12-13: Eq. 5, 6
         if check:
-            cl.check_finite(loss, logits, y_c, other)
-        if want_entropy and "entropy" not in memo:             # (backward's recompute drops diag)
-            memo["entropy"] = student_diag["student_entropy"] = cl.entropy(logits.detach())
-        return (loss if w_c is None else loss * w_c).sum(), diag | student_diag
+            cl.check_finite(loss, logits, y_c, lq_c)
+        if want_entropy and "entropy" not in memo:   # memo: not again in backward's recompute
+            memo["entropy"] = diag["student_entropy"] = cl.entropy(logits.detach())
+        return (loss if w_c is None else loss * w_c).sum(), diag
 
-    total, diag = chunked_sum(chunk_loss, args.loss_chunk, h, y, weights, lq, base_h, old_logp,
-                              top20)
+    total, diag = chunked_sum(chunk_loss, args.loss_chunk, h, y, lq, weights)
     return total, cat_diags(teacher_diags) | diag
-
-
-def accumulate_gradients(model, teacher, base, micro_batches, weights, old_logp, args, cfg,
-                         want_log):
-    """Alg. 1 lines 4-13 over one optimiser step's micro-batches (this rank's), weights [N] each:
-    forward, loss and backward per micro-batch, then the gradient clipped to --grad_clip. Returns
-    the step's loss over all ranks and the gradient norm before clipping, both on the device (no
-    host sync: the loop reads them once), and the micro-batches' diagnostics if want_log."""
-    world = dist.get_world_size()
-    loss_sum, diags = torch.zeros((), dtype=torch.float64, device=weights[0].device), []
-    for batch, w, old in zip(micro_batches, weights, old_logp):
-        total, diag = micro_batch_loss(model, teacher, base, batch, old, args, cfg, want_log, w)
-        # FSDP averages gradients over ranks, hence * world for the gradient of the step's loss.
-        # Each micro-batch's backward reduce-scatters its gradient into the float32 shards:
-        # syncing only the last one would hold a full float32 gradient of every parameter on
-        # every rank (30 GB at 7B).
-        (total * world).backward()
-        if base is not None:
-            base.reshard()                                   # its head was gathered for backward
-        loss_sum += total.detach()
-        if want_log:
-            diags.append(diag)
-    grad_norm = clip_grad_norm(model, args.grad_clip)
-    dist.all_reduce(loss_sum)
-    return loss_sum, grad_norm, diags
 
 
 @torch.no_grad()
@@ -238,6 +180,68 @@ def update_teacher(teacher, model, mu):
     of the way to the student). Both models are sharded alike: elementwise on local shards."""
     for p_t, p_s in zip(teacher.parameters(), model.parameters()):
         p_t.copy_((1 - mu) * p_t + mu * p_s)
+
+
+# ================================================================================================
+# The other losses: the ablation without a separate teacher and the Table 2 baselines
+# ================================================================================================
+def variant_inputs(model, base, batch, h, old_logp, args):
+    """What a variant loss needs beyond the student's logits, per response token (the extras of
+    curio_loss.VARIANT_LOSSES, before chunking): the kl baseline's base-model hidden states
+    base_h [N, H] (its logits are made per chunk), PSFT's old_logp [N], entropy_top20's mask of
+    the micro-batch's top-20% entropy tokens top20 [N]."""
+    extras = {}
+    if base is not None:
+        with torch.no_grad():
+            extras["base_h"], _ = select_targets(normed_hidden(base, batch), batch)
+    if old_logp is not None:
+        extras["old_logp"] = old_logp
+    if args.loss == "entropy_top20":
+        h_no_grad = h.detach()          # (torch's memory tracker hooks inputs needing a gradient)
+        with torch.no_grad():
+            h_ent = [cl.entropy(model.lm_head(h_no_grad[s : s + args.loss_chunk]))
+                     for s in range(0, len(h), args.loss_chunk)]
+        extras["top20"] = cl.top_entropy_mask(torch.cat(h_ent))
+    return extras
+
+
+def variant_micro_batch_loss(model, base, batch, old_logp, args, cfg, want_entropy,
+                             weights=None, check=False):
+    """curio_micro_batch_loss's contract for every other --loss: curio_loss.VARIANT_LOSSES[loss]
+    on each chunk, given variant_inputs (base: the kl baseline's frozen model; old_logp [N]:
+    PSFT's log-probs from the start of its data batch)."""
+    h, y = select_targets(normed_hidden(model, batch), batch)              # [N, H], [N]
+    extras = variant_inputs(model, base, batch, h, old_logp, args)
+    variant_loss = cl.VARIANT_LOSSES[args.loss]
+
+    def chunk_loss(h_c, y_c, w_c, *extras_and_memo):
+        chunk_extras = dict(zip(extras, extras_and_memo[:-1])) | {"memo": extras_and_memo[-1]}
+        if "base_h" in chunk_extras:
+            with torch.no_grad():
+                base_h = chunk_extras.pop("base_h")
+                chunk_extras["base_logits"] = no_grad_logits(base.lm_head, base_h)   # [n, V]
+        logits = model.lm_head(h_c)                                            # [n, V]
+        loss, diag = variant_loss(logits, y_c, chunk_extras, cfg)
+        if check:
+            other = chunk_extras.get("base_logits", chunk_extras.get("old_logp"))
+            cl.check_finite(loss, logits, y_c, other)
+        memo = chunk_extras["memo"]
+        if want_entropy and "entropy" not in memo:       # memo: not again in backward's recompute
+            memo["entropy"] = diag["student_entropy"] = cl.entropy(logits.detach())
+        return (loss if w_c is None else loss * w_c).sum(), diag
+
+    return chunked_sum(chunk_loss, args.loss_chunk, h, y, weights, *extras.values())
+
+
+def micro_batch_loss(model, teacher, base, batch, old_logp, args, cfg, want_entropy, weights=None,
+                     check=False):
+    """The loss of one micro-batch for any --loss: CurioSFT's path with a teacher, else the
+    variants'."""
+    if teacher is not None:
+        return curio_micro_batch_loss(model, teacher, batch, args, cfg, want_entropy, weights,
+                                      check)
+    return variant_micro_batch_loss(model, base, batch, old_logp, args, cfg, want_entropy, weights,
+                                    check)
 
 
 # ================================================================================================
@@ -318,6 +322,16 @@ def per_token(weight, examples, n_targets, device):
 def collate_on(example_ids, dataset, pad_id, device):
     """One micro-batch of examples, padded (data.collate), on the device."""
     return data.collate([dataset[i] for i in example_ids], pad_id, device)
+
+
+def micro_batch_backward(total, base):
+    """Backward of a micro-batch's loss. FSDP averages gradients over ranks, hence * world for the
+    gradient of the step's loss. Each micro-batch's backward reduce-scatters its gradient into the
+    float32 shards: syncing only the last one would hold a full float32 gradient of every
+    parameter on every rank (30 GB at 7B)."""
+    (total * dist.get_world_size()).backward()
+    if base is not None:
+        base.reshard()                                       # its head was gathered for backward
 
 
 def read_step(loss, grad_norm, diag):
@@ -465,10 +479,20 @@ def main():
         for g in optimizer.param_groups:
             g["lr"] = lr_at(step, total_steps, args)
         t0 = time.perf_counter()
-        weights = [per_token(weight, batch[rank][k], n_targets, device) for k in step_mbs]
-        loss, grad_norm, diags = accumulate_gradients(
-            model, teacher, base, [mine[k] for k in step_mbs], weights,
-            [old_logp[k] for k in step_mbs], args, cfg, want_log)     # Alg. 1 lines 4-13
+        loss, diags = torch.zeros((), dtype=torch.float64, device=device), []
+        for k in step_mbs:                         # Alg. 1 lines 4-13, one micro-batch at a time
+            w = per_token(weight, batch[rank][k], n_targets, device)          # [N]
+            if teacher is not None:                                    # CurioSFT
+                total, diag = curio_micro_batch_loss(model, teacher, mine[k], args, cfg, want_log,
+                                                     w)
+            else:                                  # the self-teacher ablation, Table 2 baselines
+                total, diag = variant_micro_batch_loss(model, base, mine[k], old_logp[k], args, cfg,
+                                                       want_log, w)
+            micro_batch_backward(total, base)
+            loss += total.detach()
+            diags.append(diag)
+        grad_norm = clip_grad_norm(model, args.grad_clip)
+        dist.all_reduce(loss)                                          # the step's loss, all ranks
         loss, grad_norm, diags = read_step(loss, grad_norm, cat_diags(diags))   # the host sync
         if not (math.isfinite(loss) and math.isfinite(grad_norm)):
             mbs = [mine[k] for k in step_mbs]

@@ -16,7 +16,7 @@ It runs what that rank runs, with the trainers' own functions: the model built f
 sft.shard_models / plumbing.models.shard_model (FSDP2, bf16 compute over float32 master weights, activation
 checkpointing, the teacher or base model), the optimiser from plumbing.models.make_optimizer, then two optimiser steps
 of two micro-batches each (the longest sequences the preset admits, every response token trained, one micro-batch
-padded), each a logging step: for SFT sft.accumulate_gradients (forward, loss, backward, clipping; PSFT's old
+padded), each a logging step: for SFT the loop's micro-batch losses, sft.micro_batch_backward, clipping (PSFT's old
 log-probs first), sft.read_step, optimizer.step and sft.update_teacher; for GRPO rl.micro_batches, the old log-probs
 (chunked_logits.token_log_probs) and rl.policy_update. It fails, in one line naming the place, unless:
   sharding   every parameter is a sharded DTensor on cuda in float32, computed in bf16 (the preset's), the teacher
@@ -329,8 +329,18 @@ def sft_steps(sft, model, teacher, base, optimizer, args, cfg, device, roof):
         with unset_fake_temporarily():                  # host work in sft.py too (a CPU generator)
             weight = sft.token_weights(list(range(len(items))), n_targets, args, step)
         weights = [sft.per_token(weight, ids, n_targets, device) for ids in micro]
-        loss, grad_norm, diags = sft.accumulate_gradients(model, teacher, base, batches, weights, old_logp,
-                                                          args, cfg, True)
+        # sft.py's loop, Alg. 1 lines 4-13: its micro-batch losses, backward, clipping, all-reduce
+        loss, diags = torch.zeros((), dtype=torch.float64, device=device), []
+        for batch, w, old in zip(batches, weights, old_logp):
+            if teacher is not None:
+                total, diag = sft.curio_micro_batch_loss(model, teacher, batch, args, cfg, True, w)
+            else:
+                total, diag = sft.variant_micro_batch_loss(model, base, batch, old, args, cfg, True, w)
+            sft.micro_batch_backward(total, base)
+            loss += total.detach()
+            diags.append(diag)
+        grad_norm = models.clip_grad_norm(model, args.grad_clip)
+        torch.distributed.all_reduce(loss)
         check_float32(diags)
         sft.read_step(loss, grad_norm, sft.cat_diags(diags))
         optimizer.step()

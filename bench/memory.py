@@ -28,7 +28,7 @@ gradients, the optimiser step); each moment is a sum of parts, and a phase's pea
                        activations and its backward; without it every layer's saved tensors; the final norm's,
                        the trained positions' hidden states [N, H] and their gradient
   logits               one chunk of [chunk, V] logits and what the loss functions allocate around it: traced by
-                       running the trainer's own functions (sft.micro_batch_loss, rl.micro_batch_loss,
+                       running the trainer's own functions (sft.micro_batch_loss, rl.policy_update,
                        chunked_logits.token_log_probs) on a 1-wide model with the real vocabulary, so a change
                        to curio_loss.py changes the plan without a change here
   vllm                 RL: gpu_memory_utilization x the GPU's memory while the engine is awake; 0 asleep
@@ -47,6 +47,7 @@ the EMA teacher update's temporaries (one parameter shard at a time, after the g
 saving. Gradient accumulation is planned as FSDP2 reduce-scattering every micro-batch.
 """
 import argparse
+import contextlib
 import json
 import math
 import runpy
@@ -55,8 +56,10 @@ import weakref
 from dataclasses import asdict, dataclass, fields
 from functools import lru_cache
 from pathlib import Path
+from unittest import mock
 
 import torch
+import torch.distributed as dist
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
@@ -353,6 +356,29 @@ class OneWideLM(torch.nn.Module):
         pass
 
 
+class NoStep:
+    """An optimiser that changes nothing: the trace measures the update's forward and backward."""
+
+    def step(self):
+        pass
+
+    def zero_grad(self, set_to_none=True):
+        pass
+
+
+@contextlib.contextmanager
+def one_rank_world():
+    """A process group of one rank (gloo) unless one exists: rl.policy_update all-reduces."""
+    if dist.is_initialized():
+        yield
+        return
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
+
+
 @lru_cache(maxsize=None)
 def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy: bool) -> dict:
     """Peak bytes per token of a logits chunk, by phase: 'teacher' (the teacher side under no grad), 'forward'
@@ -379,12 +405,17 @@ def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy:
         with tracker, torch.no_grad():
             tracker.set_phase("old_logp")
             mb.old_lp, _ = chunked_logits.token_log_probs(model, batch, n, args.temperature)
-        with tracker:
-            tracker.set_phase("forward")
-            total, _ = rl.micro_batch_loss(model, mb, args)
+        real_backward = torch.Tensor.backward
+
+        def backward(loss, *a, **kw):                # policy_update's backward: the phase changes
+            nonlocal in_backward
             in_backward = True
             tracker.set_phase("backward")
-            total.backward()
+            return real_backward(loss, *a, **kw)
+
+        with tracker, one_rank_world(), mock.patch.object(torch.Tensor, "backward", backward):
+            tracker.set_phase("forward")
+            rl.policy_update(model, NoStep(), [mb], args, torch.device("cpu"))
     else:
         args, cfg, second = sft.Args(loss=loss, loss_chunk=n), cl.LossConfig(), cl.second_model(loss)
         other = OneWideLM(vocab, dtype, n + 1, seed=2, trainable=False)

@@ -1,11 +1,13 @@
 """rl.py: the GRPO pieces against hand-computed values, weight sync into the engine, a toy reward that a tiny
 model learns (and an exact resume), and a whole `python rl.py` run as a subprocess."""
 import importlib.util
+import dataclasses
 import json
 import os
 import shutil
 import subprocess
 import sys
+import types
 from pathlib import Path
 
 import pytest
@@ -21,6 +23,14 @@ from plumbing import checkpoints, generation, models
 REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+
+def clipped_loss(lp, old, adv, clip_low, clip_high, policy_loss="ppo_clip", clip_ratio_c=None):
+    """The policy loss the flags pick (rl.policy_loss_fn), called as rl.policy_update calls it."""
+    args = rl.Args(clip_low=clip_low, clip_high=clip_high, policy_loss=policy_loss,
+                   clip_ratio_c=clip_ratio_c)
+    return rl.policy_loss_fn(args)(lp, old, adv, args)
 
 
 def fsdp_model(path):
@@ -59,7 +69,7 @@ def test_custom_loss_rl_is_reinforce_below_zero_and_a_two_sided_clip_above():
     adv = torch.tensor([1.0, 1.0, 1.0, -2.0, -2.0, -2.0, 0.0], dtype=torch.float64)
     old = torch.tensor([-1.0, -2.0, -0.5, -3.0, -1.0, -0.2, -1.0], dtype=torch.float64)
     lp = (old + ratio.log()).requires_grad_()
-    loss, diag = rl.clipped_loss(lp, old, adv, 0.2, 0.2, "custom_loss_rl")
+    loss, diag = clipped_loss(lp, old, adv, 0.2, 0.2, "custom_loss_rl")
     # A > 0: -A clip(r): -1.2 and -0.8 (clipped above and below), -1.1 inside. A < 0: -A log pi = 2 log pi
     want = [-1.2, -0.8, -1.1] + [2 * v for v in (old[3:6] + ratio[3:6].log()).tolist()] + [0.0]
     assert loss.tolist() == pytest.approx(want, abs=1e-12)
@@ -69,7 +79,7 @@ def test_custom_loss_rl_is_reinforce_below_zero_and_a_two_sided_clip_above():
     assert diag["clip_high"].tolist() == [1, 0, 0, 0, 0, 0, 0]
     assert diag["clip_low"].tolist() == [0, 1, 0, 0, 0, 0, 0]
     with pytest.raises(ValueError, match="policy_loss 'grpo': expected one of ppo_clip, custom_loss_rl"):
-        rl.clipped_loss(lp, old, adv, 0.2, 0.2, "grpo")
+        rl.policy_loss_fn(types.SimpleNamespace(policy_loss="grpo", clip_ratio_c=None))
 
 
 @pytest.mark.parametrize("flag,value", [("policy_loss", "grpo"), ("loss_agg", "seq_mean"), ("system_prompt", "x"),
@@ -92,9 +102,9 @@ def test_dual_clip_is_verls_vanilla_loss_and_only_caps_negative_advantages():
     old = -torch.rand(4000, generator=g, dtype=torch.float64) * 5
     lp = (old + torch.randn(4000, generator=g, dtype=torch.float64) * 1.5).requires_grad_()
     adv = torch.randn(4000, generator=g, dtype=torch.float64)
-    loss, diag = rl.clipped_loss(lp, old, adv, 0.2, 0.28, "ppo_clip", clip_ratio_c=3.0)
+    loss, diag = clipped_loss(lp, old, adv, 0.2, 0.28, "ppo_clip", clip_ratio_c=3.0)
     torch.testing.assert_close(loss, verl_vanilla(lp, old, adv, 0.2, 0.28, 3.0), rtol=0, atol=0)
-    plain, plain_diag = rl.clipped_loss(lp, old, adv, 0.2, 0.28)
+    plain, plain_diag = clipped_loss(lp, old, adv, 0.2, 0.28)
     ratio = (lp - old).exp().detach()
     capped = (adv < 0) & (ratio > 3.0)
     assert capped.sum() > 100 and (loss[capped] == -3.0 * adv[capped]).all() and (loss < plain)[capped].all()
@@ -131,7 +141,7 @@ def test_clipped_loss_values_gradients_and_clip_fractions():
     adv = torch.tensor([1.0, 1.0, 1.0, -2.0, -2.0, -2.0, 0.0], dtype=torch.float64)
     old = torch.tensor([-1.0, -2.0, -0.5, -3.0, -1.0, -0.2, -1.0], dtype=torch.float64)
     lp = (old + ratio.log()).requires_grad_()
-    loss, diag = rl.clipped_loss(lp, old, adv, 0.2, 0.28)
+    loss, diag = clipped_loss(lp, old, adv, 0.2, 0.28)
     # A > 0: above 1.28 clipped (-1.28, no gradient); below 0.8 not clipped; inside -A r
     # A < 0: above 1.28 not clipped (-A r = 3.0); below 0.8 clipped (-A * 0.8 = 1.6, no gradient); inside 2.2
     want = [-1.28, -0.5, -1.1, 3.0, 1.6, 2.2, 0.0]
@@ -179,25 +189,29 @@ def test_token_losses_ignore_padding_and_first_update_is_on_policy(checkpoint, w
     # padding contributes nothing: the padded micro-batch sums exactly the two sequences' losses, whatever the pad id
     adv = torch.cat([torch.full((n[0],), 1.5), torch.full((n[1],), -0.7)])
     shifted = old + torch.linspace(-0.5, 0.5, len(old))                # ratios on both sides of the clip range
-    total, diag = rl.micro_batch_loss(model, rl.MicroBatch(batch, adv, shifted), args)
+    def update(mb, args=args):       # one rl.policy_update, its optimiser only recording the gradient
+        capture = GradCapture(model.parameters())
+        sums, _ = rl.policy_update(model, capture, [mb], args, torch.device("cpu"))
+        return sums, capture
+
+    sums, _ = update(rl.MicroBatch(batch, adv, shifted))          # [loss, clip_low, clip_high, kl, tokens]
     singles = []
     for k, item in enumerate(items):
         one = data.collate([item], tok.pad_token_id)
         part = slice(sum(n[:k]), sum(n[: k + 1]))
-        singles.append(rl.micro_batch_loss(model, rl.MicroBatch(one, adv[part], shifted[part]), args)[0])
-    torch.testing.assert_close(total, sum(singles), rtol=1e-5, atol=1e-6)
+        singles.append(update(rl.MicroBatch(one, adv[part], shifted[part]))[0][0])
+    torch.testing.assert_close(sums[0], sum(singles), rtol=1e-5, atol=1e-6)
     other_pad = dict(batch, input_ids=batch["input_ids"].masked_fill(batch["attention_mask"] == 0, 7))
-    again, _ = rl.micro_batch_loss(model, rl.MicroBatch(other_pad, adv, shifted), args)
-    torch.testing.assert_close(again, total, rtol=1e-6, atol=1e-6)
-    assert len(diag["kl"]) == sum(n) and diag["clip_low"].sum() + diag["clip_high"].sum() > 0
+    again, _ = update(rl.MicroBatch(other_pad, adv, shifted))
+    torch.testing.assert_close(again[0], sums[0], rtol=1e-6, atol=1e-6)
+    assert sums[4] == sum(n) and sums[1] + sums[2] > 0
 
     # the first update of a step is on-policy: ratio 1, loss -sum(A), no clipping, zero KL; its gradient is the
-    # policy gradient -sum_t A_t grad log pi(y_t)
-    total, diag = rl.micro_batch_loss(model, rl.MicroBatch(batch, adv, old), args)
-    torch.testing.assert_close(total, -adv.sum(), rtol=1e-5, atol=1e-5)
-    assert diag["clip_low"].sum() == 0 and diag["clip_high"].sum() == 0 and diag["kl"].abs().max() < 1e-5
-    total.backward()
-    got = model.lm_head.weight.grad.full_tensor().clone()
+    # policy gradient -sum_t A_t grad log pi(y_t), over the mini-batch's tokens (token_mean, no clipping)
+    sums, capture = update(rl.MicroBatch(batch, adv, old), dataclasses.replace(args, grad_clip=1e9))
+    torch.testing.assert_close(sums[0], -adv.sum().double(), rtol=1e-5, atol=1e-5)
+    assert sums[1] == 0 and sums[2] == 0 and sums[3] < 1e-5
+    got = next(g for p, g in zip(capture.params, capture.grads) if p is model.lm_head.weight) * sum(n)
     model.zero_grad()
     lp = model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].log_softmax(-1)
     (-(adv * lp.gather(-1, batch["input_ids"][:, 1:, None])[..., 0][sel]).sum()).backward()
@@ -211,7 +225,7 @@ class GradCapture:
         self.params, self.grads = list(params), None
 
     def step(self):
-        self.grads = [p.grad.full_tensor().clone() for p in self.params]
+        self.grads = [None if p.grad is None else p.grad.full_tensor().clone() for p in self.params]
 
     def zero_grad(self, set_to_none=True):
         for p in self.params:
@@ -239,7 +253,7 @@ def test_policy_update_combines_its_micro_batches_as_loss_agg_says(checkpoint, w
         mbs.append(rl.MicroBatch(batch, adv, old, ent))
         sel = batch["loss_mask"][:, 1:].bool()
         lp = model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1].log_softmax(-1)
-        reference = reference + rl.clipped_loss(lp.gather(-1, batch["input_ids"][:, 1:, None])[..., 0][sel], old, adv,
+        reference = reference + clipped_loss(lp.gather(-1, batch["input_ids"][:, 1:, None])[..., 0][sel], old, adv,
                                                 0.2, 0.28, policy_loss)[0].sum()
     (reference / divisor).backward()
     want = [p.grad.full_tensor().clone() for p in model.parameters()]
@@ -302,9 +316,9 @@ def test_sync_weights_moves_the_trainers_weights_into_the_hf_engine(checkpoint, 
     model = fsdp_model(checkpoint)
     batch, _ = padded_batch(tok, [[5, 6, 7, tok.eos_token_id]])
     old, _ = chunked_logits.token_log_probs(model, batch, rl.Args().loss_chunk, rl.Args().temperature)
-    total, _ = rl.micro_batch_loss(model, rl.MicroBatch(batch, torch.tensor([1.0, -1.0, 2.0, 0.5]), old), rl.Args())
-    total.backward()
-    torch.optim.AdamW(model.parameters(), lr=1e-2).step()
+    model.reshard()             # as rl.train: the optimiser must see the sharded parameters, not the gathered
+    rl.policy_update(model, torch.optim.AdamW(model.parameters(), lr=1e-2),
+                     [rl.MicroBatch(batch, torch.tensor([1.0, -1.0, 2.0, 0.5]), old)], rl.Args(), torch.device("cpu"))
     trainer = {k: v.clone() for k, v in models.full_state_dict(model).items()}
     before = {k: v.clone() for k, v in engine.model.state_dict().items()}
     assert all(not torch.equal(trainer[k], before[k]) for k in trainer)     # the step moved every tensor
