@@ -1,7 +1,7 @@
 """Plumbing (a reader of the method may skip this file): the page of `evaluate.py tokens`, one self-contained HTML
 file (inline CSS, no script, nothing fetched) that shows one SFT example's response token by token, coloured by
 the teacher's entropy H_t or by CurioSFT's cross-entropy weight w_t, each token's numbers on hover and in a table.
-The numbers are computed in evaluate.py (curio_token_view); this file only lays them out."""
+The numbers are computed in plumbing/token_view.py (curio_token_view); this file only lays them out."""
 import codecs
 import html
 import json

@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 import evaluate as ev
+from plumbing import paired_stats as ps
 
 
-def evaluation(correct: dict[str, list[int]], n: int, name: str = "x", questions: str = "q") -> ev.Evaluation:
+def evaluation(correct: dict[str, list[int]], n: int, name: str = "x", questions: str = "q") -> ps.Evaluation:
     """An Evaluation of benchmarks {name: [samples right per question]}, question texts f"{questions}{i}"."""
-    return ev.Evaluation(name, name, {b: {f"{questions}{i}": int(c) for i, c in enumerate(cs)}
+    return ps.Evaluation(name, name, {b: {f"{questions}{i}": int(c) for i, c in enumerate(cs)}
                                       for b, cs in correct.items()}, dict.fromkeys(correct, n))
 
 
@@ -23,10 +24,10 @@ def test_a_constant_difference_has_a_zero_width_interval():
     rng = np.random.default_rng(1)
     base = rng.integers(0, 7, size=50)
     a, b = evaluation({"aime": base + 1}, 8), evaluation({"aime": base}, 8)
-    r = row(ev.paired_comparison([a], [b], resamples=2000), "aime")
+    r = row(ps.paired_comparison([a], [b], resamples=2000), "aime")
     assert r["difference"] == r["low"] == r["high"] == pytest.approx(1 / 8, abs=1e-12)
     # several evaluations per side, each the same: the seeds add no spread either
-    r = row(ev.paired_comparison([a, a, a], [b, b], resamples=2000), "aime")
+    r = row(ps.paired_comparison([a, a, a], [b, b], resamples=2000), "aime")
     assert r["high"] - r["low"] == pytest.approx(0, abs=1e-12) and r["difference"] == pytest.approx(1 / 8)
 
 
@@ -36,7 +37,7 @@ def test_large_samples_give_two_paired_standard_errors_of_width_and_swapping_neg
     skill = rng.integers(0, n + 1, size=questions)                       # shared difficulty: the pairing matters
     a_correct = np.clip(skill + rng.integers(-1, 2, size=questions), 0, n)
     a, b = evaluation({"math": a_correct}, n, "A"), evaluation({"math": skill}, n, "B")
-    result = ev.paired_comparison([a], [b])
+    result = ps.paired_comparison([a], [b])
     assert result["resamples"] == 10_000 and result["resampled"] == "questions"
     r = row(result, "math")
     d = (a_correct - skill) / n
@@ -48,7 +49,7 @@ def test_large_samples_give_two_paired_standard_errors_of_width_and_swapping_neg
     pass2 = row(result, "math", "pass@2")
     assert pass2["a"] == pytest.approx(np.mean([ev.pass_at_k(n, int(c), 2) for c in a_correct]))
     assert [r["metric"] for r in result["rows"] if r["benchmark"] == "math"] == ["avg", "pass@2", "pass@4"]
-    swapped = row(ev.paired_comparison([b], [a]), "math")
+    swapped = row(ps.paired_comparison([b], [a]), "math")
     assert (swapped["difference"], swapped["low"], swapped["high"]) == pytest.approx(
         (-r["difference"], -r["high"], -r["low"]), abs=1e-12)
 
@@ -56,7 +57,7 @@ def test_large_samples_give_two_paired_standard_errors_of_width_and_swapping_neg
 def test_the_seed_decides_the_replicates():
     rng = np.random.default_rng(3)
     a, b = evaluation({"amc": rng.integers(0, 9, 40)}, 8), evaluation({"amc": rng.integers(0, 9, 40)}, 8)
-    first, again, other = (row(ev.paired_comparison([a], [b], 3000, seed), "amc") for seed in (0, 0, 1))
+    first, again, other = (row(ps.paired_comparison([a], [b], 3000, seed), "amc") for seed in (0, 0, 1))
     assert first == again and (first["low"], first["high"]) != (other["low"], other["high"])
 
 
@@ -67,7 +68,7 @@ def test_seeds_of_each_side_are_resampled_when_every_evaluation_holds_the_same_q
     levels = rng.integers(0, n + 1, size=seeds)
     a = [evaluation({"aime": [c] * 3}, n, "A") for c in levels]
     b = [evaluation({"aime": [2] * 3}, n, "B")]
-    result = ev.paired_comparison(a, b)
+    result = ps.paired_comparison(a, b)
     assert result["resampled"] == "questions, and each side's seeds independently"
     r = row(result, "aime")
     assert r["difference"] == pytest.approx(levels.mean() / n - 2 / n)
@@ -85,7 +86,7 @@ def test_seed_pairs_with_questions_of_their_own_are_resampled_as_pairs():
         base = rng.integers(0, 2, size=2 + s % 3)
         a.append(evaluation({"math": base + shift[s]}, n, "A", questions=f"s{s}q"))
         b.append(evaluation({"math": base}, n, "B", questions=f"s{s}q"))
-    result = ev.paired_comparison(a, b)
+    result = ps.paired_comparison(a, b)
     assert result["resampled"].startswith("seed pairs")
     r = row(result, "math")
     assert r["difference"] == pytest.approx(shift.mean() / n)
@@ -94,7 +95,7 @@ def test_seed_pairs_with_questions_of_their_own_are_resampled_as_pairs():
     flat = [evaluation({"math": [0] * 4}, n, "B", questions=f"s{s}q") for s in range(3)]
     same = [evaluation({"math": [1] * 4}, n, "A", questions=f"s{s}q") for s in range(3)]
     noisy = [evaluation({"math": [0, 1, 2, 1]}, n, "A", questions=f"s{s}q") for s in range(3)]
-    widths = [row(ev.paired_comparison(x, flat, 2000), "math") for x in (same, noisy)]
+    widths = [row(ps.paired_comparison(x, flat, 2000), "math") for x in (same, noisy)]
     assert widths[0]["low"] == widths[0]["high"] == pytest.approx(1 / n) and widths[1]["high"] - widths[1]["low"] > 0.1
 
 
@@ -104,7 +105,7 @@ def test_the_id_and_ood_averages_weigh_each_benchmark_the_same():
     truth = {b: rng.integers(0, 2, size=q) for b in ("aime", "math", "gpqa")}
     a = evaluation({b: np.maximum(c, rng.integers(0, 2, size=q)) for b, c in truth.items()}, n)
     b = evaluation(truth, n)
-    result = ev.paired_comparison([a], [b])
+    result = ps.paired_comparison([a], [b])
     id_avg, per = row(result, "ID avg"), [row(result, x) for x in ("aime", "math")]
     assert id_avg["difference"] == pytest.approx((per[0]["difference"] + per[1]["difference"]) / 2)
     assert id_avg["questions"] == 2 * q and id_avg["n"] is None
@@ -136,7 +137,7 @@ def test_command_line_writes_the_table_and_json(tmp_path, capsys):
     table = (tmp_path / "cmp" / "paired.md").read_text()
     assert table in capsys.readouterr().out and table.startswith("## curio − sft")
     assert "| aime | 3 | avg@4 | 50.0 | 41.7 | +8.3 | [" in table and "| ID avg | 3 | avg@n |" in table
-    again = ev.paired_comparison([ev.load_evaluation(str(a))], [ev.load_evaluation(str(b))], 500)
+    again = ps.paired_comparison([ps.load_evaluation(str(a))], [ps.load_evaluation(str(b))], 500)
     assert again["rows"] == saved["rows"]                                # --seed 0 by default: the same draws
 
 

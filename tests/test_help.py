@@ -79,3 +79,34 @@ def test_mistyped_words_get_a_suggestion_and_empty_defaults_are_not_shown(capsys
         evaluate.main(["--help"])
     shown = capsys.readouterr().out
     assert "(default: 0.6)" in shown and "(default: )" not in shown
+
+
+def test_tokens_help_lists_only_the_loss_settings_the_page_uses(capsys):
+    """evaluate.py tokens shows (and takes) the loss settings its numbers depend on, not the Table 2
+    baselines' ones, with LossConfig's types, defaults and help; compare shows no loss settings."""
+    from dataclasses import fields
+
+    import curio_loss as cl
+    import evaluate
+    from plumbing.cli import field_docs
+    from plumbing.token_view import TokensLossConfig
+
+    baselines = ("entropy_coef", "kl_coef", "gem_beta", "psft_clip_low", "psft_clip_high")
+    with pytest.raises(SystemExit):
+        evaluate.main(["tokens", "--help"])
+    shown = capsys.readouterr().out
+    assert "loss settings (curio_loss.LossConfig):" in shown
+    assert "--alpha" in shown and "--h_pivot" in shown and "--low_entropy_threshold" in shown
+    for name in baselines:
+        assert name not in shown, name
+    with pytest.raises(SystemExit):
+        evaluate.main(["compare", "--help"])
+    shown = capsys.readouterr().out
+    assert "--resamples" in shown and "alpha" not in shown and "kl_coef" not in shown
+    full, docs = {f.name: f for f in fields(cl.LossConfig)}, field_docs(cl.LossConfig)
+    kept = fields(TokensLossConfig)
+    assert {f.name for f in kept} == full.keys() - set(baselines)   # a new LossConfig field: decide
+    for f in kept:
+        assert (f.type, f.default) == (full[f.name].type, full[f.name].default), f.name
+        assert field_docs(TokensLossConfig)[f.name] == docs[f.name], f.name
+    assert TokensLossConfig(alpha=0.5, top_k=64).loss_config() == cl.LossConfig(alpha=0.5, top_k=64)
