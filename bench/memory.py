@@ -1,50 +1,62 @@
-"""Memory planner: the per-GPU peak of an sft.py or rl.py run, by part and by phase, before renting the GPUs.
+"""Memory planner: the per-GPU peak of an sft.py or rl.py run, by part and by phase, before renting
+the GPUs.
 
     python bench/memory.py config/sft_paper.py --model Qwen2.5-Math-7B --gpus 8 --loss curio
     python bench/memory.py config/rl_paper.py --stage rl --model Qwen2.5-Math-7B --gpus 8 
-    python bench/memory.py --model path/to/config.json --stage sft --loss curio --gpus 1 --token_budget 8192 \
-        --loss_chunk 4096 --json
+    python bench/memory.py --model path/to/config.json --stage sft --loss curio --gpus 1 \
+        --token_budget 8192 --loss_chunk 4096 --json
 
-config/*.py presets (anywhere on the line) set the run as they set sft.py / rl.py (fields that do not change memory,
-such as lr, are ignored); flags win. --model is a named shape (MODELS) or a Hugging Face config.json (or its directory).
+config/*.py presets (anywhere on the line) set the run as they set sft.py / rl.py (fields that do
+not change memory, such as lr, are ignored); flags win. --model is a named shape (MODELS) or a
+Hugging Face config.json (or its directory).
 The same from Python: `plan(config_dict, stage="sft", loss="curio", gpus=8, ...)`.
 
-What it counts, per GPU, is what torch.cuda.max_memory_allocated counts: tensors (the CUDA context, NCCL buffers
-and the caching allocator's fragmentation are not). A step goes through moments (the teacher's forward, a logits
-chunk's forward and backward, each decoder layer's recompute and backward, the reduce-scatter of the root's
-gradients, the optimiser step); each moment is a sum of parts, and a phase's peak is its largest moment:
-  parameters           FSDP2's sharded float32 master weights, 4 P / gpus (0 with offload: CPUOffloadPolicy)
-  gathered_parameters  the all-gathered compute-dtype copies: the root (embedding, final norm, lm_head) for the
-                       whole step (FSDP2 keeps a root's parameters gathered after forward), one decoder layer
-                       (two with more than one GPU: the next one is prefetched)
-  gradients            sharded float32 gradients, the unsharded compute-dtype gradients of the layer in backward
-                       and of the root (lm_head's from the first logits chunk to the end of backward), and
-                       FSDP2's float32 reduce-scatter buffers (one layer's input buffer stays alive until the
-                       next layer's reduce-scatter)
+What it counts, per GPU, is what torch.cuda.max_memory_allocated counts: tensors (the CUDA
+context, NCCL buffers and the caching allocator's fragmentation are not). A step goes through
+moments (the teacher's forward, a logits chunk's forward and backward, each decoder layer's
+recompute and backward, the reduce-scatter of the root's gradients, the optimiser step); each
+moment is a sum of parts, and a phase's peak is its largest moment:
+  parameters           FSDP2's sharded float32 master weights, 4 P / gpus (0 with offload:
+                       CPUOffloadPolicy)
+  gathered_parameters  the all-gathered compute-dtype copies: the root (embedding, final norm,
+                       lm_head) for the whole step (FSDP2 keeps a root's parameters gathered after
+                       forward), one decoder layer (two with more than one GPU: the next one is
+                       prefetched)
+  gradients            sharded float32 gradients, the unsharded compute-dtype gradients of the
+                       layer in backward and of the root (lm_head's from the first logits chunk
+                       to the end of backward), and FSDP2's float32 reduce-scatter buffers (one
+                       layer's input buffer stays alive until the next layer's reduce-scatter)
   optimiser            AdamW's float32 exp_avg and exp_avg_sq, 8 P / gpus (0 with offload)
-  teacher / base       CurioSFT's EMA teacher or the kl loss's frozen base: a second FSDP2 model's sharded
-                       weights, its gathered root while it is used, its final hidden states [N, H]
-  activations          with checkpointing each decoder layer's input [T, H], plus one layer's recomputed
-                       activations and its backward; without it every layer's saved tensors; the final norm's,
-                       the trained positions' hidden states [N, H] and their gradient
-  logits               one chunk of [chunk, V] logits and what the loss functions allocate around it: traced by
-                       running the trainer's own functions (sft.micro_batch_loss, rl.policy_update,
-                       chunked_logits.token_log_probs) on a 1-wide model with the real vocabulary, so a change
-                       to curio_loss.py changes the plan without a change here
-  vllm                 RL: gpu_memory_utilization x the GPU's memory while the engine is awake; 0 asleep
-  weight_sync          RL: one full float32 parameter and its cast while the weights go into the engine
+  teacher / base       CurioSFT's EMA teacher or the kl loss's frozen base: a second FSDP2
+                       model's sharded weights, its gathered root while it is used, its final
+                       hidden states [N, H]
+  activations          with checkpointing each decoder layer's input [T, H], plus one layer's
+                       recomputed activations and its backward; without it every layer's saved
+                       tensors; the final norm's, the trained positions' hidden states [N, H]
+                       and their gradient
+  logits               one chunk of [chunk, V] logits and what the loss functions allocate
+                       around it: traced by running the trainer's own functions
+                       (sft.micro_batch_loss, rl.policy_update, chunked_logits.token_log_probs)
+                       on a 1-wide model with the real vocabulary, so a change to curio_loss.py
+                       changes the plan without a change here
+  vllm                 RL: gpu_memory_utilization x the GPU's memory while the engine is awake;
+                       0 asleep
+  weight_sync          RL: one full float32 parameter and its cast while the weights go into the
+                       engine
 
-The model side is a formula: its terms are the tensors that each op of the HF Qwen2 decoder layer saves for
-backward (listed in `layer_saved`), checked against measured peaks of real sft.py steps on CPU by
-tests/test_memory.py. Attention is PyTorch's SDPA as transformers calls it: with padding (more than one sequence
-in a micro-batch) a boolean [B, 1, T, T] mask that SDPA turns into a compute-dtype one per call, and K/V
-repeated to every head; without padding neither. The attention kernel is taken to keep what CPU's flash kernel
-keeps (its output and logsumexp), as CUDA's memory-efficient and flash kernels do.
+The model side is a formula: its terms are the tensors that each op of the HF Qwen2 decoder layer
+saves for backward (listed in `layer_saved`), checked against measured peaks of real sft.py steps
+on CPU by tests/test_memory.py. Attention is PyTorch's SDPA as transformers calls it: with padding
+(more than one sequence in a micro-batch) a boolean [B, 1, T, T] mask that SDPA turns into a
+compute-dtype one per call, and K/V repeated to every head; without padding neither. The
+attention kernel is taken to keep what CPU's flash kernel keeps (its output and logsumexp), as
+CUDA's memory-efficient and flash kernels do.
 
-Not counted: FSDP2's padding of each parameter to a multiple of the GPU count, CPU offload's host-to-device copies
-of one layer's shards, kernels' internal workspaces (cuBLAS, attention), what a sleeping vLLM keeps (CUDA graphs),
-the EMA teacher update's temporaries (one parameter shard at a time, after the gradients are freed) and checkpoint
-saving. Gradient accumulation is planned as FSDP2 reduce-scattering every micro-batch.
+Not counted: FSDP2's padding of each parameter to a multiple of the GPU count, CPU offload's
+host-to-device copies of one layer's shards, kernels' internal workspaces (cuBLAS, attention),
+what a sleeping vLLM keeps (CUDA graphs), the EMA teacher update's temporaries (one parameter
+shard at a time, after the gradients are freed) and checkpoint saving. Gradient accumulation is
+planned as FSDP2 reduce-scattering every micro-batch.
 """
 import argparse
 import contextlib
@@ -73,35 +85,43 @@ from plumbing.cli import parse_config, split_presets  # noqa: E402
 
 GIB = 2**30
 
-# The real shapes, as in the models' Hugging Face config.json files (Qwen/Qwen2.5-Math-7B, Qwen/Qwen2.5-1.5B).
-QWEN_1_5B = {"model_type": "qwen2", "hidden_size": 1536, "num_hidden_layers": 28, "num_attention_heads": 12,
-             "num_key_value_heads": 2, "intermediate_size": 8960, "vocab_size": 151936, "tie_word_embeddings": True}
+# The real shapes, as in the models' Hugging Face config.json files (Qwen/Qwen2.5-Math-7B,
+# Qwen/Qwen2.5-1.5B).
+QWEN_1_5B = {"model_type": "qwen2", "hidden_size": 1536, "num_hidden_layers": 28,
+             "num_attention_heads": 12, "num_key_value_heads": 2, "intermediate_size": 8960,
+             "vocab_size": 151936, "tie_word_embeddings": True}
 MODELS = {
-    "Qwen2.5-Math-7B": {"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28, "num_attention_heads": 28,
-                        "num_key_value_heads": 4, "intermediate_size": 18944, "vocab_size": 152064,
+    "Qwen2.5-Math-7B": {"model_type": "qwen2", "hidden_size": 3584, "num_hidden_layers": 28,
+                        "num_attention_heads": 28, "num_key_value_heads": 4,
+                        "intermediate_size": 18944, "vocab_size": 152064,
                         "tie_word_embeddings": False},
     "Qwen2.5-1.5B": QWEN_1_5B,
-    # Qwen/Qwen2.5-Math-1.5B has the same shapes; its other context length and rope_theta change no tensor
+    # Qwen/Qwen2.5-Math-1.5B has the same shapes; its other context length and rope_theta change
+    # no tensor
     "Qwen2.5-Math-1.5B": QWEN_1_5B,
 }
-PARTS = ["parameters", "gathered_parameters", "gradients", "optimiser", "teacher", "base", "activations", "logits",
-         "vllm", "weight_sync"]
+PARTS = ["parameters", "gathered_parameters", "gradients", "optimiser", "teacher", "base",
+         "activations", "logits", "vllm", "weight_sync"]
 
 
 @dataclass
 class Run:
     model: str = "Qwen2.5-Math-7B"
-    """a named shape (Qwen2.5-Math-7B, Qwen2.5-1.5B, Qwen2.5-Math-1.5B) or a Hugging Face config.json or its folder"""
+    """a named shape (Qwen2.5-Math-7B, Qwen2.5-1.5B, Qwen2.5-Math-1.5B) or a Hugging Face
+    config.json or its folder"""
     stage: str = "sft"
     """sft | rl"""
     loss: str = "curio"
-    """SFT loss, as sft.py's --loss (curio: a separate EMA teacher; curio_self_teacher: none; kl: a frozen base)"""
+    """SFT loss, as sft.py's --loss (curio: a separate EMA teacher; curio_self_teacher: none; kl: a
+    frozen base)"""
     gpus: int = 8
     """GPUs the FSDP2 model is sharded over"""
     token_budget: int = 0
-    """padded tokens per micro-batch per GPU (0: sft.py's default 16384; RL: micro_batch x the longest sequence)"""
+    """padded tokens per micro-batch per GPU (0: sft.py's default 16384; RL: micro_batch x the
+    longest sequence)"""
     seq_len: int = 0
-    """the longest sequence in a micro-batch (0: max_prompt_len + max_response_len, at most token_budget)"""
+    """the longest sequence in a micro-batch (0: max_prompt_len + max_response_len, at most
+    token_budget)"""
     trained_tokens: int = 0
     """trained positions N in a micro-batch (0: all token_budget tokens, the worst case)"""
     micro_batch: int = 4
@@ -119,13 +139,14 @@ class Run:
     offload: bool = False
     """FSDP2 CPUOffloadPolicy: sharded parameters, gradients and optimiser states live on the CPU"""
     global_batch: int = 0
-    """SFT: sequences per optimiser step over all GPUs, as sft.py's --global_batch (0: one micro-batch per step).
-    With several micro-batches per step FSDP2 reduce-scatters each one, so the later ones run next to the earlier
-    ones' sharded float32 gradients"""
+    """SFT: sequences per optimiser step over all GPUs, as sft.py's --global_batch (0: one
+    micro-batch per step). With several micro-batches per step FSDP2 reduce-scatters each one, so
+    the later ones run next to the earlier ones' sharded float32 gradients"""
     updates_per_batch: int = 1
     """SFT: optimiser steps per data batch, as sft.py's --updates_per_batch (PSFT: 8)"""
     mini_batch: int = 0
-    """RL: prompts per optimiser step over all GPUs, as rl.py's --mini_batch (0: one micro-batch per step)"""
+    """RL: prompts per optimiser step over all GPUs, as rl.py's --mini_batch (0: one micro-batch per
+    step)"""
     rollouts: int = 8
     """RL: responses per prompt"""
     log_entropy: bool = True
@@ -133,14 +154,16 @@ class Run:
     gpu_memory_utilization: float = 0.4
     """RL: vLLM's share of the GPU's total memory while it is awake"""
     vllm_sleep: bool = True
-    """RL: vLLM's sleep mode, as rl.py --vllm_sleep (its default): the engine frees its weights and KV cache while
-    the trainer works; --no-vllm_sleep keeps it awake beside the trainer"""
+    """RL: vLLM's sleep mode, as rl.py --vllm_sleep (its default): the engine frees its weights and
+    KV cache while the trainer works; --no-vllm_sleep keeps it awake beside the trainer"""
     gpu_gib: float = 79.1
     """the GPU's memory as torch reports it (an 80 GB H100: 79.1 GiB)"""
     headroom: float = 0.1
-    """share of the GPU kept free for what max_memory_allocated does not count (CUDA context, NCCL, fragmentation)"""
+    """share of the GPU kept free for what max_memory_allocated does not count (CUDA context, NCCL,
+    fragmentation)"""
     device: str = "cuda"
-    """cuda: fused AdamW (no temporaries) | cpu: the unfused AdamW that sft.py uses on CPU (tests)"""
+    """cuda: fused AdamW (no temporaries) | cpu: the unfused AdamW that sft.py uses on CPU
+    (tests)"""
     json: bool = False
     """print the plan as JSON: {"parts": {name: bytes}, "phases": {...}, "total_bytes": int, ...}"""
 
@@ -180,17 +203,20 @@ class Shapes:
 
 def shapes_of(config: dict, source: str = "config") -> Shapes:
     """Shapes from a Hugging Face config dict (Qwen2 / Llama-style decoders)."""
-    need = ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "vocab_size"]
+    need = ["hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+            "vocab_size"]
     missing = [k for k in need if k not in config]
     if missing:
-        raise ValueError(f"{source}: missing field(s) {missing} (a Qwen2/Llama-style config.json is expected)")
+        raise ValueError(f"{source}: missing field(s) {missing} (a Qwen2/Llama-style config.json "
+                         f"is expected)")
     heads = config["num_attention_heads"]
     return Shapes(hidden=config["hidden_size"], layers=config["num_hidden_layers"], heads=heads,
                   kv_heads=config.get("num_key_value_heads") or heads,
                   head_dim=config.get("head_dim") or config["hidden_size"] // heads,
                   intermediate=config["intermediate_size"], vocab=config["vocab_size"],
                   tied=bool(config.get("tie_word_embeddings", False)),
-                  qkv_bias=config.get("model_type") == "qwen2" or bool(config.get("attention_bias", False)))
+                  qkv_bias=(config.get("model_type") == "qwen2"
+                            or bool(config.get("attention_bias", False))))
 
 
 def load_model_config(name: str) -> dict:
@@ -200,7 +226,8 @@ def load_model_config(name: str) -> dict:
     path = Path(name)
     path = path / "config.json" if path.is_dir() else path
     if not path.is_file():
-        raise SystemExit(f"--model {name}: neither a named shape ({', '.join(MODELS)}) nor a config.json file")
+        raise SystemExit(f"--model {name}: neither a named shape ({', '.join(MODELS)}) nor a "
+                         f"config.json file")
     try:
         return json.loads(path.read_text())
     except json.JSONDecodeError as e:
@@ -208,40 +235,50 @@ def load_model_config(name: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
-# Activations of one HF Qwen2 decoder layer (modeling_qwen2.py), in bytes, for `tok` tokens in sequences of T
+# Activations of one HF Qwen2 decoder layer (modeling_qwen2.py), in bytes, for `tok` tokens in
+# sequences of T
 # ------------------------------------------------------------------------------------------------
 def layer_saved(s: Shapes, tok: int, T: int, c: int) -> int:
-    """What one decoder layer keeps for backward when it runs with grad (no checkpointing, or its recompute)."""
+    """What one decoder layer keeps for backward when it runs with grad (no checkpointing, or its
+    recompute)."""
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     padded = tok > T                                   # several sequences: right padding, so a mask
-    norms = 2 * (4 * tok * s.hidden + c * tok * s.hidden + 4 * tok)   # RMSNorm: float32 input, normalised x, rsqrt
-    proj_inputs = 2 * c * tok * s.hidden               # the norms' outputs: inputs of q/k/v and of gate/up
-    # q after rotary; k, v as SDPA gets them (repeat_kv copies to every head when a mask rules out enable_gqa)
+    # RMSNorm: float32 input, normalised x, rsqrt
+    norms = 2 * (4 * tok * s.hidden + c * tok * s.hidden + 4 * tok)
+    # the norms' outputs: inputs of q/k/v and of gate/up
+    proj_inputs = 2 * c * tok * s.hidden
+    # q after rotary; k, v as SDPA gets them (repeat_kv copies to every head when a mask rules out
+    # enable_gqa)
     qkv = c * tok * q + 2 * c * tok * (q if padded else kv)
-    sdpa = c * tok * q + 4 * tok * s.heads + (c * tok * T if padded else 0)   # output, logsumexp, float mask
+    # output, logsumexp, float mask
+    sdpa = c * tok * q + 4 * tok * s.heads + (c * tok * T if padded else 0)
     mlp = 4 * c * tok * s.intermediate                 # gate, silu(gate), up, silu(gate) * up
     return norms + proj_inputs + qkv + sdpa + mlp
 
 
 def layer_forward_transient(s: Shapes, tok: int, T: int, c: int) -> int:
-    """Peak of a layer's forward when nothing is saved (no grad, or a checkpointed forward), beyond its input."""
+    """Peak of a layer's forward when nothing is saved (no grad, or a checkpointed forward), beyond
+    its input."""
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
     padded = tok > T
-    attn = c * tok * (s.hidden + 2 * q + 2 * kv) + (c * tok * (2 * q) + c * tok * T if padded else 0)
-    mlp = 2 * c * tok * s.hidden + 3 * c * tok * s.intermediate    # residual, norm out, silu(gate), up, product
+    attn = (c * tok * (s.hidden + 2 * q + 2 * kv)
+            + (c * tok * (2 * q) + c * tok * T if padded else 0))
+    # residual, norm out, silu(gate), up, product
+    mlp = 2 * c * tok * s.hidden + 3 * c * tok * s.intermediate
     norm = 8 * tok * s.hidden                                      # float32 copies inside RMSNorm
     return max(attn, mlp, norm) + c * tok * s.hidden               # + the layer's output
 
 
 def layer_backward_extra(s: Shapes, tok: int, c: int) -> int:
-    """Beyond the layer's saved tensors, at the peak of its backward (the MLP's): the incoming and the residual
-    gradient [tok, H], and the gradients of silu(gate) * up's three [tok, I] tensors less the freed product."""
+    """Beyond the layer's saved tensors, at the peak of its backward (the MLP's): the incoming and
+    the residual gradient [tok, H], and the gradients of silu(gate) * up's three [tok, I] tensors
+    less the freed product."""
     return 2 * c * tok * s.hidden + 2 * c * tok * s.intermediate
 
 
 def shared_activations(s: Shapes, tok: int, T: int, c: int, with_mask: bool) -> int:
-    """Tensors every layer reads: rotary cos/sin [1, T, d] and the boolean [B, 1, T, T] mask (alive during a
-    forward, and through backward when checkpointing keeps it for the recomputes)."""
+    """Tensors every layer reads: rotary cos/sin [1, T, d] and the boolean [B, 1, T, T] mask (alive
+    during a forward, and through backward when checkpointing keeps it for the recomputes)."""
     return 2 * c * T * s.head_dim + (tok * T if with_mask and tok > T else 0)
 
 
@@ -253,12 +290,13 @@ def final_norm_saved(s: Shapes, tok: int, c: int) -> int:
 # Live tensor bytes (used to trace the loss functions here, and by the tests to measure whole steps)
 # ------------------------------------------------------------------------------------------------
 class LiveTensorBytes(TorchDispatchMode):
-    """Bytes of the tensor storages created while active and still alive, and their peak (overall, and per phase
-    named with set_phase). Every op's outputs are tracked by storage (a DTensor by its local tensor); a weakref
-    finalizer subtracts a storage when it dies; storage resizes are followed (FSDP2 frees and re-allocates
-    unsharded parameters with UntypedStorage.resize_). aten.logsumexp writes exp(x - max) into a temporary the size
-    of its input (ATen ReduceOps.cpp, logsumexp_out_impl, on CPU and CUDA alike) that a dispatch mode cannot see:
-    it is counted for the op's duration."""
+    """Bytes of the tensor storages created while active and still alive, and their peak (overall,
+    and per phase named with set_phase). Every op's outputs are tracked by storage (a DTensor by
+    its local tensor); a weakref finalizer subtracts a storage when it dies; storage resizes are
+    followed (FSDP2 frees and re-allocates unsharded parameters with UntypedStorage.resize_).
+    aten.logsumexp writes exp(x - max) into a temporary the size of its input (ATen ReduceOps.cpp,
+    logsumexp_out_impl, on CPU and CUDA alike) that a dispatch mode cannot see: it is counted for
+    the op's duration."""
 
     def __init__(self):
         super().__init__()
@@ -289,7 +327,8 @@ class LiveTensorBytes(TorchDispatchMode):
         key, n = storage._cdata, storage.nbytes()
         if key not in self.sizes:
             self.sizes[key] = 0
-            weakref.finalize(storage, self._free, key)      # storages keep their Python object while alive
+            # storages keep their Python object while alive
+            weakref.finalize(storage, self._free, key)
         self.live += n - self.sizes[key]
         self.sizes[key] = n
 
@@ -331,12 +370,14 @@ class LiveTensorBytes(TorchDispatchMode):
 # ------------------------------------------------------------------------------------------------
 # The loss side, traced: per-token bytes of one logits chunk, by phase
 # ------------------------------------------------------------------------------------------------
-TRACE_TOKENS = 16   # one chunk of this many tokens; [n, V] and [n, k] terms keep their ratio, so bytes scale with n
+# one chunk of this many tokens; [n, V] and [n, k] terms keep their ratio, so bytes scale with n
+TRACE_TOKENS = 16
 
 
 class OneWideLM(torch.nn.Module):
-    """A causal LM with the real vocabulary and hidden size 1, to trace the loss functions: its forward returns
-    fixed hidden states through `model.norm`, as chunked_logits.normed_hidden expects; lm_head makes [n, V] logits."""
+    """A causal LM with the real vocabulary and hidden size 1, to trace the loss functions: its
+    forward returns fixed hidden states through `model.norm`, as chunked_logits.normed_hidden
+    expects; lm_head makes [n, V] logits."""
 
     def __init__(self, vocab, dtype, seq, seed, trainable=True):
         super().__init__()
@@ -345,7 +386,8 @@ class OneWideLM(torch.nn.Module):
         self.model.norm = torch.nn.Identity()
         self.lm_head = torch.nn.Linear(1, vocab, bias=False, dtype=dtype)
         with torch.no_grad():
-            self.lm_head.weight.copy_(4 * torch.randn(vocab, 1, generator=g))   # entropies well below log V
+            # entropies well below log V
+            self.lm_head.weight.copy_(4 * torch.randn(vocab, 1, generator=g))
         self.hidden = torch.nn.Parameter(torch.randn(1, seq, 1, generator=g).to(dtype))
         self.requires_grad_(trainable)
 
@@ -381,24 +423,28 @@ def one_rank_world():
 
 @lru_cache(maxsize=None)
 def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy: bool) -> dict:
-    """Peak bytes per token of a logits chunk, by phase: 'teacher' (the teacher side under no grad), 'forward'
-    (the chunk's checkpointed forward), 'backward' (its recompute and backward down to the hidden states),
-    'old_logp' (RL's no-grad log-probs). Measured with LiveTensorBytes on TRACE_TOKENS tokens in one chunk."""
+    """Peak bytes per token of a logits chunk, by phase: 'teacher' (the teacher side under no
+    grad), 'forward' (the chunk's checkpointed forward), 'backward' (its recompute and backward
+    down to the hidden states), 'old_logp' (RL's no-grad log-probs). Measured with LiveTensorBytes
+    on TRACE_TOKENS tokens in one chunk."""
     dtype, n = (torch.bfloat16 if bf16 else torch.float32), TRACE_TOKENS
     g = torch.Generator().manual_seed(0)
-    batch = data.collate([(torch.randint(0, vocab, (n + 1,), generator=g).tolist(), [0] + [1] * n)], 0)
+    batch = data.collate([(torch.randint(0, vocab, (n + 1,), generator=g).tolist(),
+                           [0] + [1] * n)], 0)
     model = OneWideLM(vocab, dtype, n + 1, seed=1)
     tracker = LiveTensorBytes()
     old_logp = stage == "rl" or loss == "psft"        # RL, and PSFT's batch of old log-probs
     in_backward, no_grad_phase = False, "old_logp" if old_logp else "teacher"
 
-    def on_head(module, args):       # the student's lm_head; without grad: RL's old log-probs, or the self-teacher
+    # the student's lm_head; without grad: RL's old log-probs, or the self-teacher
+    def on_head(module, args):
         if tracker.phase is not None and not in_backward:
             tracker.set_phase("forward" if torch.is_grad_enabled() else no_grad_phase)
 
     model.lm_head.register_forward_pre_hook(on_head)
     if stage == "rl":
-        import rl          # imported here: rl.py needs math-verify, which a GPU image planning SFT may lack
+        # imported here: rl.py needs math-verify, which a GPU image planning SFT may lack
+        import rl
 
         args = rl.Args(loss_chunk=n)
         mb = rl.MicroBatch(batch, torch.randn(n, generator=g))
@@ -417,7 +463,8 @@ def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy:
             tracker.set_phase("forward")
             rl.policy_update(model, NoStep(), [mb], args, torch.device("cpu"))
     else:
-        args, cfg, second = sft.Args(loss=loss, loss_chunk=n), cl.LossConfig(), cl.second_model(loss)
+        args, cfg, second = (sft.Args(loss=loss, loss_chunk=n), cl.LossConfig(),
+                             cl.second_model(loss))
         other = OneWideLM(vocab, dtype, n + 1, seed=2, trainable=False)
         teacher = other if second == "teacher" else None
         base = other if second == "base" else None
@@ -428,7 +475,8 @@ def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy:
                 tracker.set_phase("old_logp")
             old_lp = chunked_logits.token_log_probs(model, batch, n)[0] if old_logp else None
             tracker.set_phase("forward")
-            total, _ = sft.micro_batch_loss(model, teacher, base, batch, old_lp, args, cfg, log_entropy)
+            total, _ = sft.micro_batch_loss(model, teacher, base, batch, old_lp, args, cfg,
+                                            log_entropy)
             in_backward = True
             tracker.set_phase("backward")
             total.backward()
@@ -455,8 +503,10 @@ def _resolve(config: dict, run: dict) -> tuple[Shapes, Run, int]:
         r.token_budget = r.micro_batch * (r.seq_len or longest) if r.stage == "rl" else 16384
     r.seq_len = min(r.seq_len or longest, r.token_budget)
     r.trained_tokens = min(r.trained_tokens or r.token_budget, r.token_budget)
-    per_step = r.global_batch / r.updates_per_batch if r.stage == "sft" else r.mini_batch * r.rollouts
-    micro_batches = max(1, math.ceil(per_step / r.gpus / max(1, r.token_budget // r.seq_len)))   # per GPU
+    per_step = (r.global_batch / r.updates_per_batch if r.stage == "sft"
+                else r.mini_batch * r.rollouts)
+    # per GPU
+    micro_batches = max(1, math.ceil(per_step / r.gpus / max(1, r.token_budget // r.seq_len)))
     return shapes_of(config, r.model), r, micro_batches
 
 
@@ -465,92 +515,118 @@ def _sum(parts: dict) -> int:
 
 
 def _step_moments(s: Shapes, r: Run, micro_batches: int, loss_bytes: dict, second: str | None):
-    """The moments of one micro-batch (forward, loss, backward) and of the optimiser step, as (name, parts)."""
+    """The moments of one micro-batch (forward, loss, backward) and of the optimiser step, as
+    (name, parts)."""
     c, f, g = (2 if r.bf16 else 4), 4, r.gpus
     tok, T, N, L = r.token_budget, r.seq_len, r.trained_tokens, s.layers
-    n, chunks = min(r.loss_chunk, N), math.ceil(N / r.loss_chunk)      # the largest chunk, the number of chunks
+    # the largest chunk, the number of chunks
+    n, chunks = min(r.loss_chunk, N), math.ceil(N / r.loss_chunk)
     on_gpu = 0 if r.offload else 1
     static = {"parameters": on_gpu * 4 * s.params / g, "optimiser": on_gpu * 8 * s.params / g}
-    all_grads = on_gpu * 4 * s.params / g                     # sharded float32 gradients of the whole model
+    all_grads = on_gpu * 4 * s.params / g      # sharded float32 gradients of the whole model
     earlier = all_grads if micro_batches > 1 else 0           # what the earlier micro-batches left
     second_static = on_gpu * 4 * s.params / g
     root, layer_gathered = c * s.root_params, c * s.layer_params * (2 if g > 1 else 1)
-    head_grad = c * s.vocab * s.hidden                         # lm_head's (or the tied embedding's) unsharded grad
+    head_grad = c * s.vocab * s.hidden         # lm_head's (or the tied embedding's) unsharded grad
     per_layer = c * tok * s.hidden if r.grad_ckpt else layer_saved(s, tok, T, c)
     saved = L * per_layer + shared_activations(s, tok, T, c, r.grad_ckpt)
-    top = saved + final_norm_saved(s, tok, c) + c * N * s.hidden          # + h [N, H], the chunks' input
-    h_second = c * N * s.hidden                                          # the teacher's / base's h [N, H]
-    # kl: the base's root stays gathered from its forward to the end of backward (its lm_head runs in each chunk)
+    top = saved + final_norm_saved(s, tok, c) + c * N * s.hidden   # + h [N, H], the chunks' input
+    h_second = c * N * s.hidden                                    # the teacher's / base's h [N, H]
+    # kl: the base's root stays gathered from its forward to the end of backward (its lm_head runs
+    # in each chunk)
     with_second = {second: second_static} if second else {}
-    during_loss = {second: second_static + h_second + (root if second == "base" else 0)} if second else {}
-    in_backward = {second: second_static + (root + h_second if second == "base" else 0)} if second else {}
+    during_loss = ({second: second_static + h_second + (root if second == "base" else 0)}
+                   if second else {})
+    in_backward = ({second: second_static + (root + h_second if second == "base" else 0)}
+                   if second else {})
     moments = []
-    if second is not None and g > 1:   # FSDP2 keeps the root's flat all-gather buffer until layer 0's copy-out
-        moments.append((f"{second} all-gather", {**static, "gathered_parameters": root, "gradients": earlier,
-                        second: second_static + 2 * root + c * s.layer_params,
+    # FSDP2 keeps the root's flat all-gather buffer until layer 0's copy-out
+    if second is not None and g > 1:
+        moments.append((f"{second} all-gather", {**static, "gathered_parameters": root,
+                        "gradients": earlier, second: second_static + 2 * root + c * s.layer_params,
                         "activations": top + c * tok * s.hidden}))
-    if second is not None:       # its forward under no grad, the student's saved tensors and gathered root alive
-        moments.append((f"{second} forward", {**static, "gathered_parameters": root + layer_gathered,
-                        "gradients": earlier, second: second_static + root, "activations": top + c * tok * s.hidden
-                        + layer_forward_transient(s, tok, T, c) + shared_activations(s, tok, T, c, True)}))
-    if second == "teacher":   # (the self-teacher's side runs inside each chunk's forward, traced there)
-        moments.append(("teacher side", {**static, "gathered_parameters": root, "gradients": earlier,
-                        "teacher": second_static + root + h_second, "activations": top,
-                        "logits": n * loss_bytes["teacher"]}))
-    if r.stage == "sft" and r.loss == "entropy_top20":   # the no-grad pass over the chunks that picks the top 20%
-        moments.append(("entropy pass", {**static, "gathered_parameters": root, "gradients": earlier,
+    # its forward under no grad, the student's saved tensors and gathered root alive
+    if second is not None:
+        moments.append((f"{second} forward", {**static,
+                        "gathered_parameters": root + layer_gathered,
+                        "gradients": earlier, second: second_static + root,
+                        "activations": top + c * tok * s.hidden
+                        + layer_forward_transient(s, tok, T, c)
+                        + shared_activations(s, tok, T, c, True)}))
+    # (the self-teacher's side runs inside each chunk's forward, traced there)
+    if second == "teacher":
+        moments.append(("teacher side", {**static, "gathered_parameters": root,
+                        "gradients": earlier, "teacher": second_static + root + h_second,
                         "activations": top, "logits": n * loss_bytes["teacher"]}))
-    moments.append(("loss forward", {**static, "gathered_parameters": root, "gradients": earlier, **during_loss,
-                    "activations": top + 4 * N, "logits": n * loss_bytes["forward"]}))
-    done = head_grad if chunks > 1 else 0                      # lm_head's grad from the chunks already done
+    # the no-grad pass over the chunks that picks the top 20%
+    if r.stage == "sft" and r.loss == "entropy_top20":
+        moments.append(("entropy pass", {**static, "gathered_parameters": root,
+                        "gradients": earlier, "activations": top,
+                        "logits": n * loss_bytes["teacher"]}))
+    moments.append(("loss forward", {**static, "gathered_parameters": root, "gradients": earlier,
+                    **during_loss, "activations": top + 4 * N,
+                    "logits": n * loss_bytes["forward"]}))
+    done = head_grad if chunks > 1 else 0          # lm_head's grad from the chunks already done
     moments.append(("loss backward", {**static, "gathered_parameters": root, **in_backward,
                     "gradients": earlier + done, "activations": top + 2 * c * N * s.hidden,
                     "logits": n * loss_bytes["backward"]}))
     moments.append(("lm_head backward", {**static, "gathered_parameters": root, **in_backward,
                     "gradients": earlier + done + head_grad, "logits": c * n * s.vocab,
                     "activations": top + 2 * c * N * s.hidden + c * n * s.hidden}))
-    for i in reversed(range(L)):  # layer i's recompute and backward; the layers above are reduce-scattered
+    # layer i's recompute and backward; the layers above are reduce-scattered
+    for i in reversed(range(L)):
         sharded = earlier or on_gpu * 4 * s.layer_params * (L - 1 - i) / g
-        rs_buffer = f * s.layer_params if i < L - 1 else 0    # the layer above's reduce-scatter input, still alive
+        # the layer above's reduce-scatter input, still alive
+        rs_buffer = f * s.layer_params if i < L - 1 else 0
         recompute = layer_saved(s, tok, T, c) if r.grad_ckpt else 0
-        moments.append((f"layer {i} backward", {**static, "gathered_parameters": root + layer_gathered,
-                        **in_backward, "gradients": sharded + c * s.layer_params + rs_buffer + head_grad,
-                        "activations": (i + 1) * per_layer + shared_activations(s, tok, T, c, r.grad_ckpt)
+        moments.append((f"layer {i} backward", {**static,
+                        "gathered_parameters": root + layer_gathered, **in_backward,
+                        "gradients": sharded + c * s.layer_params + rs_buffer + head_grad,
+                        "activations": (i + 1) * per_layer
+                        + shared_activations(s, tok, T, c, r.grad_ckpt)
                         + recompute + layer_backward_extra(s, tok, c)}))
-    # the root's post-backward: its parameters resharded, its gradients copied into a float32 reduce-scatter input
-    # (then freed); the output becomes (or is added to) the sharded gradient
+    # the root's post-backward: its parameters resharded, its gradients copied into a float32
+    # reduce-scatter input (then freed); the output becomes (or is added to) the sharded gradient
     sharded = earlier or on_gpu * 4 * s.layer_params * L / g
     moments.append(("root reduce-scatter", {**static, **in_backward, "gradients": sharded
                     + max(c * s.root_params + f * s.root_params, f * s.root_params * (1 + 1 / g))}))
-    step_temps = 0 if r.device == "cuda" else 2 * 4 * s.vocab * s.hidden / g   # unfused AdamW: sqrt, / bias corr.
-    moments.append(("optimiser step", {**static, **with_second, "gradients": all_grads + step_temps}))
+    # unfused AdamW: sqrt, / bias corr.
+    step_temps = 0 if r.device == "cuda" else 2 * 4 * s.vocab * s.hidden / g
+    moments.append(("optimiser step", {**static, **with_second,
+                    "gradients": all_grads + step_temps}))
     return moments
 
 
 def _old_logp_moments(s: Shapes, r: Run, loss_bytes: dict):
-    """Old log-probs (RL's, PSFT's): a no-grad forward (layer by layer), then chunks of log-probs."""
+    """Old log-probs (RL's, PSFT's): a no-grad forward (layer by layer), then chunks of
+    log-probs."""
     c, g = (2 if r.bf16 else 4), r.gpus
     tok, T, N = r.token_budget, r.seq_len, r.trained_tokens
     on_gpu = 0 if r.offload else 1
     static = {"parameters": on_gpu * 4 * s.params / g, "optimiser": on_gpu * 8 * s.params / g}
     root, layer_gathered = c * s.root_params, c * s.layer_params * (2 if g > 1 else 1)
-    return [("old log-probs forward", {**static, "gathered_parameters": root + layer_gathered, "activations":
-             c * tok * s.hidden + layer_forward_transient(s, tok, T, c) + shared_activations(s, tok, T, c, True)}),
-            ("old log-probs chunks", {**static, "gathered_parameters": root, "activations": c * N * s.hidden,
+    return [("old log-probs forward", {**static, "gathered_parameters": root + layer_gathered,
+             "activations": c * tok * s.hidden + layer_forward_transient(s, tok, T, c)
+             + shared_activations(s, tok, T, c, True)}),
+            ("old log-probs chunks", {**static, "gathered_parameters": root,
+             "activations": c * N * s.hidden,
              "logits": min(r.loss_chunk, N) * loss_bytes["old_logp"]})]
 
 
 def plan(config: dict, **run) -> dict:
-    """The per-GPU peak of a run. config: a Hugging Face config dict; run: Run's fields (stage, loss, gpus,
-    token_budget, loss_chunk, bf16, grad_ckpt, offload, ...). Returns {"parts": {part: bytes} at the peak,
-    "phases": {phase: {"total_bytes", "moment", "parts", "moments": {moment: bytes}}}, "total_bytes",
-    "peak_phase", "gpu_bytes", "fits", "params", "micro_batches", "loss_chunk_bytes_per_token", "run"}."""
+    """The per-GPU peak of a run. config: a Hugging Face config dict; run: Run's fields (stage,
+    loss, gpus, token_budget, loss_chunk, bf16, grad_ckpt, offload, ...). Returns
+    {"parts": {part: bytes} at the peak,
+    "phases": {phase: {"total_bytes", "moment", "parts", "moments": {moment: bytes}}},
+    "total_bytes", "peak_phase", "gpu_bytes", "fits", "params", "micro_batches",
+    "loss_chunk_bytes_per_token", "run"}."""
     s, r, micro_batches = _resolve(config, run)
     gpu = r.gpu_gib * GIB
     if r.stage == "sft":
         second = cl.second_model(r.loss)
         lb = loss_chunk_bytes("sft", r.loss, s.vocab, r.bf16, r.log_entropy)
-        old_logp = _old_logp_moments(s, r, lb) if r.loss == "psft" else []     # PSFT, before its updates
+        # PSFT, before its updates
+        old_logp = _old_logp_moments(s, r, lb) if r.loss == "psft" else []
         phases = {"sft step": old_logp + _step_moments(s, r, micro_batches, lb, second)}
     else:
         lb = loss_chunk_bytes("rl", "rl", s.vocab, r.bf16, False)
@@ -559,22 +635,27 @@ def plan(config: dict, **run) -> dict:
         for _, parts in training:
             parts["vllm"] = 0 if r.vllm_sleep else awake
         on_gpu, c_engine = (0 if r.offload else 1), (2 if r.bf16 else 4)
-        # the trainer keeps its sharded weights and optimiser states (zero_grad(set_to_none) freed the gradients)
-        trainer = {"parameters": on_gpu * 4 * s.params / r.gpus, "optimiser": on_gpu * 8 * s.params / r.gpus}
-        # the sync runs with the engine's weights awake (its KV cache still asleep with sleep mode), one full
-        # float32 parameter (at most the [V, H] embedding) gathered and cast at a time
+        # the trainer keeps its sharded weights and optimiser states (zero_grad(set_to_none) freed
+        # the gradients)
+        trainer = {"parameters": on_gpu * 4 * s.params / r.gpus,
+                   "optimiser": on_gpu * 8 * s.params / r.gpus}
+        # the sync runs with the engine's weights awake (its KV cache still asleep with sleep mode),
+        # one full float32 parameter (at most the [V, H] embedding) gathered and cast at a time
         sync = {**trainer, "vllm": c_engine * s.params if r.vllm_sleep else awake,
                 "weight_sync": (4 + c_engine) * s.vocab * s.hidden}
-        phases = {"rl generation": [("weight sync", sync), ("rollouts", {**trainer, "vllm": awake})],
+        phases = {"rl generation": [("weight sync", sync),
+                                    ("rollouts", {**trainer, "vllm": awake})],
                   "rl training": training}
     out = {}
     for phase, moments in phases.items():
         name, parts = max(moments, key=lambda m: _sum(m[1]))
-        out[phase] = {"total_bytes": _sum(parts), "moment": name, "parts": {p: int(parts.get(p, 0)) for p in PARTS},
+        out[phase] = {"total_bytes": _sum(parts), "moment": name,
+                      "parts": {p: int(parts.get(p, 0)) for p in PARTS},
                       "moments": {m: _sum(p) for m, p in moments}}
     peak_phase = max(out, key=lambda p: out[p]["total_bytes"])
     total = out[peak_phase]["total_bytes"]
-    return {"parts": out[peak_phase]["parts"], "phases": out, "total_bytes": total, "peak_phase": peak_phase,
+    return {"parts": out[peak_phase]["parts"], "phases": out, "total_bytes": total,
+            "peak_phase": peak_phase,
             "gpu_bytes": int(gpu), "fits": total <= (1 - r.headroom) * gpu, "params": s.params,
             "micro_batches": micro_batches, "loss_chunk_bytes_per_token": lb,
             "run": {k: v for k, v in asdict(r).items() if k != "json"}}
@@ -583,7 +664,8 @@ def plan(config: dict, **run) -> dict:
 # ------------------------------------------------------------------------------------------------
 # Command line
 # ------------------------------------------------------------------------------------------------
-RL_ONLY = {"micro_batch", "mini_batch", "gpu_memory_utilization", "vllm_sleep", "rollouts", "engine"}
+RL_ONLY = {"micro_batch", "mini_batch", "gpu_memory_utilization", "vllm_sleep", "rollouts",
+           "engine"}
 
 
 def preset_flags(paths: list[str], stage_given: str | None) -> list[str]:
@@ -610,19 +692,24 @@ def _gib(b):
 
 def describe(result: dict) -> str:
     r = result["run"]
-    lines = [f"{r['model']}, {r['stage']}" + (f" --loss {r['loss']}" if r["stage"] == "sft" else "")
-             + f", {r['gpus']} GPUs, {r['token_budget']} tokens per micro-batch (sequences of {r['seq_len']}, "
-             f"{r['trained_tokens']} trained; {result['micro_batches']} per optimiser step), loss_chunk "
-             f"{r['loss_chunk']}, {'bf16' if r['bf16'] else 'float32'}, "
-             f"checkpointing {'on' if r['grad_ckpt'] else 'off'}, offload {'on' if r['offload'] else 'off'}"
-             + (f", vLLM {r['gpu_memory_utilization']} of the GPU, sleep mode {'on' if r['vllm_sleep'] else 'off'}"
-                if r["stage"] == "rl" else "") + f"; {result['params'] / 1e9:.2f}B parameters"]
+    lines = [f"{r['model']}, {r['stage']}"
+             + (f" --loss {r['loss']}" if r["stage"] == "sft" else "")
+             + f", {r['gpus']} GPUs, {r['token_budget']} tokens per micro-batch (sequences of "
+             f"{r['seq_len']}, {r['trained_tokens']} trained; {result['micro_batches']} per "
+             f"optimiser step), loss_chunk {r['loss_chunk']}, "
+             f"{'bf16' if r['bf16'] else 'float32'}, "
+             f"checkpointing {'on' if r['grad_ckpt'] else 'off'}, "
+             f"offload {'on' if r['offload'] else 'off'}"
+             + (f", vLLM {r['gpu_memory_utilization']} of the GPU, "
+                f"sleep mode {'on' if r['vllm_sleep'] else 'off'}" if r["stage"] == "rl" else "")
+             + f"; {result['params'] / 1e9:.2f}B parameters"]
     for phase, ph in result["phases"].items():
         lines.append(f"{phase}: peak {_gib(ph['total_bytes'])} at '{ph['moment']}'")
         lines += [f"  {p:20s} {_gib(b)}" for p, b in ph["parts"].items() if b]
     gpu = result["gpu_bytes"]
     verdict = "fits" if result["fits"] else "does NOT fit"
-    lines.append(f"per-GPU peak {_gib(result['total_bytes'])} = {result['total_bytes'] / gpu:.0%} of {_gib(gpu)}: "
+    lines.append(f"per-GPU peak {_gib(result['total_bytes'])} = "
+                 f"{result['total_bytes'] / gpu:.0%} of {_gib(gpu)}: "
                  f"{verdict} (keeping {r['headroom']:.0%} free)")
     return "\n".join(lines)
 
