@@ -1,25 +1,32 @@
-"""The GPU check: what one GPU machine can show about this project in one command, inside 9 minutes on one 80 GB
-H100/H200 with no network, no vLLM and no model download. A measurement, not a test: it exits 0 when every part ran,
-whatever the targets say, and 1 when a part crashed or ran out of its time.
+"""The GPU check: what one GPU machine can show about this project in one command, inside 9 minutes
+on one 80 GB H100/H200 with no network, no vLLM and no model download. A measurement, not a test: it
+exits 0 when every part ran, whatever the targets say, and 1 when a part crashed or ran out of its
+time.
 
-    bash bench/gpu_check.sh [--out out/gpu_check] [--shape qwen2.5-1.5b] [--layers N] [--peak_tflops X]
-    bash bench/gpu_check.sh --smoke     # tiny shapes, a couple of steps, on whatever device there is (CPU: gloo, fp32)
+    bash bench/gpu_check.sh [--out out/gpu_check] [--shape qwen2.5-1.5b] [--layers N]
+                            [--peak_tflops X]
+    bash bench/gpu_check.sh --smoke   # tiny shapes, two steps, on any device (CPU: gloo, fp32)
 
---out gets three files, all a lent machine has to send back: summary.md and summary.json, rewritten after every part
-(a part that hangs or crashes leaves the figures of those before it), and logs.tar.gz, every part's log. The rest
-(toy data, checkpoints) goes to a scratch folder, deleted at the end. Each part has a time limit; a part that would
-not end before the check's deadline is skipped, and says so.
+--out gets three files, all a lent machine has to send back: summary.md and summary.json, rewritten
+after every part (a part that hangs or crashes leaves the figures of those before it), and
+logs.tar.gz, every part's log. The rest (toy data, checkpoints) goes to a scratch folder, deleted at
+the end. Each part has a time limit; a part that would not end before the check's deadline is
+skipped, and says so.
 
-1. SFT steps of sft, curio and curio_self_teacher on random weights with a real model's shapes, one padded
-   micro-batch of 8k-token sequences, bf16, activation checkpointing, the presets' logging, logits scaled to a real
-   model's entropy, under torchrun (nccl): bench/sft_step.py. Tokens/s, MFU and HFU, peak memory next to the memory
-   planner's prediction, and the CurioSFT / SFT step-time ratios.
-2. The teacher side of the loss (curio_loss.teacher_log_prob) against one logsumexp pass over the same logits,
-   4096 x 151936, bf16 on CUDA.
-3. The bf16 error of lp, lq and w_t: a bf16 head against a float32 one on the same hidden states, 4096 x 151936.
+1. SFT steps of sft, curio and curio_self_teacher on random weights with a real model's shapes, one
+   padded micro-batch of 8k-token sequences, bf16, activation checkpointing, the presets' logging,
+   logits scaled to a real model's entropy, under torchrun (nccl): bench/sft_step.py. Tokens/s, MFU
+   and HFU, peak memory next to the memory planner's prediction, and the CurioSFT / SFT step-time
+   ratios.
+2. The teacher side of the loss (curio_loss.teacher_log_prob) against one logsumexp pass over the
+   same logits, 4096 x 151936, bf16 on CUDA.
+3. The bf16 error of lp, lq and w_t: a bf16 head against a float32 one on the same hidden states,
+   4096 x 151936.
 4. evaluate.py (HF engine, bf16) on the demo's toy task (demo/toy.py) with a small random model.
-5. rl.py's GRPO (bench/rl_step.py: a synthetic reward, so that advantages, ratios and clips all run).
-evaluate.py and rl.py import math-verify, which the GPU image lacks: bench/gpu_check.sh installs it from .whl/.
+5. rl.py's GRPO (bench/rl_step.py: a synthetic reward, so that advantages, ratios and clips all
+   run).
+evaluate.py and rl.py import math-verify, which the GPU image lacks: bench/gpu_check.sh installs it
+from .whl/.
 """
 import argparse
 import importlib.metadata
@@ -38,59 +45,63 @@ from pathlib import Path
 
 import torch
 
-import sft_step  # bench/, this file's folder; it puts the repository root on sys.path for the next ones
+# bench/, this file's folder; it puts the repository root on sys.path for the next ones
+import sft_step
 
 import curio_loss as cl  # noqa: E402
-from bench.loss_speed import llm_like_logits  # noqa: E402
 from chunked_logits import no_grad_logits  # noqa: E402
-from demo.run import make_model_dir  # noqa: E402
 from plumbing.run_dir import write_atomic  # noqa: E402
+from plumbing.synthetic import llm_like_logits, make_model_dir  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
 DEADLINE_S = 540                                            # the whole check: 9 minutes
-TARGETS = {"mfu": 0.40, "curio": 1.25, "curio_self_teacher": 1.05, "planner": 0.10, "teacher_side": 3.0}
+TARGETS = {"mfu": 0.40, "curio": 1.25, "curio_self_teacher": 1.05, "planner": 0.10,
+           "teacher_side": 3.0}
 # The toy parts' sizes: enough work on a GPU to time, seconds on a CPU.
 TOY = {
     "smoke": dict(
-        data=["--n_pretrain", "8", "--n_sft", "16", "--n_rl", "8", "--n_test", "4", "--vocab_labels", "50",
-              "--vocab_size", "512"],
-        model=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, num_key_value_heads=1,
-                   intermediate_size=128),
+        data=["--n_pretrain", "8", "--n_sft", "16", "--n_rl", "8", "--n_test", "4",
+              "--vocab_labels", "50", "--vocab_size", "512"],
+        model=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
+                   num_key_value_heads=1, intermediate_size=128),
         eval=["--n_samples", "2", "--limit", "4", "--max_new_tokens", "16", "--batch_size", "4",
               "--grader_workers", "1"],
-        rl=["--steps", "2", "--prompts_per_step", "2", "--rollouts", "4", "--mini_batch", "1", "--micro_batch", "4",
-            "--max_response_len", "16", "--gen_batch_size", "2", "--grader_workers", "1", "--lr", "1e-2"],
+        rl=["--steps", "2", "--prompts_per_step", "2", "--rollouts", "4", "--mini_batch", "1",
+            "--micro_batch", "4", "--max_response_len", "16", "--gen_batch_size", "2",
+            "--grader_workers", "1", "--lr", "1e-2"],
     ),
     "gpu": dict(
         data=["--n_pretrain", "8", "--n_sft", "16", "--n_rl", "256", "--n_test", "64"],
-        model=dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                   intermediate_size=768),
+        model=dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, intermediate_size=768),
         eval=["--n_samples", "4", "--limit", "64", "--max_new_tokens", "256", "--batch_size", "64",
               "--grader_workers", "4"],
-        rl=["--steps", "3", "--prompts_per_step", "16", "--rollouts", "8", "--mini_batch", "4", "--micro_batch", "32",
-            "--max_response_len", "256", "--gen_batch_size", "16", "--grader_workers", "4", "--grad_ckpt",
-            "--lr", "1e-4"],
+        rl=["--steps", "3", "--prompts_per_step", "16", "--rollouts", "8", "--mini_batch", "4",
+            "--micro_batch", "32", "--max_response_len", "256", "--gen_batch_size", "16",
+            "--grader_workers", "4", "--grad_ckpt", "--lr", "1e-4"],
     ),
 }
 GIB = 2**30
 
 
 class Summary:
-    """Rows of (section, figure, value, unit, target, status, note); status PASS / MISS against a target, '–' without
-    one, 'n/a' where this device cannot measure it, 'skipped', 'CRASH' or 'TIMEOUT' for a part that did not run."""
+    """Rows of (section, figure, value, unit, target, status, note); status PASS / MISS against a
+    target, '–' without one, 'n/a' where this device cannot measure it, 'skipped', 'CRASH' or
+    'TIMEOUT' for a part that did not run."""
 
     def __init__(self):
         self.rows, self.crashed = [], []
 
     def add(self, section, figure, value, unit="", target="", ok=None, status=None, note=""):
         if status is None:
-            status = "n/a" if value is None and target else "–" if ok is None else "PASS" if ok else "MISS"
-        self.rows.append(dict(section=section, figure=figure, value=value, unit=unit, target=target, status=status,
-                              note=note))
+            status = "n/a" if value is None and target else "–" if ok is None \
+                else "PASS" if ok else "MISS"
+        self.rows.append(dict(section=section, figure=figure, value=value, unit=unit, target=target,
+                              status=status, note=note))
 
     def fail(self, section, figures, status, note):
-        """A part that did not run: its rows say so (a crash or a timeout makes the exit status 1)."""
+        """A part that did not run: its rows say so (a crash or timeout makes the exit status 1)."""
         if status in ("CRASH", "TIMEOUT"):
             self.crashed.append(section)
         for figure, unit in figures:
@@ -100,18 +111,21 @@ class Summary:
         def fmt(v, unit):
             if v is None:
                 return "–"
-            return {"%": f"{v:.1%}", "x": f"{v:.2f}x", "GiB": f"{v:.2f} GiB", "tokens/s": f"{v:,.0f} tokens/s",
-                    "ms": f"{v:.2f} ms", "s": f"{v:.3f} s", "nats": f"{v:.2e} nats"}.get(unit, f"{v:g} {unit}".strip())
+            return {"%": f"{v:.1%}", "x": f"{v:.2f}x", "GiB": f"{v:.2f} GiB",
+                    "tokens/s": f"{v:,.0f} tokens/s", "ms": f"{v:.2f} ms", "s": f"{v:.3f} s",
+                    "nats": f"{v:.2e} nats"}.get(unit, f"{v:g} {unit}".strip())
 
-        lines = [*header, "", "| part | figure | value | target | status | note |", "|" + " --- |" * 6]
-        lines += [f"| {r['section']} | {r['figure']} | {fmt(r['value'], r['unit'])} | {r['target']} | {r['status']} "
-                  f"| {r['note']} |" for r in self.rows]
+        lines = [*header, "", "| part | figure | value | target | status | note |",
+                 "|" + " --- |" * 6]
+        lines += [f"| {r['section']} | {r['figure']} | {fmt(r['value'], r['unit'])} | "
+                  f"{r['target']} | {r['status']} | {r['note']} |" for r in self.rows]
         return "\n".join(lines) + "\n"
 
 
-def stage(cmd: list, log: Path, summary: Summary, section: str, figures: list, timeout_s: float) -> float | None:
-    """Run one command from the repository root, its output to `log`, killed with its whole process group after
-    timeout_s; its wall seconds, or None after recording a crash or a timeout."""
+def stage(cmd: list, log: Path, summary: Summary, section: str, figures: list,
+          timeout_s: float) -> float | None:
+    """Run one command from the repository root, its output to `log`, killed with its whole process
+    group after timeout_s; its wall seconds, or None after recording a crash or a timeout."""
     print("$ " + " ".join(map(str, cmd)), flush=True)
     t0 = time.perf_counter()
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -123,7 +137,8 @@ def stage(cmd: list, log: Path, summary: Summary, section: str, figures: list, t
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-            summary.fail(section, figures, "TIMEOUT", f"killed after {timeout_s:.0f} s; see logs.tar.gz: {log.name}")
+            summary.fail(section, figures, "TIMEOUT",
+                         f"killed after {timeout_s:.0f} s; see logs.tar.gz: {log.name}")
             return None
     if rc != 0:
         print(log.read_text()[-3000:], flush=True)
@@ -136,20 +151,23 @@ def stage(cmd: list, log: Path, summary: Summary, section: str, figures: list, t
 # 1. SFT steps
 # ------------------------------------------------------------------------------------------------
 SFT_FIGURES = [(f"{v} {what}", unit) for v in sft_step.VARIANTS
-               for what, unit in (("step time", "s"), ("tokens/s", "tokens/s"), ("MFU", "%"), ("HFU", "%"))]
+               for what, unit in (("step time", "s"), ("tokens/s", "tokens/s"), ("MFU", "%"),
+                                  ("HFU", "%"))]
 SFT_FIGURES += [("curio / sft step time", "x"), ("curio_self_teacher / sft step time", "x"),
                 ("teacher EMA update", "ms"), ("logits' median entropy", "nats")]
 SFT_FIGURES += [(f"{v} {what}", unit) for v in sft_step.VARIANTS
-                for what, unit in (("peak memory", "GiB"), ("planner prediction", "GiB"), ("measured / planned", "x"))]
+                for what, unit in (("peak memory", "GiB"), ("planner prediction", "GiB"),
+                                   ("measured / planned", "x"))]
 
 
 def sft_steps(a, scratch: Path, summary: Summary, timeout_s: float):
     result_file = scratch / "sft_step.json"
-    cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "bench/sft_step.py",
-           "--shape", a.shape, "--steps", str(a.steps), "--json", result_file]
+    cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+           "bench/sft_step.py", "--shape", a.shape, "--steps", str(a.steps), "--json", result_file]
     cmd += ["--layers", str(a.layers)] if a.layers else []
     cmd += ["--peak_tflops", str(a.peak_tflops)] if a.peak_tflops else []
-    if stage(cmd, scratch / "logs" / "sft_step.log", summary, "SFT step", SFT_FIGURES, timeout_s) is None:
+    if stage(cmd, scratch / "logs" / "sft_step.log", summary, "SFT step", SFT_FIGURES,
+             timeout_s) is None:
         return
     r = json.loads(result_file.read_text())
     sec = "SFT step"
@@ -158,23 +176,29 @@ def sft_steps(a, scratch: Path, summary: Summary, timeout_s: float):
         summary.add(sec, f"{v} tokens/s", m["tokens_per_s"], "tokens/s")
         target = f">= {TARGETS['mfu']:.0%}" if v == "sft" else ""
         peak = f"{r['peak_tflops']:.3g} TFLOP/s: {r['peak_source']}"
-        summary.add(sec, f"{v} MFU", m["mfu"], "%", target, m["mfu"] >= TARGETS["mfu"] if target else None,
+        ok = m["mfu"] >= TARGETS["mfu"] if target else None
+        summary.add(sec, f"{v} MFU", m["mfu"], "%", target, ok,
                     note=peak if v == "sft" else "the student's model FLOPs (as sft's)")
-        summary.add(sec, f"{v} HFU", m["hfu"], "%", note="with recompute (and curio's teacher forward)")
+        summary.add(sec, f"{v} HFU", m["hfu"], "%",
+                    note="with recompute (and curio's teacher forward)")
     for v in ("curio", "curio_self_teacher"):
         ratio = r["variants"][v]["ratio_to_sft"]
-        summary.add(sec, f"{v} / sft step time", ratio, "x", f"<= {TARGETS[v]}", ratio <= TARGETS[v],
+        summary.add(sec, f"{v} / sft step time", ratio, "x", f"<= {TARGETS[v]}",
+                    ratio <= TARGETS[v],
                     note="separate EMA teacher" if v == "curio" else "the student's own logits")
     summary.add(sec, "teacher EMA update", r["ema_update_s"] * 1e3, "ms",
                 note=f"every {sft_step.TEACHER_EVERY} steps, a fifth of it in curio's step time")
     lg = r["logits"]
     summary.add(sec, "logits' median entropy", lg["median_entropy"], "nats",
-                note=f"{lg['share_at_most_0.03']:.0%} of positions <= 0.03 nats; sequences {r['lengths']}")
+                note=f"{lg['share_at_most_0.03']:.0%} of positions <= 0.03 nats; sequences "
+                     f"{r['lengths']}")
     for v, m in r["variants"].items():
         peak, plan, ratio = m["peak_bytes"], m["planner_bytes"], m["measured_over_planned"]
-        summary.add(sec, f"{v} peak memory", peak and peak / GIB, "GiB", status=None if peak else "n/a",
+        summary.add(sec, f"{v} peak memory", peak and peak / GIB, "GiB",
+                    status=None if peak else "n/a",
                     note="max_memory_allocated" if peak else "CPU: no allocator statistics")
-        summary.add(sec, f"{v} planner prediction", plan and plan / GIB, "GiB", note=m["planner_note"])
+        summary.add(sec, f"{v} planner prediction", plan and plan / GIB, "GiB",
+                    note=m["planner_note"])
         summary.add(sec, f"{v} measured / planned", ratio, "x", f"within {TARGETS['planner']:.0%}",
                     None if ratio is None else abs(ratio - 1) <= TARGETS["planner"])
 
@@ -182,12 +206,13 @@ def sft_steps(a, scratch: Path, summary: Summary, timeout_s: float):
 # ------------------------------------------------------------------------------------------------
 # 2. The teacher side of the loss against one logsumexp pass
 # ------------------------------------------------------------------------------------------------
-TEACHER_FIGURES = [("logsumexp pass", "ms"), ("teacher_log_prob (bisection)", "ms"), ("bisection / logsumexp", "x"),
-                   ("newton / logsumexp", "x")]
+TEACHER_FIGURES = [("logsumexp pass", "ms"), ("teacher_log_prob (bisection)", "ms"),
+                   ("bisection / logsumexp", "x"), ("newton / logsumexp", "x")]
 
 
 def teacher_side(tokens: int, vocab: int, reps: int, device, summary: Summary):
-    """teacher_log_prob (bisection, and Newton) and torch.logsumexp on the same logits, timed interleaved."""
+    """teacher_log_prob (bisection, and Newton) and torch.logsumexp on the same logits, timed
+    interleaved."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     logits = llm_like_logits(tokens, vocab, seed=1).to(device, dtype)          # [N, V]
     targets = torch.distributions.Categorical(logits=logits.float()).sample()      # [N]
@@ -204,42 +229,48 @@ def teacher_side(tokens: int, vocab: int, reps: int, device, summary: Summary):
             if i:
                 times[k].append(time.perf_counter() - t0)
     t = {k: statistics.median(v) for k, v in times.items()}
-    sec, shape = "teacher side", f"{tokens} x {vocab} {str(dtype).split('.')[-1]} logits, median of {reps}"
+    sec = "teacher side"
+    shape = f"{tokens} x {vocab} {str(dtype).split('.')[-1]} logits, median of {reps}"
     summary.add(sec, "logsumexp pass", t["logsumexp"] * 1e3, "ms", note=shape)
     summary.add(sec, "teacher_log_prob (bisection)", t["bisection"] * 1e3, "ms")
     ratio = t["bisection"] / t["logsumexp"]
     summary.add(sec, "bisection / logsumexp", ratio, "x", f"<= {TARGETS['teacher_side']:g}x (GPU)",
                 ratio <= TARGETS["teacher_side"])
-    summary.add(sec, "newton / logsumexp", t["newton"] / t["logsumexp"], "x", note="--solver newton")
+    summary.add(sec, "newton / logsumexp", t["newton"] / t["logsumexp"], "x",
+                note="--solver newton")
 
 
 # ------------------------------------------------------------------------------------------------
 # 3. The bf16 error of lp, lq and w_t
 # ------------------------------------------------------------------------------------------------
 BF16_FIGURES = [("lp error, bf16 logits: max", "nats"), ("lp error, bf16 logits: median", "nats"),
-                ("lq error, bf16 logits: max", "nats"), ("lq error, float32-output logits: max", "nats"),
-                ("w_t error, as sft.py computes it: max", "nats"), ("w_t error, as sft.py computes it: median", "nats")]
+                ("lq error, bf16 logits: max", "nats"),
+                ("lq error, float32-output logits: max", "nats"),
+                ("w_t error, as sft.py computes it: max", "nats"),
+                ("w_t error, as sft.py computes it: median", "nats")]
 
 
 @torch.no_grad()
 def bf16_head_errors(tokens: int, vocab: int, hidden: int, device, seed: int = 0) -> dict:
-    """lp, lq and w_t = 1 - (lp - lq) from a bf16 lm_head against a float32 one on the same bf16 hidden states.
-    The head's weight is scaled so that the median entropy of the logits is a trained model's (0.2 nats). The
-    student's logits are the head's bf16 output (as the trained forward makes them); the teacher's come from
-    chunked_logits.no_grad_logits (float32 output from bf16 inputs on CUDA). Maximum and median absolute errors."""
+    """lp, lq and w_t = 1 - (lp - lq) from a bf16 lm_head against a float32 one on the same bf16
+    hidden states. The head's weight is scaled so that the median entropy of the logits is a trained
+    model's (0.2 nats). The student's logits are the head's bf16 output (as the trained forward
+    makes them); the teacher's come from chunked_logits.no_grad_logits (float32 output from bf16
+    inputs on CUDA). Maximum and median absolute errors."""
     g = torch.Generator().manual_seed(seed)
-    h = torch.nn.functional.normalize(torch.randn(tokens, hidden, generator=g), dim=-1).to(device) * hidden**0.5
+    h = torch.randn(tokens, hidden, generator=g)
+    h = torch.nn.functional.normalize(h, dim=-1).to(device) * hidden**0.5
     w = torch.randn(vocab, hidden, generator=g).to(device) / hidden**0.5
-    z32 = h[:512] @ w.t()                                                          # [512, V] float32
+    z32 = h[:512] @ w.t()                                                         # [512, V] float32
     lo, hi = 0.01, 100.0
-    for _ in range(30):                                                            # scale to 0.2 nats' median
+    for _ in range(30):                                                  # scale to 0.2 nats' median
         mid = (lo * hi) ** 0.5
         lo, hi = (lo, mid) if cl.entropy(z32 * mid).median() < 0.2 else (mid, hi)
     head = torch.nn.Linear(hidden, vocab, bias=False, device=device, dtype=torch.bfloat16)
     head.weight.copy_(w * hi)
     h16 = h.to(device, torch.bfloat16)
-    exact = h16.float() @ head.weight.float().t()                                 # the bf16 inputs, in float32
-    y = torch.distributions.Categorical(logits=exact).sample()                    # as a model would write
+    exact = h16.float() @ head.weight.float().t()                # the bf16 inputs, in float32
+    y = torch.distributions.Categorical(logits=exact).sample()   # as a model would write
     cfg = cl.LossConfig()
     lp_ref, lq_ref = cl.student_log_prob(exact, y)[0], cl.teacher_log_prob(exact, y, cfg)[0]
     student = head(h16)                                                           # bf16 logits
@@ -251,8 +282,9 @@ def bf16_head_errors(tokens: int, vocab: int, hidden: int, device, seed: int = 0
         err = err.abs()
         return err.max().item(), err.median().item()
 
-    return {"lp": stats(lp16 - lp_ref), "lq_bf16": stats(lq16 - lq_ref), "lq_out32": stats(lq_out32 - lq_ref),
-            "w": stats(w_trained - w_ref), "out32": device.type == "cuda"}
+    return {"lp": stats(lp16 - lp_ref), "lq_bf16": stats(lq16 - lq_ref),
+            "lq_out32": stats(lq_out32 - lq_ref), "w": stats(w_trained - w_ref),
+            "out32": device.type == "cuda"}
 
 
 def bf16_errors(tokens: int, vocab: int, hidden: int, device, summary: Summary):
@@ -262,7 +294,8 @@ def bf16_errors(tokens: int, vocab: int, hidden: int, device, summary: Summary):
     summary.add(sec, "lp error, bf16 logits: median", e["lp"][1], "nats")
     summary.add(sec, "lq error, bf16 logits: max", e["lq_bf16"][0], "nats")
     summary.add(sec, "lq error, float32-output logits: max", e["lq_out32"][0], "nats",
-                note="torch.mm out_dtype" if e["out32"] else "CPU: the head as it is (float32 here)")
+                note="torch.mm out_dtype" if e["out32"]
+                else "CPU: the head as it is (float32 here)")
     summary.add(sec, "w_t error, as sft.py computes it: max", e["w"][0], "nats",
                 note="bf16 student logits, the teacher's from no_grad_logits")
     summary.add(sec, "w_t error, as sft.py computes it: median", e["w"][1], "nats")
@@ -273,9 +306,9 @@ def bf16_errors(tokens: int, vocab: int, hidden: int, device, summary: Summary):
 # ------------------------------------------------------------------------------------------------
 EVAL_FIGURES = [("evaluate.py wall time", "s"), ("evaluate.py generated tokens", "tokens"),
                 ("evaluate.py generated tokens/s", "tokens/s")]
-RL_FIGURES = [("rl.py wall time", "s"), ("rl.py step time", "s"), ("rl.py generation", "s"), ("rl.py reward", "s"),
-              ("rl.py training", "s"), ("rl.py weight sync", "s"), ("rl.py clipped tokens", "%"),
-              ("rl.py approx KL", "nats")]
+RL_FIGURES = [("rl.py wall time", "s"), ("rl.py step time", "s"), ("rl.py generation", "s"),
+              ("rl.py reward", "s"), ("rl.py training", "s"), ("rl.py weight sync", "s"),
+              ("rl.py clipped tokens", "%"), ("rl.py approx KL", "nats")]
 
 
 def toy_model(world: Path, model_kwargs: dict) -> Path:
@@ -284,31 +317,34 @@ def toy_model(world: Path, model_kwargs: dict) -> Path:
 
     model_dir = make_model_dir(world, model_kwargs)
     torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)).save_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir))
+    model.save_pretrained(model_dir)
     return model_dir
 
 
 def math_verify_status() -> tuple[bool, str]:
-    """Whether evaluate.py's grader can be imported, and from where (.whl/ puts it on PYTHONPATH)."""
+    """Whether evaluate.py's grader imports, and from where (.whl/ puts it on PYTHONPATH)."""
     try:
         import math_verify
     except ImportError as e:
         return False, f"math-verify is not installed ({e})"
-    return True, f"math-verify {importlib.metadata.version('math-verify')} from {Path(math_verify.__file__).parent}"
+    version = importlib.metadata.version("math-verify")
+    return True, f"math-verify {version} from {Path(math_verify.__file__).parent}"
 
 
 def toy_world(size: dict, scratch: Path, summary: Summary, timeout_s: float) -> Path | None:
-    """The toy data and a random model for parts 4 and 5; None (both parts' rows say why) when they cannot run."""
+    """The toy data and a random model for parts 4 and 5; None (both parts' rows say why) when they
+    cannot run."""
     available, status = math_verify_status()
     if not available:
-        note = (f"{status}: evaluate.py and rl.py import it. On a machine with PyPI: bash bench/gpu_check.sh "
-                "--fetch_wheels, then carry .whl/")
+        note = (f"{status}: evaluate.py and rl.py import it. On a machine with PyPI: bash "
+                "bench/gpu_check.sh --fetch_wheels, then carry .whl/")
         summary.fail("evaluate.py", EVAL_FIGURES, "skipped", note)
         summary.fail("rl.py", RL_FIGURES, "skipped", note)
         return None
     world = scratch / "toy"
-    if stage([PY, "demo/toy.py", "--out", world, *size["data"]], scratch / "logs" / "toy_data.log", summary,
-             "evaluate.py", EVAL_FIGURES, timeout_s) is None:
+    if stage([PY, "demo/toy.py", "--out", world, *size["data"]], scratch / "logs" / "toy_data.log",
+             summary, "evaluate.py", EVAL_FIGURES, timeout_s) is None:
         summary.fail("rl.py", RL_FIGURES, "skipped", "the toy data could not be built")
         return None
     toy_model(world, size["model"])
@@ -317,9 +353,9 @@ def toy_world(size: dict, scratch: Path, summary: Summary, timeout_s: float) -> 
 
 def evaluate_part(size: dict, world: Path, scratch: Path, summary: Summary, timeout_s: float):
     out = scratch / "eval"
-    wall = stage([PY, "evaluate.py", "--model", world / "model", "--data", world / "test.jsonl", "--out", out,
-                  "--engine", "hf", "--system_prompt", "row", *size["eval"]], scratch / "logs" / "evaluate.log",
-                 summary, "evaluate.py", EVAL_FIGURES, timeout_s)
+    wall = stage([PY, "evaluate.py", "--model", world / "model", "--data", world / "test.jsonl",
+                  "--out", out, "--engine", "hf", "--system_prompt", "row", *size["eval"]],
+                 scratch / "logs" / "evaluate.log", summary, "evaluate.py", EVAL_FIGURES, timeout_s)
     if wall is None:
         return
     samples = [json.loads(line) for line in (out / "samples.jsonl").read_text().splitlines()]
@@ -333,28 +369,31 @@ def evaluate_part(size: dict, world: Path, scratch: Path, summary: Summary, time
 
 def rl_part(size: dict, world: Path, scratch: Path, summary: Summary, timeout_s: float):
     out = scratch / "rl"
-    wall = stage([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1", "bench/rl_step.py",
-                  "config/rl_tiny.py", "--model", world / "model", "--train_file", world / "train_rl.jsonl",
-                  "--out_dir", out, "--engine", "hf", "--bf16", "--system_prompt", "row", *size["rl"]],
+    wall = stage([PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
+                  "bench/rl_step.py", "config/rl_tiny.py", "--model", world / "model",
+                  "--train_file", world / "train_rl.jsonl", "--out_dir", out, "--engine", "hf",
+                  "--bf16", "--system_prompt", "row", *size["rl"]],
                  scratch / "logs" / "rl.log", summary, "rl.py", RL_FIGURES, timeout_s)
     if wall is None:
         return
     steps = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
-    timed = steps[1:] or steps                                                    # the first step warms up
+    timed = steps[1:] or steps                                             # the first step warms up
     note = f"mean of steps 2-{len(steps)}" if len(steps) > 1 else "step 1"
 
     def mean(key):
         return statistics.mean(s[key] for s in timed)
 
     sec = "rl.py"
-    summary.add(sec, "rl.py wall time", wall, "s", note=f"{len(steps)} steps, start-up and checkpoint included")
-    summary.add(sec, "rl.py step time", sum(mean(k) for k in ("sync_s", "gen_s", "reward_s", "train_s")), "s",
-                note=note)
+    summary.add(sec, "rl.py wall time", wall, "s",
+                note=f"{len(steps)} steps, start-up and checkpoint included")
+    step_time = sum(mean(k) for k in ("sync_s", "gen_s", "reward_s", "train_s"))
+    summary.add(sec, "rl.py step time", step_time, "s", note=note)
     for figure, key in (("generation", "gen_s"), ("reward", "reward_s"), ("training", "train_s"),
                         ("weight sync", "sync_s")):
         summary.add(sec, f"rl.py {figure}", mean(key), "s", note=note)
     clipped = statistics.mean(s["clip_frac_low"] + s["clip_frac_high"] for s in steps)
-    summary.add(sec, "rl.py clipped tokens", clipped, "%", note="a synthetic reward (bench/rl_step.py), all steps")
+    summary.add(sec, "rl.py clipped tokens", clipped, "%",
+                note="a synthetic reward (bench/rl_step.py), all steps")
     summary.add(sec, "rl.py approx KL", statistics.mean(s["approx_kl"] for s in steps), "nats")
 
 
@@ -362,8 +401,8 @@ def rl_part(size: dict, world: Path, scratch: Path, summary: Summary, timeout_s:
 def write_results(out: Path, scratch: Path, summary: Summary, header: list[str], meta: dict):
     """OUT's three files, each written whole (a kill leaves the previous version)."""
     write_atomic(out / "summary.md", summary.markdown(header))
-    write_atomic(out / "summary.json", json.dumps({**meta, "rows": summary.rows, "crashed": summary.crashed},
-                                                  indent=1))
+    write_atomic(out / "summary.json",
+                 json.dumps({**meta, "rows": summary.rows, "crashed": summary.crashed}, indent=1))
     tmp = out / ".logs.tar.gz.tmp"
     with tarfile.open(tmp, "w:gz") as tar:
         tar.add(scratch / "logs", arcname="logs")
@@ -371,15 +410,21 @@ def write_results(out: Path, scratch: Path, summary: Summary, header: list[str],
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--smoke", action="store_true", help="tiny shapes and a couple of steps (the CPU test)")
-    parser.add_argument("--out", default="out/gpu_check", help="summary.md, summary.json and logs.tar.gz go here")
-    parser.add_argument("--scratch", default="", help="toy data and runs (default: a temporary folder, deleted)")
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--smoke", action="store_true",
+                        help="tiny shapes and a couple of steps (the CPU test)")
+    parser.add_argument("--out", default="out/gpu_check",
+                        help="summary.md, summary.json and logs.tar.gz go here")
+    parser.add_argument("--scratch", default="",
+                        help="toy data and runs (default: a temporary folder, deleted)")
     parser.add_argument("--shape", default="", choices=["", *sft_step.SHAPES],
                         help="SFT step model shape (default qwen2.5-1.5b; smoke with --smoke)")
     parser.add_argument("--layers", type=int, default=0, help="override the shape's layer count")
-    parser.add_argument("--steps", type=int, default=0, help="timed SFT steps per variant (default 5; 2 with --smoke)")
-    parser.add_argument("--peak_tflops", type=float, default=0.0, help="the device's dense bf16 peak for MFU")
+    parser.add_argument("--steps", type=int, default=0,
+                        help="timed SFT steps per variant (default 5; 2 with --smoke)")
+    parser.add_argument("--peak_tflops", type=float, default=0.0,
+                        help="the device's dense bf16 peak for MFU")
     a = parser.parse_args()
     a.shape = a.shape or ("smoke" if a.smoke else "qwen2.5-1.5b")
     a.steps = a.steps or (2 if a.smoke else 5)
@@ -389,17 +434,19 @@ def main():
     shutil.rmtree(scratch / "logs", ignore_errors=True)
     (scratch / "logs").mkdir(parents=True)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if a.smoke:  # one thread for tiny models on a shared CPU: more only spin-wait (tests/test_rl.py measured ~20x)
-        torch.set_num_threads(1)
+    if a.smoke:  # one thread for tiny models on a shared CPU: more only spin-wait
+        torch.set_num_threads(1)  # (tests/test_rl.py measured ~20x)
     t0, summary = time.perf_counter(), Summary()
 
     import transformers
 
     cpu = f"CPU ({platform.machine()}, {os.cpu_count()} cores)"
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else cpu
-    header = [f"# GPU check{' (smoke: tiny shapes, the targets are meant for the GPU run)' if a.smoke else ''}", "",
+    smoke = " (smoke: tiny shapes, the targets are meant for the GPU run)" if a.smoke else ""
+    header = [f"# GPU check{smoke}", "",
               f"device: {name}; torch {torch.__version__}, CUDA {torch.version.cuda}, transformers "
-              f"{transformers.__version__}, Python {platform.python_version()}; grader: {math_verify_status()[1]}",
+              f"{transformers.__version__}, Python {platform.python_version()}; grader: "
+              f"{math_verify_status()[1]}",
               f"SFT shape: {a.shape}{f' with {a.layers} layers' if a.layers else ''}; command: "
               f"bash bench/gpu_check.sh {' '.join(sys.argv[1:])}".rstrip()]
     meta = {"device": name, "torch": torch.__version__, "cuda": torch.version.cuda,
@@ -421,33 +468,39 @@ def main():
     # (section, figures, title, time limit in seconds, the part)
     parts = [("SFT step", SFT_FIGURES, "1. SFT steps (bench/sft_step.py)", 200,
               lambda limit: sft_steps(a, scratch, summary, limit)),
-             ("teacher side", TEACHER_FIGURES, "2. the teacher side of the loss against one logsumexp pass", 60,
+             ("teacher side", TEACHER_FIGURES,
+              "2. the teacher side of the loss against one logsumexp pass", 60,
               lambda limit: teacher_side(tokens, vocab, reps, device, summary)),
              ("bf16 error", BF16_FIGURES, "3. the bf16 error of lp, lq and w_t", 60,
               lambda limit: bf16_errors(tokens, vocab, hidden, device, summary)),
              ("evaluate.py", EVAL_FIGURES, "4. evaluate.py on the toy task (HF engine)", 100,
               evaluate_with_its_world),
-             ("rl.py", RL_FIGURES, "5. rl.py's GRPO with a synthetic reward (bench/rl_step.py)", 110,
-              rl_with_the_world)]
+             ("rl.py", RL_FIGURES, "5. rl.py's GRPO with a synthetic reward (bench/rl_step.py)",
+              110, rl_with_the_world)]
     for section, figures, title, limit, run_part in parts:
         left = DEADLINE_S - (time.perf_counter() - t0)
         if not a.smoke and left < limit:
-            summary.fail(section, figures, "skipped", f"{left:.0f} s left of the check's {DEADLINE_S} s, the part "
-                                                      f"may take {limit} s")
+            summary.fail(section, figures, "skipped",
+                         f"{left:.0f} s left of the check's {DEADLINE_S} s, the part may take "
+                         f"{limit} s")
         else:
             print(f"== {title}", flush=True)
             try:
                 run_part(limit)
-            except Exception as e:  # noqa: BLE001 - reported in the table and the exit status; the others still run
+            except Exception as e:  # noqa: BLE001
+                # reported in the table and the exit status; the other parts still run
                 summary.fail(section, figures, "CRASH", f"{type(e).__name__}: {e}")
-            torch.cuda.empty_cache()                    # cached blocks of this process, before a subprocess needs them
+            # cached blocks of this process, before a subprocess needs them
+            torch.cuda.empty_cache()
         write_results(out, scratch, summary, header, meta)
-    summary.add("check", "gpu_check wall time", time.perf_counter() - t0, "s", f"< {DEADLINE_S} s (GPU)",
+    summary.add("check", "gpu_check wall time", time.perf_counter() - t0, "s",
+                f"< {DEADLINE_S} s (GPU)",
                 None if a.smoke else time.perf_counter() - t0 < DEADLINE_S)
     write_results(out, scratch, summary, header, meta)
     if not a.scratch:
         shutil.rmtree(scratch, ignore_errors=True)
-    print("\n" + summary.markdown(header) + f"\n(written to {out}: summary.md, summary.json, logs.tar.gz)")
+    print("\n" + summary.markdown(header)
+          + f"\n(written to {out}: summary.md, summary.json, logs.tar.gz)")
     if summary.crashed:
         print(f"crashed or timed out: {', '.join(summary.crashed)} (their logs are in logs.tar.gz)")
     sys.exit(1 if summary.crashed else 0)

@@ -1,9 +1,11 @@
-"""Benchmark (not a test): the CurioSFT loss's teacher side against one logsumexp pass over the same logits.
+"""Benchmark (not a test): the CurioSFT loss's teacher side against one logsumexp pass over the
+same logits.
 
     python bench/loss_speed.py [--tokens 256] [--vocab 151936] [--reps 5] [--threads T]
 
-The logits are synthetic but shaped like an LLM's (`llm_like_logits`), so entropies span facts (~0 nats) and
-branches (a few nats) and the temperature search sees both. Times are the best of --reps rounds, round-robin.
+The logits are synthetic but shaped like an LLM's (plumbing/synthetic.py's `llm_like_logits`), so
+entropies span facts (~0 nats) and branches (a few nats) and the temperature search sees both. Times
+are the best of --reps rounds, round-robin.
 """
 import argparse
 import sys
@@ -13,22 +15,9 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # the repository root
-from curio_loss import (LossConfig, _log_sum_exp, curio_loss_reference, curio_sft_loss,  # noqa: E402
-                        entropy, teacher_log_prob)
-
-
-def llm_like_logits(n: int, v: int, seed: int = 0) -> torch.Tensor:
-    """Synthetic logits [n, v] shaped like an LLM's: a Gaussian bulk, a heavy upper tail, and per token 1-4
-    head candidates a random margin above it, so entropies range from ~0 (facts) to a few nats (branches)."""
-    g = torch.Generator().manual_seed(seed)
-    z = 2.0 * torch.randn(n, v, generator=g)
-    z += 3.0 * torch.rand(n, v, generator=g).pow(8)                      # a few tokens far above the bulk
-    heads = torch.randint(0, v, (n, 4), generator=g)
-    margin = 17.0 + 10.0 * torch.rand(n, 1, generator=g)                  # how far the top token sits above the bulk
-    branching = torch.rand(n, 1, generator=g) < 0.35                      # 1-3 rivals close to the top token
-    gaps = 3.0 * torch.rand(n, 3, generator=g) + torch.where(branching, 0.0, 4.0)  # [n, 3] nats below the top
-    head_vals = margin - torch.cat([torch.zeros(n, 1), gaps], dim=1)
-    return z.scatter_(1, heads, head_vals)
+from curio_loss import (LossConfig, _log_sum_exp, curio_loss_reference,  # noqa: E402
+                        curio_sft_loss, entropy, teacher_log_prob)
+from plumbing.synthetic import llm_like_logits  # noqa: E402
 
 
 def bench(n_tokens: int, vocab: int, reps: int):
@@ -36,8 +25,10 @@ def bench(n_tokens: int, vocab: int, reps: int):
     teacher = llm_like_logits(n_tokens, vocab, seed=1)
     student = teacher + 0.5 * torch.randn_like(teacher)
     targets = torch.distributions.Categorical(logits=teacher[:, :]).sample()
-    # every token near-deterministic (top-k entropy <= 0.03): the low-entropy rule's pass over V for all of them
-    confident = teacher.scatter_add(1, teacher.argmax(-1, keepdim=True), torch.full((n_tokens, 1), 15.0))
+    # every token near-deterministic (top-k entropy <= 0.03): the low-entropy rule's pass over V for
+    # all of them
+    confident = teacher.scatter_add(1, teacher.argmax(-1, keepdim=True),
+                                    torch.full((n_tokens, 1), 15.0))
     teacher16 = teacher.bfloat16()
     cfg, newton = LossConfig(), LossConfig(solver="newton")
     cases = {
@@ -50,10 +41,11 @@ def bench(n_tokens: int, vocab: int, reps: int):
         "confident": lambda: teacher_log_prob(confident, targets, cfg),
         "bisect16": lambda: teacher_log_prob(teacher16, targets, cfg),
         "newton16": lambda: teacher_log_prob(teacher16, targets, newton),
-        "loss": lambda: curio_sft_loss(student, targets, teacher_log_prob(teacher, targets, cfg)[0], cfg),
+        "loss": lambda: curio_sft_loss(student, targets,
+                                       teacher_log_prob(teacher, targets, cfg)[0], cfg),
     }
-    # round-robin, best of reps (the first round warms up): on a shared machine the load drifts, and the best
-    # time of each is the least disturbed one
+    # round-robin, best of reps (the first round warms up): on a shared machine the load drifts, and
+    # the best time of each is the least disturbed one
     times = {name: [] for name in cases}
     for _ in range(reps + 1):
         for name, fn in cases.items():
@@ -68,11 +60,13 @@ def bench(n_tokens: int, vocab: int, reps: int):
     per_tok = 1e6 / n_tokens
     h = entropy(teacher)
     forced = teacher_log_prob(confident, targets, cfg)[1]["forced_tau_min"].mean()
-    print(f"N={n_tokens} tokens x V={vocab}, k={cfg.top_k}, {torch.get_num_threads()} threads, CPU, best of {reps}; "
-          f"teacher entropy median {h.median():.2f}, 80th pct {h.quantile(0.8):.2f} nats")
+    print(f"N={n_tokens} tokens x V={vocab}, k={cfg.top_k}, {torch.get_num_threads()} threads, "
+          f"CPU, best of {reps}; teacher entropy median {h.median():.2f}, 80th pct "
+          f"{h.quantile(0.8):.2f} nats")
 
     def line(label, name, floor="lse"):
-        ratio = f"  = {best[name] / best[floor]:.2f}x {'bf16 ' if floor == 'lse16' else ''}logsumexp" if floor else ""
+        bf16 = "bf16 " if floor == "lse16" else ""
+        ratio = f"  = {best[name] / best[floor]:.2f}x {bf16}logsumexp" if floor else ""
         print(f"{label:50s} {best[name] * per_tok:8.1f} us/token{ratio}")
 
     line("torch.logsumexp pass, float32 (floor)", "lse", None)
@@ -90,7 +84,8 @@ def bench(n_tokens: int, vocab: int, reps: int):
 
 
 if __name__ == "__main__":
-    parser = argparse.ArgumentParser(description="Time the CurioSFT loss against one logsumexp pass.")
+    parser = argparse.ArgumentParser(
+        description="Time the CurioSFT loss against one logsumexp pass.")
     parser.add_argument("--tokens", type=int, default=256)
     parser.add_argument("--vocab", type=int, default=151936)
     parser.add_argument("--reps", type=int, default=5)

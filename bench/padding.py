@@ -1,13 +1,14 @@
-"""Benchmark (not a test): the share of computed tokens that are padding, in the trainers' own micro-batch plans,
-for long-tailed lengths like the paper's data.
+"""Benchmark (not a test): the share of computed tokens that are padding, in the trainers' own
+micro-batch plans, for long-tailed lengths like the paper's data.
 
     python bench/padding.py [--examples 46000] [--mini_batches 100] [--seed 0]
 
-Lengths: prompts of 40-600 tokens; responses log-normal (median 2,000 tokens), cut to 200-8,192, as reasoning
-traces are (a few hundred tokens to the 8,192 cap, a long tail). SFT: data.plan_micro_batches over one epoch with
-the paper's preset (global batch 256, 8 GPUs, 32,768-token budget). GRPO: rl.micro_batches for one rank's share
-of a mini-batch (the paper's preset: 64 prompts x 8 rollouts per mini-batch, micro-batches of 4 sequences), over
---mini_batches mini-batches. Padding share = padded tokens / computed tokens (micro-batch size x its longest
+Lengths: prompts of 40-600 tokens; responses log-normal (median 2,000 tokens), cut to 200-8,192, as
+reasoning traces are (a few hundred tokens to the 8,192 cap, a long tail). SFT:
+data.plan_micro_batches over one epoch with the paper's preset (global batch 256, 8 GPUs,
+32,768-token budget). GRPO: rl.micro_batches for one rank's share of a mini-batch (the paper's
+preset: 64 prompts x 8 rollouts per mini-batch, micro-batches of 4 sequences), over --mini_batches
+mini-batches. Padding share = padded tokens / computed tokens (micro-batch size x its longest
 sequence).
 """
 import argparse
@@ -43,8 +44,10 @@ def sft_share(lengths: list[int]) -> float:
 
 
 def rl_share(rng: random.Random, minis: int) -> float:
-    (args,) = parse_config(rl.Args, argv=["config/rl_paper.py", "--model", "-", "--train_file", "-"])
-    args = dataclasses.replace(args, mini_batch=args.mini_batch // GPUS)     # one rank's prompts, world of one
+    (args,) = parse_config(rl.Args,
+                           argv=["config/rl_paper.py", "--model", "-", "--train_file", "-"])
+    # one rank's prompts, world of one
+    args = dataclasses.replace(args, mini_batch=args.mini_batch // GPUS)
     computed = real = 0
     for _ in range(minis):
         prompts = [[0] * rng.randint(40, 600) for _ in range(args.mini_batch)]
@@ -61,16 +64,18 @@ def rl_share(rng: random.Random, minis: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--examples", type=int, default=46000)
-    parser.add_argument("--mini_batches", type=int, default=100, help="GRPO mini-batches of one rank")
+    parser.add_argument("--mini_batches", type=int, default=100,
+                        help="GRPO mini-batches of one rank")
     parser.add_argument("--seed", type=int, default=0)
     args = parser.parse_args()
     rng = random.Random(args.seed)
     lengths = [rng.randint(40, 600) + n for n in response_lengths(args.examples, rng)]
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     torch.set_num_threads(1)
-    print(f"SFT, {args.examples} examples, one epoch: padding {sft_share(lengths):.2%} of computed tokens")
-    print(f"GRPO, {args.mini_batches} mini-batches of one rank: padding {rl_share(rng, args.mini_batches):.2%} of "
-          f"computed tokens")
+    print(f"SFT, {args.examples} examples, one epoch: padding {sft_share(lengths):.2%} of computed "
+          "tokens")
+    print(f"GRPO, {args.mini_batches} mini-batches of one rank: padding "
+          f"{rl_share(rng, args.mini_batches):.2%} of computed tokens")
     dist.destroy_process_group()
 
 

@@ -1,15 +1,17 @@
-"""A roofline estimate of a step's time on a GPU, op by op, from the ops a (simulated) step dispatches. Plumbing for
-bench/dryrun.py: a reader of the method may skip it.
+"""A roofline estimate of a step's time on a GPU, op by op, from the ops a (simulated) step
+dispatches. Plumbing for bench/dryrun.py: a reader of the method may skip it.
 
-Each op the step dispatches costs max(FLOPs / peak, bytes / bandwidth, the shortest kernel): its FLOPs from the
-formulas torch.utils.flop_counter.FlopCounterMode uses (matmuls and attention; a causal attention does half the
-work of the full one that FlopCounterMode counts), its bytes every tensor it reads and writes (views move none;
-an op that allocates without writing, none). Eager PyTorch launches one kernel per op, so the sum over the ops is
-the step's compute time on an ideal GPU: a lower bound, since no kernel reaches the roof. Collectives (FSDP's
-all-gathers and reduce-scatters) are costed apart, on the links: FSDP overlaps them with compute. Work on the CPU
-(an offloaded optimiser step) and copies between host and GPU are left out; the copies' bytes are counted.
-Each op is charged to the region open when it ran (Roofline.region, Roofline.watch_module): the teacher's forward,
-the teacher's head, the optimiser, ...; "student" otherwise (its backward included).
+Each op the step dispatches costs max(FLOPs / peak, bytes / bandwidth, the shortest kernel): its
+FLOPs from the formulas torch.utils.flop_counter.FlopCounterMode uses (matmuls and attention; a
+causal attention does half the work of the full one that FlopCounterMode counts), its bytes every
+tensor it reads and writes (views move none; an op that allocates without writing, none). Eager
+PyTorch launches one kernel per op, so the sum over the ops is the step's compute time on an ideal
+GPU: a lower bound, since no kernel reaches the roof. Collectives (FSDP's all-gathers and
+reduce-scatters) are costed apart, on the links: FSDP overlaps them with compute. Work on the CPU
+(an offloaded optimiser step) and copies between host and GPU are left out; the copies' bytes are
+counted. Each op is charged to the region open when it ran (Roofline.region, Roofline.watch_module):
+the teacher's forward, the teacher's head, the optimiser, ...; "student" otherwise (its backward
+included).
 """
 import collections
 import contextlib
@@ -21,18 +23,21 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
 
 MATMULS = {"aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm"}
-ATTENTION = {"aten._scaled_dot_product_flash_attention", "aten._scaled_dot_product_efficient_attention",
+ATTENTION = {"aten._scaled_dot_product_flash_attention",
+             "aten._scaled_dot_product_efficient_attention",
              "aten._scaled_dot_product_flash_attention_backward",
              "aten._scaled_dot_product_efficient_attention_backward"}
 COPIES = {"aten._to_copy", "aten.copy_", "aten._copy_from", "aten._copy_from_and_resize"}
-NO_DATA = {"aten._unsafe_view", "aten.alias", "aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty", "aten.new_empty_strided",
-           "aten.detach", "aten.lift_fresh", "aten.set_", "aten.resize_", "aten.record_stream"}
+NO_DATA = {"aten._unsafe_view", "aten.alias", "aten.empty", "aten.empty_like", "aten.empty_strided",
+           "aten.new_empty", "aten.new_empty_strided", "aten.detach", "aten.lift_fresh",
+           "aten.set_", "aten.resize_", "aten.record_stream"}
 
 
 @dataclasses.dataclass(frozen=True)
 class GPU:
-    """The roofs: dense bf16 (and fp16) tensor-core FLOP/s, float32 FLOP/s without TF32 (torch's default for
-    matmuls), memory and per-GPU link bandwidth, the shortest kernel. H100 SXM by default."""
+    """The roofs: dense bf16 (and fp16) tensor-core FLOP/s, float32 FLOP/s without TF32 (torch's
+    default for matmuls), memory and per-GPU link bandwidth, the shortest kernel. H100 SXM by
+    default."""
     bf16_tflops: float = 989.0
     fp32_tflops: float = 67.0
     hbm_tbs: float = 3.35
@@ -45,8 +50,8 @@ def _tensors(tree):
 
 
 def _bytes(t: torch.Tensor) -> int:
-    """What a kernel moves for t: its elements, or its storage when it is broadcast (stride 0); of a DTensor
-    (sharded parameters, their gradients and optimiser states), this rank's shard."""
+    """What a kernel moves for t: its elements, or its storage when it is broadcast (stride 0); of a
+    DTensor (sharded parameters, their gradients and optimiser states), this rank's shard."""
     t = getattr(t, "_local_tensor", t)
     try:
         return min(t.numel() * t.element_size(), t.untyped_storage().nbytes())
@@ -55,7 +60,8 @@ def _bytes(t: torch.Tensor) -> int:
 
 
 class Roofline(TorchDispatchMode):
-    """Estimated seconds, FLOPs and bytes per region of what runs under it; `ops` keeps the costliest ops."""
+    """Estimated seconds, FLOPs and bytes per region of what runs under it; `ops` keeps the
+    costliest ops."""
 
     def __init__(self, gpu: GPU = GPU()):
         super().__init__()
@@ -76,7 +82,7 @@ class Roofline(TorchDispatchMode):
             self.regions.pop()
 
     def watch_module(self, module: torch.nn.Module, label: str) -> None:
-        """Charge the module's forwards to `label` (it runs no backward: a teacher, a frozen model)."""
+        """Charge the module's forwards to `label` (no backward runs: a teacher, a frozen model)."""
         def enter(*_):
             self.regions.append(label)
 
@@ -91,10 +97,11 @@ class Roofline(TorchDispatchMode):
         name = str(func.overloadpacket)
         if func.is_view or name in NO_DATA:
             return 0.0, 0, 0
-        if not _tensors(out):                      # sizes, prim.device, profiler marks; in-place ops write args
+        if not _tensors(out):          # sizes, prim.device, profiler marks; in-place ops write args
             if not func._schema.is_mutable:
                 return 0.0, 0, 0
-            out = [a for a, arg in zip(args, func._schema.arguments) if arg.alias_info and arg.alias_info.is_write]
+            out = [a for a, arg in zip(args, func._schema.arguments)
+                   if arg.alias_info and arg.alias_info.is_write]
         flops = 0
         if func.overloadpacket in flop_registry:
             flops = flop_registry[func.overloadpacket](*args, **(kwargs or {}), out_val=out)
@@ -114,9 +121,10 @@ class Roofline(TorchDispatchMode):
             self.comm_bytes += sum(_bytes(t) for t in _tensors(out) or _tensors(args))
             return out
         devices = {t.device.type for t in _tensors((args, kwargs)) + _tensors(out)}
-        if "cuda" not in devices:                 # the CPU's work (an offloaded optimiser step): not the GPU's
+        if "cuda" not in devices:      # the CPU's work (an offloaded optimiser step): not the GPU's
             return out
-        if "cpu" in devices and str(func.overloadpacket) in COPIES:   # host <-> GPU: over PCIe, costed apart
+        # host <-> GPU: over PCIe, costed apart
+        if "cpu" in devices and str(func.overloadpacket) in COPIES:
             self.host_copy_bytes += sum(_bytes(t) for t in _tensors(out) or _tensors(args))
             return out
         seconds, flops, moved = self.op_cost(func, args, kwargs, out)
@@ -143,4 +151,5 @@ def _is_causal(func, args, kwargs) -> bool:
     if "is_causal" in kwargs:
         return bool(kwargs["is_causal"])
     names = [a.name for a in func._schema.arguments]
-    return "is_causal" in names and len(args) > names.index("is_causal") and bool(args[names.index("is_causal")])
+    return "is_causal" in names and len(args) > names.index("is_causal") \
+        and bool(args[names.index("is_causal")])

@@ -1,19 +1,20 @@
-"""Plumbing for bench/dryrun.py (a reader of the method may skip this file): simulated GPUs on a CPU build of torch.
+"""Plumbing for bench/dryrun.py (a reader of the method may skip this file): simulated GPUs on a CPU
+build of torch.
 
-Tensors on `cuda` under torch's FakeTensorMode carry shapes, dtypes and devices but no data, so the project's own
-training step runs at 7B scale on a CPU in seconds, with torch's memory tracker counting what a GPU would hold.
-Three things make a CPU build accept them:
+Tensors on `cuda` under torch's FakeTensorMode carry shapes, dtypes and devices but no data, so the
+project's own training step runs at 7B scale on a CPU in seconds, with torch's memory tracker
+counting what a GPU would hold. Three things make a CPU build accept them:
   1. C++ (built once with torch.utils.cpp_extension, cached outside the repository): c10's own
-     FakeGuardImpl<CUDA> as the CUDA device guard (autograd aborts in C++ without one: "PyTorch is not linked with
-     support for cuda devices"), and CUDA hooks that say CUDA is built, with `gpus` devices (backward otherwise
-     fails: "Cannot access accelerator device when none is available"). The hooks are created once, the first time
-     torch asks for them, so the library is loaded before torch is imported (`preload`): the dry run's rank runs in
-     a process of its own.
+     FakeGuardImpl<CUDA> as the CUDA device guard (autograd aborts in C++ without one: "PyTorch is
+     not linked with support for cuda devices"), and CUDA hooks that say CUDA is built, with `gpus`
+     devices (backward otherwise fails: "Cannot access accelerator device when none is available").
+     The hooks are created once, the first time torch asks for them, so the library is loaded before
+     torch is imported (`preload`): the dry run's rank runs in a process of its own.
   2. Python answers for the torch.cuda functions the trainers and FSDP2 call (`install_cuda_shims`).
-  3. The fake process group (torch.testing's FakeStore, backend "fake"): collectives return at once, one process
-     plays one rank of `world`.
-What this cannot run: anything that reads a value (`.item()`, `.tolist()`, a boolean mask, `nonzero`), object
-collectives, and I/O of tensor data (checkpoints, the rank-0 weight broadcast).
+  3. The fake process group (torch.testing's FakeStore, backend "fake"): collectives return at once,
+     one process plays one rank of `world`.
+What this cannot run: anything that reads a value (`.item()`, `.tolist()`, a boolean mask,
+`nonzero`), object collectives, and I/O of tensor data (checkpoints, the rank-0 weight broadcast).
 """
 import ctypes
 import hashlib
@@ -23,9 +24,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-_SDPA = None      # torch's own scaled_dot_product_attention, once route_attention_like_cuda has replaced it
+_SDPA = None      # torch's own scaled_dot_product_attention, once route_attention_like_cuda ran
 GPUS_MAX = 64      # the device count the hooks report; a run uses cuda:0 (LOCAL_RANK 0)
-LIB_ENV = "CURIOSFT_SIM_GPU_LIB"   # set in a process that is to preload the library (bench/dryrun.py's rank)
+# set in a process that is to preload the library (bench/dryrun.py's rank)
+LIB_ENV = "CURIOSFT_SIM_GPU_LIB"
 
 CPP = r"""
 #include <ATen/detail/CUDAHooksInterface.h>
@@ -63,25 +65,31 @@ def library_path(torch_version: str) -> Path:
 
 
 def build() -> Path:
-    """The C++ library, compiled on first use (~40 s with g++ and ninja) and cached; needs torch imported."""
+    """The C++ library, compiled on first use (~40 s with g++ and ninja) and cached; needs torch
+    imported."""
     import torch
     from torch.utils.cpp_extension import load_inline
 
     path = library_path(torch.__version__)
     if not path.is_file():
         path.parent.mkdir(parents=True, exist_ok=True)
-        # torch runs `ninja` from PATH; pip's ninja sits beside this Python (a venv's bin/), which may not be on it
-        os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        # torch runs `ninja` from PATH; pip's ninja sits beside this Python (a venv's bin/), which
+        # may not be on it
+        os.environ["PATH"] = os.pathsep.join([str(Path(sys.executable).parent),
+                                              os.environ.get("PATH", "")])
         try:
-            load_inline("sim_gpu", cpp_sources=CPP, build_directory=str(path.parent), is_python_module=False)
+            load_inline("sim_gpu", cpp_sources=CPP, build_directory=str(path.parent),
+                        is_python_module=False)
         except (RuntimeError, OSError, subprocess.CalledProcessError) as e:
-            raise SystemExit(f"simulated GPUs: building the C++ shim failed (it needs g++ and ninja: "
-                             f"pip install ninja): {str(e).splitlines()[0] if str(e) else type(e).__name__}")
+            raise SystemExit("simulated GPUs: building the C++ shim failed (it needs g++ and "
+                             "ninja: pip install ninja): "
+                             f"{str(e).splitlines()[0] if str(e) else type(e).__name__}")
     return path
 
 
 def preload(path: Path) -> None:
-    """Load the library before torch is imported: torch's own libraries first (it links against them)."""
+    """Load the library before torch is imported: torch's own libraries first (it links against
+    them)."""
     if "torch" in sys.modules:
         raise RuntimeError("sim_gpu.preload must run before torch is imported")
     lib = Path(importlib.util.find_spec("torch").origin).parent / "lib"
@@ -91,7 +99,8 @@ def preload(path: Path) -> None:
 
 
 class _Stream:
-    """torch.cuda.Stream / Event stand-in: work on simulated GPUs is never queued, so there is nothing to wait on."""
+    """torch.cuda.Stream / Event stand-in: work on simulated GPUs is never queued, so there is
+    nothing to wait on."""
 
     def __init__(self, *args, **kwargs):
         self.device = None
@@ -115,12 +124,14 @@ def install_cuda_shims(capability=(9, 0)) -> None:
     stream = _Stream()
     shims = {
         "is_available": lambda: True, "is_initialized": lambda: True, "_lazy_init": lambda: None,
-        "device_count": lambda: GPUS_MAX, "current_device": lambda: 0, "set_device": lambda device: None,
+        "device_count": lambda: GPUS_MAX, "current_device": lambda: 0,
+        "set_device": lambda device: None,
         "get_device_capability": lambda device=None: capability,
-        "get_device_name": lambda device=None: "simulated GPU", "is_bf16_supported": lambda *a, **k: True,
-        "Stream": _Stream, "Event": _Stream, "current_stream": lambda device=None: stream,
-        "default_stream": lambda device=None: stream, "stream": lambda s=None: stream,
-        "synchronize": lambda device=None: None, "empty_cache": lambda: None,
+        "get_device_name": lambda device=None: "simulated GPU",
+        "is_bf16_supported": lambda *a, **k: True, "Stream": _Stream, "Event": _Stream,
+        "current_stream": lambda device=None: stream, "default_stream": lambda device=None: stream,
+        "stream": lambda s=None: stream, "synchronize": lambda device=None: None,
+        "empty_cache": lambda: None,
         "get_rng_state": lambda device=None: torch.zeros(16, dtype=torch.uint8),
         "set_rng_state": lambda state, device=None: None, "manual_seed": lambda seed: None,
         "manual_seed_all": lambda seed: None,
@@ -132,8 +143,9 @@ def install_cuda_shims(capability=(9, 0)) -> None:
 
 
 def fake_pinned_memory() -> None:
-    """Pinned host memory (FSDP2's CPU offload pins its shards) as fake tensors: a CPU tensor like the input. Pinning
-    changes where the bytes live, not their shape, and the host's memory is not what the dry run measures."""
+    """Pinned host memory (FSDP2's CPU offload pins its shards) as fake tensors: a CPU tensor like
+    the input. Pinning changes where the bytes live, not their shape, and the host's memory is not
+    what the dry run measures."""
     import torch
     from torch._subclasses import fake_impls
     from torch._subclasses.fake_tensor import in_kernel_invocation_manager
@@ -143,12 +155,14 @@ def fake_pinned_memory() -> None:
             meta = torch.empty_like(tensor, device="meta")
         return fake_mode.fake_tensor_converter.from_meta_and_device(fake_mode, meta, tensor.device)
 
-    # in place of torch's "NYI" for it (fake_impls.py registers one for each op that takes no device argument)
+    # in place of torch's "NYI" for it (fake_impls.py registers one for each op that takes no device
+    # argument)
     fake_impls.op_implementations_dict[torch.ops.aten._pin_memory.default] = pin_memory
 
 
 def mesh_outside_fake_mode() -> None:
-    """FSDP2 builds its default device mesh from a tensor it reads back (`tolist`): build it with real tensors."""
+    """FSDP2 builds its default device mesh from a tensor it reads back (`tolist`): build it with
+    real tensors."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
     from torch.distributed.fsdp._fully_shard import _fsdp_init
 
@@ -165,14 +179,15 @@ def mesh_outside_fake_mode() -> None:
 
 
 def route_attention_like_cuda(kernels) -> None:
-    """Scaled dot-product attention as a CUDA build would run it on an sm80+ GPU. On a CPU build SDPA takes the
-    math path for CUDA tensors (it has no CUDA kernel choice compiled in), which keeps [B, H, T, T] scores: 44.0
-    GiB at 7B x 8192 tokens instead of 30.7. So each call picks its kernel by the rules of torch's CUDA selector
-    (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, in the order flash, memory-efficient, math) and calls
-    that kernel's own aten op, whose fake implementation allocates what the kernel allocates. The backends that
-    torch.backends.cuda (or torch.nn.attention.sdpa_kernel) turns off are not chosen. `kernels` (a Counter)
-    counts each call's kernel: the dry run fails on "math", the path a GPU would also take for inputs that no
-    fused kernel accepts."""
+    """Scaled dot-product attention as a CUDA build would run it on an sm80+ GPU. On a CPU build
+    SDPA takes the math path for CUDA tensors (it has no CUDA kernel choice compiled in), which
+    keeps [B, H, T, T] scores: 44.0 GiB at 7B x 8192 tokens instead of 30.7. So each call picks its
+    kernel by the rules of torch's CUDA selector
+    (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp, in the order flash, memory-efficient,
+    math) and calls that kernel's own aten op, whose fake implementation allocates what the kernel
+    allocates. The backends that torch.backends.cuda (or torch.nn.attention.sdpa_kernel) turns off
+    are not chosen. `kernels` (a Counter) counts each call's kernel: the dry run fails on "math",
+    the path a GPU would also take for inputs that no fused kernel accepts."""
     import torch
     import torch.nn.functional as F
 
@@ -183,40 +198,44 @@ def route_attention_like_cuda(kernels) -> None:
             return "math"
         if torch.backends.cuda.flash_sdp_enabled() and q.dtype in (torch.float16, torch.bfloat16) \
                 and attn_mask is None and d <= 256 and (equal_heads or enable_gqa):
-            return "flash"                  # GQA natively, with enable_gqa; no mask: causal by flag only
+            return "flash"             # GQA natively, with enable_gqa; no mask: causal by flag only
         if torch.backends.cuda.mem_efficient_sdp_enabled() and equal_heads \
                 and q.dtype in (torch.float16, torch.bfloat16, torch.float32):
-            return "efficient"              # an additive mask, but no GQA: K, V repeated to every head
+            return "efficient"           # an additive mask, but no GQA: K, V repeated to every head
         return "math"
 
     global _SDPA
-    _SDPA = sdpa = _SDPA or F.scaled_dot_product_attention      # the original, however often this is called
+    # the original, however often this is called
+    _SDPA = sdpa = _SDPA or F.scaled_dot_product_attention
 
-    def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
-                                     enable_gqa=False):
+    def scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                     scale=None, enable_gqa=False):
         kernel = choose(q, k, v, attn_mask, enable_gqa)
         kernels[kernel] += 1
         if kernel == "flash":
             return torch.ops.aten._scaled_dot_product_flash_attention(
                 q, k, v, dropout_p, is_causal, scale=scale)[0]
         if kernel == "efficient":
-            if attn_mask is not None and attn_mask.dtype == torch.bool:    # SDPA's convert_boolean_attn_mask
+            # SDPA's convert_boolean_attn_mask
+            if attn_mask is not None and attn_mask.dtype == torch.bool:
                 zero = torch.zeros((), dtype=q.dtype, device=q.device)
                 attn_mask = torch.where(attn_mask.logical_not(), float("-inf"), zero)
             return torch.ops.aten._scaled_dot_product_efficient_attention(
                 q, k, v, attn_mask, torch.is_grad_enabled(), dropout_p, is_causal, scale=scale)[0]
-        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal, scale=scale,
-                    enable_gqa=enable_gqa)
+        return sdpa(q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+                    scale=scale, enable_gqa=enable_gqa)
 
     F.scaled_dot_product_attention = scaled_dot_product_attention
 
 
 def fake_process_group(world: int, rank: int) -> None:
-    """One process playing `rank` of `world` on the fake backend (collectives return at once, no data moves)."""
+    """One process playing `rank` of `world` on the fake backend (collectives return at once, no
+    data moves)."""
     import torch.distributed as dist
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0", LOCAL_WORLD_SIZE=str(world))
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK="0",
+                      LOCAL_WORLD_SIZE=str(world))
     if dist.is_initialized():                           # a second dry run in the same process
         dist.destroy_process_group()
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)

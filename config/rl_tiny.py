@@ -1,4 +1,5 @@
-# A tiny CPU setting (tests, the toy demo): a few short rollouts per step, float32, HF generate, no checkpointing.
+# A tiny CPU setting (tests, the toy demo): a few short rollouts per step, float32, HF generate, no
+# checkpointing.
 # python rl.py config/rl_tiny.py --model out/sft_tiny/step_000010 --train_file toy.jsonl
 steps = 20
 prompts_per_step = 8

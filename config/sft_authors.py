@@ -1,6 +1,8 @@
-# The SFT run of the authors' scripts/1_sft.sh (github.com/HaoooWang/CurioSFT at 5a77394), where it differs from the
-# paper's text (config/sft_paper.py); docs/recipes.md tables every difference with its source.
-# torchrun --nproc_per_node 8 sft.py config/sft_authors.py --model models/Hao0oWang/Qwen2.5-Math-7B-16k-think \
+# The SFT run of the authors' scripts/1_sft.sh (github.com/HaoooWang/CurioSFT at 5a77394), where it
+# differs from the paper's text (config/sft_paper.py); docs/recipes.md tables every difference with
+# its source.
+# torchrun --nproc_per_node 8 sft.py config/sft_authors.py \
+#     --model models/Hao0oWang/Qwen2.5-Math-7B-16k-think \
 #     --train_file data/curiosft/train.parquet --loss curio
 epochs = 3                               # 1_sft.sh line 75
 global_batch = 256                       # line 29
@@ -8,13 +10,13 @@ max_prompt_len = 1024                    # lines 30, 33: longer prompts are filt
 max_response_len = 8192                  # line 19
 lr = 1e-5                                # line 37
 warmup_steps = 60                        # line 38
-lr_horizon = 4                           # recipe/curio_sft/fsdp_workers.py line 442: total_training_steps * 4
+lr_horizon = 4                           # fsdp_workers.py line 442: total_training_steps * 4
 min_lr_ratio = 1e-4                      # line 39
 adam_beta2 = 0.999                       # verl's default (fsdp_workers.py line 438)
-loss_norm = "micro_batch_token_mean"     # a token mean per micro-batch of 2 sequences (line 43), averaged
+loss_norm = "micro_batch_token_mean"     # a token mean per micro-batch of 2 sequences (line 43)
 norm_group = 2
-system_prompt = "messages"               # the rows' prompts as stored (recipe/curio_sft/train_dataset.py line 295)
-offload = True                           # lines 52-53: parameters and optimiser state offloaded to CPU
+system_prompt = "messages"               # the rows' prompts as stored (train_dataset.py line 295)
+offload = True                           # lines 52-53: parameters and optimiser state on the CPU
 teacher_every = 5                        # line 91
 teacher_mu = 0.99                        # line 92
 bf16 = True

@@ -1,6 +1,8 @@
 # The paper's SFT run (App. E, Table 5): Qwen2.5-Math-7B (16k context) on OpenR1-Math-46K, 8 GPUs.
-# torchrun --nproc_per_node 8 sft.py config/sft_paper.py --model MODEL_DIR --train_file TRAIN.parquet --loss curio
-# config/sft_authors.py is what the authors' scripts ran instead; docs/recipes.md tables the differences.
+# torchrun --nproc_per_node 8 sft.py config/sft_paper.py --model MODEL_DIR \
+#     --train_file TRAIN.parquet --loss curio
+# config/sft_authors.py is what the authors' scripts ran instead; docs/recipes.md tables the
+# differences.
 epochs = 3
 global_batch = 256
 max_prompt_len = 1024
@@ -9,12 +11,13 @@ lr = 1e-5
 warmup_steps = 60
 lr_horizon = 1                   # Table 5: cosine, over the run
 min_lr_ratio = 0.0               # the paper names no floor
-adam_beta2 = 0.999               # the paper names no optimiser settings: verl's default, which produced its numbers
-loss_norm = "batch_token_mean"   # the paper does not say: every response token of a step weighs the same
+# the paper names no optimiser settings: verl's default, which produced its numbers
+adam_beta2 = 0.999
+loss_norm = "batch_token_mean"   # not in the paper: each trained token of a step weighs the same
 system_prompt = "paper"          # Table 7 (App. E: "for both SFT and RL training")
 bf16 = True
 grad_ckpt = True
-token_budget = 32768   # padded tokens per micro-batch per GPU (two to four 8k sequences); lower it on OOM
+token_budget = 32768   # padded tokens per GPU micro-batch (two to four 8k sequences); lower on OOM
 loss_chunk = 4096
 save_every = 20
 log_every = 1

@@ -1,4 +1,5 @@
-# A tiny CPU setting (tests, the toy demo): small batches, short sequences, float32, no checkpointing.
+# A tiny CPU setting (tests, the toy demo): small batches, short sequences, float32, no
+# checkpointing.
 epochs = 1
 global_batch = 8
 token_budget = 512
@@ -10,4 +11,4 @@ bf16 = False
 grad_ckpt = False
 loss_chunk = 64
 log_every = 1
-adam_beta2 = 0.95   # nanoGPT's: the toy demo was tuned and measured with it (the 7B presets use verl's 0.999)
+adam_beta2 = 0.95   # nanoGPT's: the toy demo was tuned with it (the 7B presets use verl's 0.999)

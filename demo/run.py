@@ -1,22 +1,25 @@
-"""The CPU demo: does an SFT stage that keeps exploring give RL more to win? The whole pipeline on demo/toy.py's
-floor task, one stage command after another.
+"""The CPU demo: does an SFT stage that keeps exploring give RL more to win? The whole pipeline on
+demo/toy.py's floor task, one stage command after another.
 
-    python demo/run.py --size ci --out out/demo_ci          # every stage, tiny: about a minute (tests/test_demo.py)
-    python demo/run.py --out out/demo                       # the demo proper, seed 0 (bash run.sh)
-    python demo/run.py --seeds 0 1 2 3 4 5 6 7 --out out/demo_seeds   # seed after seed into OUT/seed_S (~7 min
-                                                    # each), then the mean, spread and paired intervals
+    python demo/run.py --size ci --out out/demo_ci  # every stage, tiny: ~1 min (tests/test_demo.py)
+    python demo/run.py --out out/demo               # the demo proper, seed 0 (bash run.sh)
+    python demo/run.py --seeds 0 1 2 3 4 5 6 7 --out out/demo_seeds
+        # seed after seed into OUT/seed_S (~7 min each), then the mean, spread and paired intervals
 
-Stages (each is the stage's own command line, printed before it runs, so it can be copied and re-run; its output
-goes to OUT/logs/ and the demo prints a progress line every few seconds):
-  1. demo/toy.py    the floor task's splits and tokenizer; then a tiny Qwen2 config beside it (the "model directory")
+Stages (each is the stage's own command line, printed before it runs, so it can be copied and
+re-run; its output goes to OUT/logs/ and the demo prints a progress line every few seconds):
+  1. demo/toy.py    the floor task's splits and tokenizer; then a tiny Qwen2 config beside it
+                    (the "model directory")
   2. sft.py --scratch --loss sft on the pre-training rows: the base model, from random weights
-  3. sft.py --loss sft | curio | entropy from the base on the expert rows (a checkpoint every 32 steps)
-  4. evaluate.py    avg@8 and pass@k on the test questions, those where the expert's order works and those where
-                    it is a dead end reported apart (their data_source)
+  3. sft.py --loss sft | curio | entropy from the base on the expert rows (checkpoints: every 32
+     steps)
+  4. evaluate.py    avg@8 and pass@k on the test questions, those where the expert's order works and
+                    those where it is a dead end reported apart (their data_source)
   5. rl.py          GRPO from each SFT checkpoint on the RL prompts, then evaluate.py again
-  6. tables (OUT/summary.md, OUT/metrics.json) and plots (OUT/plots/): accuracy before and after RL, pass@k, the
-     branching tokens during SFT, and which order each model's samples took (toy.floor_solution_kind); the paired
-     differences between methods with their intervals (evaluate.py compare, into OUT/compare/)
+  6. tables (OUT/summary.md, OUT/metrics.json) and plots (OUT/plots/): accuracy before and after RL,
+     pass@k, the branching tokens during SFT, and which order each model's samples took
+     (toy.floor_solution_kind); the paired differences between methods with their intervals
+     (evaluate.py compare, into OUT/compare/)
 A stage whose output already exists is skipped, so an interrupted demo continues where it stopped.
 """
 import argparse
@@ -37,17 +40,18 @@ sys.path.insert(0, str(ROOT))
 import data  # noqa: E402
 from demo import toy  # noqa: E402
 from plumbing import checkpoints, run_dir  # noqa: E402
-from plumbing.report import save_png  # noqa: E402
 from plumbing.distributed import STOPPED_EXIT  # noqa: E402
+from plumbing.report import save_png  # noqa: E402
+from plumbing.synthetic import make_model_dir  # noqa: E402
 PY = sys.executable
 
 # Everything that differs between the CI smoke run and the demo proper.
 SIZES = {
     "ci": dict(
-        data=["--n_pretrain", "48", "--n_sft", "16", "--n_rl", "8", "--n_test", "8", "--vocab_labels", "200",
-              "--vocab_size", "1024"],
-        model=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
-                   intermediate_size=64),
+        data=["--n_pretrain", "48", "--n_sft", "16", "--n_rl", "8", "--n_test", "8",
+              "--vocab_labels", "200", "--vocab_size", "1024"],
+        model=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
+                   num_key_value_heads=1, intermediate_size=64),
         pretrain=["--epochs", "1", "--global_batch", "16", "--lr", "3e-3"],
         sft=["--epochs", "2", "--global_batch", "8", "--lr", "1e-3", "--save_every", "2"],
         eval=["--n_samples", "2", "--max_new_tokens", "40", "--sft_examples", "8"],
@@ -56,42 +60,51 @@ SIZES = {
     ),
     "full": dict(
         data=[],  # demo/toy.py's defaults
-        model=dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4, num_key_value_heads=2,
-                   intermediate_size=384),
-        # 2250 steps, about 4 min on two threads: a base that adds in many orders, dead ends included, with mistakes
-        # in 0-34% of its samples (seeds 0-7). One logits chunk: V is small.
+        model=dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
+                   num_key_value_heads=2, intermediate_size=384),
+        # 2250 steps, about 4 min on two threads: a base that adds in many orders, dead ends
+        # included, with mistakes in 0-34% of its samples (seeds 0-7). One logits chunk: V is small.
         pretrain=["--epochs", "6", "--global_batch", "16", "--lr", "2e-3", "--warmup_steps", "20",
                   "--token_budget", "2048", "--loss_chunk", "2048", "--log_every", "25"],
-        # App. E's 3 epochs of 1024 rows: 192 steps, after which cross-entropy has taken P(expert's first number) to
-        # 74-100% (seeds 0-7). lr: at 2e-3 with 5 warm-up steps the fresh Adam state knocked the base off its minimum
-        # (on an earlier toy task). A checkpoint every 32 steps for the branching tokens' curves.
-        sft=["--epochs", "3", "--global_batch", "16", "--lr", "1e-3", "--warmup_steps", "16", "--token_budget", "2048",
-             "--log_every", "4", "--save_every", "32"],
-        eval=["--n_samples", "8", "--max_new_tokens", "48", "--sft_examples", "128", "--batch_size", "16"],
-        # top_p 1.0: the authors' scripts/2_rl.sh leaves verl's rollout top_p at 1.0 (the paper's text says 0.95,
-        # which would never sample a move the model gives less than 5% in all). lr 3e-5: at 1e-4 GRPO lowered its own
-        # reward from SFT on an earlier toy task (0.27 in the first 8 steps, 0.20 in the last 8); at 3e-5 it rose
-        rl=["--steps", "32", "--prompts_per_step", "8", "--rollouts", "8", "--mini_batch", "4", "--micro_batch", "16",
-            "--gen_batch_size", "16", "--max_response_len", "48", "--lr", "3e-5", "--top_p", "1.0"],
+        # App. E's 3 epochs of 1024 rows: 192 steps, after which cross-entropy has taken P(expert's
+        # first number) to 74-100% (seeds 0-7). lr: at 2e-3 with 5 warm-up steps the fresh Adam
+        # state knocked the base off its minimum (on an earlier toy task). A checkpoint every 32
+        # steps for the branching tokens' curves.
+        sft=["--epochs", "3", "--global_batch", "16", "--lr", "1e-3", "--warmup_steps", "16",
+             "--token_budget", "2048", "--log_every", "4", "--save_every", "32"],
+        eval=["--n_samples", "8", "--max_new_tokens", "48", "--sft_examples", "128", "--batch_size",
+              "16"],
+        # top_p 1.0: the authors' scripts/2_rl.sh leaves verl's rollout top_p at 1.0 (the paper's
+        # text says 0.95, which would never sample a move the model gives less than 5% in all). lr
+        # 3e-5: at 1e-4 GRPO lowered its own reward from SFT on an earlier toy task (0.27 in the
+        # first 8 steps, 0.20 in the last 8); at 3e-5 it rose
+        rl=["--steps", "32", "--prompts_per_step", "8", "--rollouts", "8", "--mini_batch", "4",
+            "--micro_batch", "16", "--gen_batch_size", "16", "--max_response_len", "48", "--lr",
+            "3e-5", "--top_p", "1.0"],
     ),
 }
-SFT_LOSSES = ("sft", "curio", "entropy")  # vanilla cross-entropy, CurioSFT, the entropy-loss baseline (Table 2)
-# The paired differences the tables give with their intervals (evaluate.py compare): A - B, on the same questions.
-COMPARISONS = (("curio+grpo", "sft+grpo"), ("entropy+grpo", "sft+grpo"), ("curio", "sft"), ("entropy", "sft"))
-# Threads per stage process. The branches run side by side with one thread each; the base, which runs alone, takes
-# two (1.8x faster steps on 2 cores). A fixed count keeps the float sums, so the results, the same on one machine.
+# vanilla cross-entropy, CurioSFT, the entropy-loss baseline (Table 2)
+SFT_LOSSES = ("sft", "curio", "entropy")
+# The paired differences the tables give with their intervals (evaluate.py compare): A - B, on the
+# same questions.
+COMPARISONS = (("curio+grpo", "sft+grpo"), ("entropy+grpo", "sft+grpo"), ("curio", "sft"),
+               ("entropy", "sft"))
+# Threads per stage process. The branches run side by side with one thread each; the base, which
+# runs alone, takes two (1.8x faster steps on 2 cores). A fixed count keeps the float sums, so the
+# results, the same on one machine.
 THREADS, BASE_THREADS = 1, 2
 PROGRESS_EVERY_S = 5.0
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Running the stages
-# ---------------------------------------------------------------------------------------------------------
-def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "", every_s: float = PROGRESS_EVERY_S,
-              threads: int = THREADS) -> float:
-    """Run one stage command from the repository root, echoing it. Its output goes to `log`; as lines arrive, one at
-    most every every_s seconds is printed after the stage's name, for a run of `steps` steps as progress and ETA.
-    Returns the seconds taken. Stages may run in parallel threads: each prints whole lines."""
+# ------------------------------------------------------------------------------------------------
+def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "",
+              every_s: float = PROGRESS_EVERY_S, threads: int = THREADS) -> float:
+    """Run one stage command from the repository root, echoing it. Its output goes to `log`; as
+    lines arrive, one at most every every_s seconds is printed after the stage's name, for a run of
+    `steps` steps as progress and ETA. Returns the seconds taken. Stages may run in parallel
+    threads: each prints whole lines."""
     if STOPPING.is_set():                          # Ctrl-C came: no stage starts after it
         raise StageStopped(f"[{name}] not started")
     print(f"[{name}] $ " + " ".join(str(c) for c in cmd), flush=True)
@@ -101,7 +114,7 @@ def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "", ev
     t0 = shown = time.time()
     log.parent.mkdir(parents=True, exist_ok=True)
     last = ""
-    with open(log, "a") as f:                      # (an interrupted stage's log goes on when it resumes)
+    with open(log, "a") as f:                 # (an interrupted stage's log goes on when it resumes)
         # text mode reads tqdm's "\r" updates as lines too
         proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)
@@ -111,14 +124,16 @@ def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "", ev
                 last = line.strip() or last
                 if last and time.time() - shown >= every_s:
                     shown = time.time()
-                    print(f"[{name}] {shown - t0:4.0f}s  {progress_text(last, steps, shown - t0)}", flush=True)
-        except KeyboardInterrupt:                  # Ctrl-C reached the stage too: it saves and says so
+                    print(f"[{name}] {shown - t0:4.0f}s  {progress_text(last, steps, shown - t0)}",
+                          flush=True)
+        except KeyboardInterrupt:               # Ctrl-C reached the stage too: it saves and says so
             STOPPING.set()
             for line in proc.stdout:
                 f.write(line)
                 last = line.strip() or last
         proc.wait()
-    if proc.returncode in (STOPPED_EXIT, -2, 130):    # stopped by the signal (saved, or not yet started)
+    # stopped by the signal (saved, or not yet started)
+    if proc.returncode in (STOPPED_EXIT, -2, 130):
         STOPPING.set()
         raise StageStopped(f"[{name}] {last}")
     if proc.returncode != 0:
@@ -129,36 +144,23 @@ def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "", ev
 
 
 class StageStopped(Exception):
-    """A stage's process stopped by Ctrl-C or SIGTERM (its last line says what it saved), or a stage not started
-    after one."""
+    """A stage's process stopped by Ctrl-C or SIGTERM (its last line says what it saved), or a stage
+    not started after one."""
 
 
 STOPPING = threading.Event()        # set by Ctrl-C: the stages running stop, no other one starts
 
 
 def progress_text(line: str, steps: int | None, elapsed: float) -> str:
-    """A training log line ("step 12 ... loss 0.31 ...") as "step 12/40, loss 0.31, ETA 50s"; others as they are."""
+    """A training log line ("step 12 ... loss 0.31 ...") as "step 12/40, loss 0.31, ETA 50s"; others
+    as they are."""
     m = re.match(r"step (\d+)\b", line)
     if not (m and steps):
         return line[:110]
     done = int(m.group(1))
     shown = [f"{k} {v}" for k, v in re.findall(r"\b(loss|reward_mean|zero_std_frac) (\S+)", line)]
-    return ", ".join([f"step {done}/{steps}", *shown, f"ETA {elapsed / max(done, 1) * (steps - done):.0f}s"])
-
-
-def make_model_dir(world: Path, model_kwargs: dict) -> Path:
-    """The tokenizer and a tiny Qwen2 config.json in one HF directory: what sft.py --scratch initialises from."""
-    import transformers
-
-    model_dir = world / "model"
-    tok = transformers.AutoTokenizer.from_pretrained(world / "tokenizer")
-    cfg = transformers.Qwen2Config(vocab_size=len(tok), max_position_embeddings=1024, tie_word_embeddings=True,
-                                   eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, **model_kwargs)
-    cfg.save_pretrained(model_dir)
-    tok.save_pretrained(model_dir)
-    n_params = sum(p.numel() for p in transformers.AutoModelForCausalLM.from_config(cfg).parameters())
-    print(f"  {model_dir}: Qwen2 config, vocab {len(tok)}, {n_params / 1e6:.2f}M parameters", flush=True)
-    return model_dir
+    return ", ".join([f"step {done}/{steps}", *shown,
+                      f"ETA {elapsed / max(done, 1) * (steps - done):.0f}s"])
 
 
 def flag(args: list[str], name: str, default: int) -> int:
@@ -166,34 +168,38 @@ def flag(args: list[str], name: str, default: int) -> int:
     return int(args[args.index(name) + 1]) if name in args else default
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Measurements the stage scripts do not make
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 def load_for_scoring(ckpt: Path):
-    """The checkpoint's tokenizer, and a function from texts to the model's next-token logits after each
-    ([len(texts), V], float32, at temperature 1)."""
+    """The checkpoint's tokenizer, and a function from texts to the model's next-token logits after
+    each ([len(texts), V], float32, at temperature 1)."""
     import torch
     import transformers
 
-    transformers.utils.logging.disable_progress_bar()  # one "Loading weights" bar per checkpoint: noise here
+    # one "Loading weights" bar per checkpoint: noise here
+    transformers.utils.logging.disable_progress_bar()
     tok = transformers.AutoTokenizer.from_pretrained(ckpt)
     model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
 
     def next_token_logits(texts: list[str]) -> torch.Tensor:
         ids = [tok.encode(t) for t in texts]
         batch = torch.full((len(ids), max(map(len, ids))), tok.pad_token_id)
-        for i, x in enumerate(ids):  # right-padded: causal attention never sees the padding before each last token
+        # right-padded: causal attention never sees the padding before each last token
+        for i, x in enumerate(ids):
             batch[i, : len(x)] = torch.tensor(x)
         with torch.no_grad():
-            return model(batch).logits[torch.arange(len(ids)), torch.tensor(list(map(len, ids))) - 1].float()
+            return model(batch).logits[torch.arange(len(ids)),
+                                       torch.tensor(list(map(len, ids))) - 1].float()
     return tok, next_token_logits
 
 
 def branching_stats(ckpt: Path, rows: list[dict]) -> dict:
-    """Two branching tokens of the test questions under the model at temperature 1. The first number: the entropy
-    of the full next-token distribution (nats) and the probability of the expert's (the question's first). And on
-    the questions where the expert's order is a dead end, after the expert's lines up to the negative number: the
-    probability of putting it off (a "+", adding a positive number first) rather than hitting the floor."""
+    """Two branching tokens of the test questions under the model at temperature 1. The first
+    number: the entropy of the full next-token distribution (nats) and the probability of the
+    expert's (the question's first). And on the questions where the expert's order is a dead end,
+    after the expert's lines up to the negative number: the probability of putting it off (a "+",
+    adding a positive number first) rather than hitting the floor."""
     import torch
 
     import curio_loss
@@ -202,38 +208,43 @@ def branching_stats(ckpt: Path, rows: list[dict]) -> dict:
     questions = [toy.parse_floor(r["prompt"][1]["content"]) for r in rows]
     prompts = [data.build_prompt(r["prompt"][1]["content"], tok, toy.FLOOR_SYSTEM) for r in rows]
     logits = next_token_logits(prompts)
-    first = [tok.convert_tokens_to_ids(str(q[0])) for q in questions]  # digits are single tokens (Qwen's regex)
+    # digits are single tokens (Qwen's regex)
+    first = [tok.convert_tokens_to_ids(str(q[0])) for q in questions]
     p_expert = logits.softmax(-1)[torch.arange(len(rows)), torch.tensor(first)].mean().item()
-    # The expert's lines before its dead end ("2\n" for 2,-5,...): the next token is "-" (the negative now) or "+".
+    # The expert's lines before its dead end ("2\n" for 2,-5,...): the next token is "-" (the
+    # negative now) or "+".
     fails = [i for i, q in enumerate(questions) if not toy.add_in_order(q)[1]]
     lines = [toy.floor_response(questions[i]).removeprefix(data.THINK).split("\n") for i in fails]
-    at_floor = next_token_logits([prompts[i] + "\n".join(ls[: questions[i].index(min(questions[i]))]) + "\n"
+    at_floor = next_token_logits([prompts[i]
+                                  + "\n".join(ls[: questions[i].index(min(questions[i]))]) + "\n"
                                   for i, ls in zip(fails, lines)]) if fails else None
     return {"entropy": curio_loss.entropy(logits).mean().item(), "p_expert": p_expert,
-            "p_put_off": at_floor.softmax(-1)[:, tok.convert_tokens_to_ids("+")].mean().item() if fails else None}
+            "p_put_off": at_floor.softmax(-1)[:, tok.convert_tokens_to_ids("+")].mean().item()
+            if fails else None}
 
 
-# Samples whose reasoning is a "mistake" but whose boxed answer the grader scores right: the reward sees only the
-# answer (no process reward), so RL could learn to break the rule and still be paid.
+# Samples whose reasoning is a "mistake" but whose boxed answer the grader scores right: the reward
+# sees only the answer (no process reward), so RL could learn to break the rule and still be paid.
 MISTAKE_GRADED_RIGHT = "mistake, graded right"
 
 
 def kind_shares(samples_file: Path) -> dict:
-    """{question kind: {FLOOR_KINDS entry: share of that kind's samples}} (toy.floor_solution_kind), plus the share
-    of MISTAKE_GRADED_RIGHT (part of the mistakes)."""
+    """{question kind: {FLOOR_KINDS entry: share of that kind's samples}} (toy.floor_solution_kind),
+    plus the share of MISTAKE_GRADED_RIGHT (part of the mistakes)."""
     counts = collections.defaultdict(collections.Counter)
     for line in samples_file.read_text().splitlines():
         r = json.loads(line)
         kind = toy.floor_solution_kind(r["question"], r["response"])
         counts[r["data_source"]][kind] += 1
         counts[r["data_source"]][MISTAKE_GRADED_RIGHT] += kind == "mistake" and r["score"] == 1.0
-    return {source: {k: c[k] / sum(c[k] for k in toy.FLOOR_KINDS) for k in (*toy.FLOOR_KINDS, MISTAKE_GRADED_RIGHT)}
+    return {source: {k: c[k] / sum(c[k] for k in toy.FLOOR_KINDS)
+                     for k in (*toy.FLOOR_KINDS, MISTAKE_GRADED_RIGHT)}
             for source, c in counts.items()}
 
 
 def model_metrics(result: dict, samples_file: Path, branching: dict) -> dict:
     bench = result["benchmarks"]
-    return {"avg": result["summary"]["avg"],  # the mean over the two kinds = over questions (equal counts)
+    return {"avg": result["summary"]["avg"],  # over the two kinds = over questions (equal counts)
             **{f"avg_{kind}": bench[kind]["avg"] for kind in bench},
             **{f"pass_at_k_{kind}": bench[kind]["pass_at_k"] for kind in bench},
             "expert_token_entropy_top20": (result.get("expert_entropy") or {}).get("top20"),
@@ -242,44 +253,52 @@ def model_metrics(result: dict, samples_file: Path, branching: dict) -> dict:
 
 def saved_steps(run_dir: Path) -> list[tuple[int, Path]]:
     """(step, checkpoint) for every complete checkpoint of a run, oldest first."""
-    return [(json.loads((c / "state.json").read_text())["step"], c) for c in checkpoints.complete(run_dir)]
+    return [(json.loads((c / "state.json").read_text())["step"],
+             c) for c in checkpoints.complete(run_dir)]
 
 
 def sft_metrics(run_dir: Path, base: Path, branching) -> dict:
-    """Over one SFT run: branching(checkpoint), the branching tokens' statistics, at the base and at every saved
-    checkpoint; the top-20% expert-token entropy and cross-entropy from its log, and for CurioSFT its mean w_t where
-    it acts."""
-    log = [r for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines()) if "ce" in r]
+    """Over one SFT run: branching(checkpoint), the branching tokens' statistics, at the base and at
+    every saved checkpoint; the top-20% expert-token entropy and cross-entropy from its log, and for
+    CurioSFT its mean w_t where it acts."""
+    log = [r for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines())
+           if "ce" in r]
     points = [(0, base)] + saved_steps(run_dir)
     out = {"steps": [s for s, _ in points], "branching": [branching(c) for _, c in points],
-           "log_steps": [r["step"] for r in log], "top20": [r.get("student_entropy_top20") for r in log],
-           "ce_end": log[-1]["ce"]}
+           "log_steps": [r["step"] for r in log],
+           "top20": [r.get("student_entropy_top20") for r in log], "ce_end": log[-1]["ce"]}
     if "w_top20" in log[0]:
-        out["w_top20"], out["w_bottom80"] = (sum(r[k] for r in log) / len(log) for k in ("w_top20", "w_bottom80"))
+        out["w_top20"], out["w_bottom80"] = (sum(r[k] for r in log) / len(log)
+                                             for k in ("w_top20", "w_bottom80"))
     return out
 
 
 def grpo_metrics(run_dir: Path) -> dict:
-    """From rl.py's log: the share of groups with mixed rewards (1 - zero_std_frac: the only ones with a gradient)
-    over the run and in its first and last quarter, and the mean reward in those quarters."""
+    """From rl.py's log: the share of groups with mixed rewards (1 - zero_std_frac: the only ones
+    with a gradient) over the run and in its first and last quarter, and the mean reward in those
+    quarters."""
     log = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
     q = max(1, len(log) // 4)
 
     def mean(rows, key):
         return sum(r[key] for r in rows) / len(rows)
 
-    return {"mixed": 1 - mean(log, "zero_std_frac"), "mixed_first": 1 - mean(log[:q], "zero_std_frac"),
-            "mixed_last": 1 - mean(log[-q:], "zero_std_frac"), "reward_first": mean(log[:q], "reward_mean"),
+    return {"mixed": 1 - mean(log, "zero_std_frac"),
+            "mixed_first": 1 - mean(log[:q], "zero_std_frac"),
+            "mixed_last": 1 - mean(log[-q:], "zero_std_frac"),
+            "reward_first": mean(log[:q], "reward_mean"),
             "reward_last": mean(log[-q:], "reward_mean")}
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # One seed, every stage
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
-    """Every stage for one seed into `out`; returns (and writes to out/metrics.json) what the tables show."""
+    """Every stage for one seed into `out`; returns (and writes to out/metrics.json) what the tables
+    show."""
     world, runs, evals, logs = out / "world", out / "runs", out / "eval", out / "logs"
-    # Finished stages are reused, so an --out must not mix seeds (nor hold a run from before seeds were recorded).
+    # Finished stages are reused, so an --out must not mix seeds (nor hold a run from before seeds
+    # were recorded).
     seed_file = out / "seed"
     if seed_file.exists() or world.exists():
         recorded = seed_file.read_text().strip() if seed_file.exists() else None
@@ -292,31 +311,35 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
 
     print(f"\n== 1. the toy world (seed {seed}): data, tokenizer, model config", flush=True)
     if not (world / "model" / "config.json").exists():
-        seconds["data"] = run_stage([PY, "demo/toy.py", "--out", world, *seed_flag, *size["data"]], logs / "data.log",
-                                    name="data")
+        seconds["data"] = run_stage([PY, "demo/toy.py", "--out", world, *seed_flag, *size["data"]],
+                                    logs / "data.log", name="data")
         make_model_dir(world, size["model"])
     pretrain_file, expert_file = world / "train_pretrain.jsonl", world / "train_expert.jsonl"
     rl_file, test_file = world / "train_rl.jsonl", world / "test.jsonl"
     test_rows = [json.loads(line) for line in test_file.read_text().splitlines()]
 
-    def sft(name: str, model: Path, train_file: Path, loss: str, extra: list, threads: int = THREADS) -> Path:
+    def sft(name: str, model: Path, train_file: Path, loss: str, extra: list,
+            threads: int = THREADS) -> Path:
         if run_dir.completed(runs / name) is None:     # not run, or interrupted: sft.py resumes it
             n_rows = len(train_file.read_text().splitlines())
             steps = flag(extra, "--epochs", 1) * (n_rows // flag(extra, "--global_batch", 8))
-            seconds[name] = run_stage([PY, "sft.py", "config/sft_tiny.py", "--model", model, "--train_file",
-                                       train_file, "--loss", loss, "--out_dir", runs / name, "--system_prompt", "row",
-                                       *seed_flag, *extra], logs / f"{name}.log", steps, name, threads=threads)
+            seconds[name] = run_stage([PY, "sft.py", "config/sft_tiny.py", "--model", model,
+                                       "--train_file", train_file, "--loss", loss, "--out_dir",
+                                       runs / name, "--system_prompt", "row", *seed_flag, *extra],
+                                      logs / f"{name}.log", steps, name, threads=threads)
         return checkpoints.latest(runs / name)
 
     print("\n== 2. pre-train the base model from scratch on every order", flush=True)
-    ckpts = {"base": sft("base", world / "model", pretrain_file, "sft", ["--scratch", *size["pretrain"]], BASE_THREADS)}
+    ckpts = {"base": sft("base", world / "model", pretrain_file, "sft",
+                         ["--scratch", *size["pretrain"]], BASE_THREADS)}
 
     def evaluate(name: str) -> None:
         if not (evals / name / "results.json").exists():
             seconds[f"eval {name}"] = run_stage(
-                [PY, "evaluate.py", "--model", ckpts[name], "--data", test_file, "--out", evals / name, "--name", name,
-                 "--engine", "hf", "--sft_data", expert_file, "--grader_workers", "1", "--system_prompt", "row",
-                 *seed_flag, *size["eval"]], logs / f"eval_{name}.log", name=f"eval {name}")
+                [PY, "evaluate.py", "--model", ckpts[name], "--data", test_file, "--out",
+                 evals / name, "--name", name, "--engine", "hf", "--sft_data", expert_file,
+                 "--grader_workers", "1", "--system_prompt", "row", *seed_flag, *size["eval"]],
+                logs / f"eval_{name}.log", name=f"eval {name}")
 
     def branch(loss: str) -> None:
         """SFT with `loss` from the base, GRPO from that, and the evaluation of both."""
@@ -324,22 +347,25 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
         evaluate(loss)
         name = f"{loss}+grpo"
         if run_dir.completed(runs / name) is None:
-            seconds[name] = run_stage([PY, "rl.py", "config/rl_tiny.py", "--model", ckpts[loss], "--train_file",
-                                       rl_file, "--out_dir", runs / name, "--save_every", "0", "--grader_workers", "1",
+            seconds[name] = run_stage([PY, "rl.py", "config/rl_tiny.py", "--model", ckpts[loss],
+                                       "--train_file", rl_file, "--out_dir", runs / name,
+                                       "--save_every", "0", "--grader_workers", "1",
                                        "--system_prompt", "row", *seed_flag, *size["rl"]],
                                       logs / f"{name}.log", flag(size["rl"], "--steps", 20), name)
         ckpts[name] = checkpoints.latest(runs / name)
         evaluate(name)
 
-    print(f"\n== 3-5. from the base, {jobs} at a time: SFT on the expert's rows (always the question's order) "
-          "with cross-entropy, CurioSFT and the entropy loss; GRPO from each; avg@n and pass@k before and after GRPO, "
-          "where the expert's order works and where it is a dead end", flush=True)
-    # The branches share nothing but the base, so they run side by side, one thread each: on 2 cores the demo
-    # keeps both busy to the end instead of running one stage at a time, and each stage's result does not depend
-    # on what runs beside it.
+    print(f"\n== 3-5. from the base, {jobs} at a time: SFT on the expert's rows (always the "
+          "question's order) with cross-entropy, CurioSFT and the entropy loss; GRPO from each; "
+          "avg@n and pass@k before and after GRPO, where the expert's order works and where it is "
+          "a dead end", flush=True)
+    # The branches share nothing but the base, so they run side by side, one thread each: on 2 cores
+    # the demo keeps both busy to the end instead of running one stage at a time, and each stage's
+    # result does not depend on what runs beside it.
     t0, ran_before = time.time(), len(seconds)
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        futures = [pool.submit(evaluate, "base")] + [pool.submit(branch, loss) for loss in SFT_LOSSES]
+        futures = [pool.submit(evaluate, "base")] + [pool.submit(branch, loss)
+                                                     for loss in SFT_LOSSES]
         try:
             concurrent.futures.wait(futures)
         except KeyboardInterrupt:                  # the stages got it too: they save and stop
@@ -352,13 +378,16 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
             future.result()  # a failed stage raises here
     if len(seconds) > ran_before:  # something ran: the wall-clock time of stages 3-5, side by side
         seconds["stages 3-5"] = time.time() - t0
-    ckpts = {name: ckpts[name] for name in ["base", *SFT_LOSSES, *(f"{loss}+grpo" for loss in SFT_LOSSES)]}
+    ckpts = {name: ckpts[name] for name in ["base", *SFT_LOSSES,
+                                            *(f"{loss}+grpo" for loss in SFT_LOSSES)]}
 
     print("\n== 6. tables and plots", flush=True)
-    timings = json.loads((out / "seconds.json").read_text()) if (out / "seconds.json").exists() else {}
+    timings_file = out / "seconds.json"
+    timings = json.loads(timings_file.read_text()) if timings_file.exists() else {}
     timings |= seconds  # stages skipped this time keep the time of the run that did them
-    (out / "seconds.json").write_text(json.dumps(timings, indent=1))
-    # Once per checkpoint: the base starts every SFT curve, and each SFT run's last checkpoint is also a model.
+    timings_file.write_text(json.dumps(timings, indent=1))
+    # Once per checkpoint: the base starts every SFT curve, and each SFT run's last checkpoint is
+    # also a model.
     branching = functools.cache(lambda ckpt: branching_stats(ckpt, test_rows))
     metrics = {
         "seeds": [seed], "seconds": timings,
@@ -372,9 +401,9 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
     return metrics
 
 
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 # Tables and plots, for one seed or the mean and spread over several
-# ---------------------------------------------------------------------------------------------------------
+# ------------------------------------------------------------------------------------------------
 def over_seeds(metrics: list[dict], get) -> list[float]:
     """get(m) for every seed's metrics, the seeds where it is None left out."""
     return [v for v in map(get, metrics) if v is not None]
@@ -386,13 +415,14 @@ def cell(values: list[float], fmt: str = "{:.1%}") -> str:
         return "–"
     if len(values) == 1:
         return fmt.format(values[0])
-    return f"{fmt.format(sum(values) / len(values))} ({fmt.format(min(values))}–{fmt.format(max(values))})"
+    low, high = fmt.format(min(values)), fmt.format(max(values))
+    return f"{fmt.format(sum(values) / len(values))} ({low}–{high})"
 
 
 def tables(metrics: list[dict], paired: dict[str, dict] | None = None) -> str:
-    """The summary: accuracy (paper Table 3's shape) and, given compare_all's results, the paired differences with
-    their intervals; the branching tokens, the orders the samples took, SFT and GRPO over training. One value per
-    cell for one seed; mean (min-max) over several."""
+    """The summary: accuracy (paper Table 3's shape) and, given compare_all's results, the paired
+    differences with their intervals; the branching tokens, the orders the samples took, SFT and
+    GRPO over training. One value per cell for one seed; mean (min-max) over several."""
     names = list(metrics[0]["models"])
     works, fails = toy.EXPERT_WORKS, toy.EXPERT_FAILS
 
@@ -400,23 +430,25 @@ def tables(metrics: list[dict], paired: dict[str, dict] | None = None) -> str:
         return cell(over_seeds(metrics, lambda m: get(m["models"][name])), fmt)
 
     k_max = max(int(k) for k in metrics[0]["models"]["base"][f"pass_at_k_{fails}"])
-    out = [f"Seeds: {', '.join(str(m['seeds'][0]) for m in metrics)}. Test questions: half where the expert's order "
-           "(the question's) works, half where it is a dead end.", "",
+    out = [f"Seeds: {', '.join(str(m['seeds'][0]) for m in metrics)}. Test questions: half where "
+           "the expert's order (the question's) works, half where it is a dead end.", "",
            f"| model | avg@n | avg@n, expert's order works | avg@n, expert's order fails "
-           f"| pass@{k_max}, expert's order fails | first-number entropy (nats) | P(expert's first number) "
-           "| P(negative put off), expert's fails |",
+           f"| pass@{k_max}, expert's order fails | first-number entropy (nats) | P(expert's first "
+           "number) | P(negative put off), expert's fails |",
            "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for name in names:
-        out.append(f"| {name} | {col(name, lambda r: r['avg'])} | {col(name, lambda r: r[f'avg_{works}'])} "
-                   f"| {col(name, lambda r: r[f'avg_{fails}'])} "
-                   f"| {col(name, lambda r: r[f'pass_at_k_{fails}'][str(k_max)])} "
-                   f"| {col(name, lambda r: r['branching']['entropy'], '{:.3f}')} "
-                   f"| {col(name, lambda r: r['branching']['p_expert'])} "
-                   f"| {col(name, lambda r: r['branching']['p_put_off'])} |")
+        out.append(f"| {name} | {col(name, lambda r: r['avg'])} | "
+                   f"{col(name, lambda r: r[f'avg_{works}'])} | "
+                   f"{col(name, lambda r: r[f'avg_{fails}'])} | "
+                   f"{col(name, lambda r: r[f'pass_at_k_{fails}'][str(k_max)])} | "
+                   f"{col(name, lambda r: r['branching']['entropy'], '{:.3f}')} | "
+                   f"{col(name, lambda r: r['branching']['p_expert'])} | "
+                   f"{col(name, lambda r: r['branching']['p_put_off'])} |")
     out += paired_table(paired) if paired else []
-    for source, title in ((fails, "where the expert's order is a dead end"), (works, "where the expert's order works")):
-        out += ["", f"Samples by the order they took and how they ended (`toy.floor_solution_kind`), on the "
-                    f"questions {title}:", "",
+    for source, title in ((fails, "where the expert's order is a dead end"),
+                          (works, "where the expert's order works")):
+        out += ["", "Samples by the order they took and how they ended "
+                    f"(`toy.floor_solution_kind`), on the questions {title}:", "",
                 "| model | " + " | ".join(toy.FLOOR_KINDS) + f" | {MISTAKE_GRADED_RIGHT} |",
                 "| --- |" + " --- |" * (len(toy.FLOOR_KINDS) + 1)]
         for name in names:
@@ -424,38 +456,43 @@ def tables(metrics: list[dict], paired: dict[str, dict] | None = None) -> str:
                                                 for k in (*toy.FLOOR_KINDS, MISTAKE_GRADED_RIGHT))
                        + " |")
     steps = " / ".join(map(str, metrics[0]["sft"][SFT_LOSSES[0]]["steps"]))
-    out += ["", f"| SFT run | first-number entropy (nats) at steps {steps} | P(expert's first number), same steps "
-                "| P(negative put off), expert's fails, same steps | top-20% expert-token entropy at the end "
-                "| cross-entropy at the end | w_t at top-20% / bottom-80% teacher-entropy tokens |",
+    out += ["", f"| SFT run | first-number entropy (nats) at steps {steps} | P(expert's first "
+                "number), same steps | P(negative put off), expert's fails, same steps | top-20% "
+                "expert-token entropy at the end | cross-entropy at the end | w_t at top-20% / "
+                "bottom-80% teacher-entropy tokens |",
             "| --- | --- | --- | --- | --- | --- | --- |"]
     for loss in metrics[0]["sft"]:
         def points(key):
             n = len(metrics[0]["sft"][loss]["branching"])
-            return " / ".join(cell(over_seeds(metrics, lambda m: m["sft"][loss]["branching"][i][key]),
+            return " / ".join(cell(over_seeds(metrics,
+                                              lambda m: m["sft"][loss]["branching"][i][key]),
                                    "{:.2f}" if key == "entropy" else "{:.0%}") for i in range(n))
         sft = [m["sft"][loss] for m in metrics]
-        w = (f"{cell([s['w_top20'] for s in sft], '{:.3f}')} / {cell([s['w_bottom80'] for s in sft], '{:.3f}')}"
+        w = (f"{cell([s['w_top20'] for s in sft], '{:.3f}')} / "
+             f"{cell([s['w_bottom80'] for s in sft], '{:.3f}')}"
              if "w_top20" in sft[0] else "–")
         out.append(f"| {loss} | {points('entropy')} | {points('p_expert')} | {points('p_put_off')} "
-                   f"| {cell([s['top20'][-1] for s in sft], '{:.3f}')} | {cell([s['ce_end'] for s in sft], '{:.4f}')} "
-                   f"| {w} |")
+                   f"| {cell([s['top20'][-1] for s in sft], '{:.3f}')} | "
+                   f"{cell([s['ce_end'] for s in sft], '{:.4f}')} | {w} |")
     stages = list(metrics[0]["seconds"])
-    out += ["", "Seconds per stage (stages 3-5 ran side by side, so each took longer than alone): " + ", ".join(
-        f"{stage} {cell(over_seeds(metrics, lambda m: m['seconds'].get(stage)), '{:.0f}')}" for stage in stages) + "."]
-    out += ["", "| GRPO run | mixed-reward groups (all steps) | first quarter | last quarter | reward, first quarter "
-                "| reward, last quarter |", "| --- | --- | --- | --- | --- | --- |"]
+    per_stage = [f"{stage} {cell(over_seeds(metrics, lambda m: m['seconds'].get(stage)), '{:.0f}')}"
+                 for stage in stages]
+    out += ["", "Seconds per stage (stages 3-5 ran side by side, so each took longer than alone): "
+            + ", ".join(per_stage) + "."]
+    out += ["", "| GRPO run | mixed-reward groups (all steps) | first quarter | last quarter | "
+                "reward, first quarter | reward, last quarter |",
+            "| --- | --- | --- | --- | --- | --- |"]
     for name in metrics[0]["grpo"]:
         g = [m["grpo"][name] for m in metrics]
-        out.append(f"| {name} | " + " | ".join(cell([x[k] for x in g]) for k in
-                                                ("mixed", "mixed_first", "mixed_last", "reward_first", "reward_last"))
-                   + " |")
+        keys = ("mixed", "mixed_first", "mixed_last", "reward_first", "reward_last")
+        out.append(f"| {name} | " + " | ".join(cell([x[k] for x in g]) for k in keys) + " |")
     return "\n".join(out) + "\n"
 
 
 def plots(metrics: list[dict], out: Path) -> list[Path]:
-    """The paper's figures for the demo: accuracy before and after RL for each SFT method (bars from 0), pass@k,
-    the branching tokens during SFT, and the orders the samples took. Bars and points are means over seeds, the
-    error bars the min-max spread (none with one seed)."""
+    """The paper's figures for the demo: accuracy before and after RL for each SFT method (bars from
+    0), pass@k, the branching tokens during SFT, and the orders the samples took. Bars and points
+    are means over seeds, the error bars the min-max spread (none with one seed)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -470,20 +507,22 @@ def plots(metrics: list[dict], out: Path) -> list[Path]:
         mean = sum(v) / len(v)
         return mean, (mean - min(v), max(v) - mean)
 
-    bars = dict(capsize=3) if len(metrics) > 1 else {}         # one seed: no spread, no zero-width caps
+    bars = dict(capsize=3) if len(metrics) > 1 else {}     # one seed: no spread, no zero-width caps
 
     written = []
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
-    for ax, key, title in ((axes[0], "avg", "all test questions"), (axes[1], f"avg_{fails}",
-                                                                     "where the expert's order is a dead end")):
+    for ax, key, title in ((axes[0], "avg", "all test questions"),
+                           (axes[1], f"avg_{fails}", "where the expert's order is a dead end")):
         highs = []
         for i, loss in enumerate(SFT_LOSSES):
             for dx, name, color in ((-0.2, loss, "tab:gray"), (0.2, f"{loss}+grpo", "tab:blue")):
                 mean, err = spread(lambda m: 100 * m["models"][name][key])
                 yerr = {"yerr": [[err[0]], [err[1]]], **bars} if bars else {}
                 ax.bar(i + dx, mean, width=0.4, color=color,
-                       label=("before GRPO" if dx < 0 else "after GRPO") if i == 0 else None, **yerr)
-                ax.annotate(f"{mean:.1f}", (i + dx, mean + err[1]), ha="center", va="bottom", fontsize="small")
+                       label=("before GRPO" if dx < 0 else "after GRPO") if i == 0 else None,
+                       **yerr)
+                ax.annotate(f"{mean:.1f}", (i + dx, mean + err[1]), ha="center", va="bottom",
+                            fontsize="small")
                 highs.append(mean + err[1])
         ax.set_ylim(0, min(100.0, max(highs) * 1.12 + 1))           # from 0: bar heights compare
         ax.set_xticks(range(len(SFT_LOSSES)), SFT_LOSSES)
@@ -497,10 +536,13 @@ def plots(metrics: list[dict], out: Path) -> list[Path]:
     for ax, source in zip(axes2, (fails, works)):
         for j, name in enumerate(names):
             color = f"C{SFT_LOSSES.index(name.split('+')[0]) + 1 if name != 'base' else 0}"
-            ys = [spread(lambda m: 100 * m["models"][name][f"pass_at_k_{source}"][str(k)])[0] for k in k_of]
-            ax.plot(k_of, ys, marker="o", color=color, linestyle="--" if "+grpo" in name else "-", label=name)
+            ys = [spread(lambda m: 100 * m["models"][name][f"pass_at_k_{source}"][str(k)])[0]
+                  for k in k_of]
+            ax.plot(k_of, ys, marker="o", color=color, linestyle="--" if "+grpo" in name else "-",
+                    label=name)
         ax.set_xscale("log", base=2)
-        ax.set(xlabel="k", ylabel="pass@k (%)", title=f"expert's order {'fails' if source == fails else 'works'}")
+        ax.set(xlabel="k", ylabel="pass@k (%)",
+               title=f"expert's order {'fails' if source == fails else 'works'}")
     axes2[0].legend(fontsize="small")
     written.append(out / "pass_at_k.png")
 
@@ -508,13 +550,17 @@ def plots(metrics: list[dict], out: Path) -> list[Path]:
     for i, loss in enumerate(SFT_LOSSES):
         s0 = metrics[0]["sft"][loss]
         for ax, key in ((axes3[0], "entropy"), (axes3[1], "p_expert"), (axes3[2], "p_put_off")):
-            pts = [spread(lambda m: m["sft"][loss]["branching"][p][key]) for p in range(len(s0["steps"]))]
-            yerr = {"yerr": [[p[1][0] for p in pts], [p[1][1] for p in pts]], **bars} if bars else {}
-            ax.errorbar(s0["steps"], [p[0] for p in pts], marker="o", color=f"C{i + 1}", label=loss, **yerr)
+            pts = [spread(lambda m: m["sft"][loss]["branching"][p][key])
+                   for p in range(len(s0["steps"]))]
+            low_high = [[p[1][0] for p in pts], [p[1][1] for p in pts]]
+            yerr = {"yerr": low_high, **bars} if bars else {}
+            ax.errorbar(s0["steps"], [p[0] for p in pts], marker="o", color=f"C{i + 1}", label=loss,
+                        **yerr)
     axes3[0].axhline(1.2, color="gray", linestyle=":", label="Eq. 7's pivot")
     axes3[0].set(xlabel="SFT step", ylabel="nats", title="first-number entropy (test questions)")
     axes3[1].set(xlabel="SFT step", ylabel="probability", title="P(expert's first number)")
-    axes3[2].set(xlabel="SFT step", ylabel="probability", title="P(negative put off), expert's order fails")
+    axes3[2].set(xlabel="SFT step", ylabel="probability",
+                 title="P(negative put off), expert's order fails")
     axes3[0].legend(fontsize="small")
     written.append(out / "entropy_during_sft.png")
 
@@ -522,24 +568,26 @@ def plots(metrics: list[dict], out: Path) -> list[Path]:
     for ax, source in zip(axes4, (fails, works)):
         bottom = [0.0] * len(names)
         for j, kind in enumerate(toy.FLOOR_KINDS):
-            shares = [spread(lambda m: 100 * m["models"][name]["kinds"][source][kind])[0] for name in names]
+            shares = [spread(lambda m: 100 * m["models"][name]["kinds"][source][kind])[0]
+                      for name in names]
             ax.bar(range(len(names)), shares, bottom=bottom, color=f"C{j}", label=kind)
             bottom = [b + s for b, s in zip(bottom, shares)]
         ax.set_xticks(range(len(names)), names, rotation=30, fontsize="small")
-        ax.set(ylabel="% of samples", title=f"expert's order {'fails' if source == fails else 'works'}")
+        ax.set(ylabel="% of samples",
+               title=f"expert's order {'fails' if source == fails else 'works'}")
     axes4[1].legend(fontsize="small", loc="center left", bbox_to_anchor=(1.0, 0.5))
     written.append(out / "strategy_shares.png")
 
     for f, path in zip((fig, fig2, fig3, fig4), written):
-        if f is not fig:                                             # (fig keeps room for its legend)
+        if f is not fig:                                           # (fig keeps room for its legend)
             f.tight_layout()
         save_png(f, path, dpi=110)
     return written
 
 
 def paired_plot(paired: dict[str, dict], by_seed: list[dict] | None, out: Path) -> Path:
-    """The headline figure: each comparison's paired difference A - B in avg@n over all test questions, with its
-    95% interval (evaluate.py compare), seed by seed and pooled; 0 marked."""
+    """The headline figure: each comparison's paired difference A - B in avg@n over all test
+    questions, with its 95% interval (evaluate.py compare), seed by seed and pooled; 0 marked."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -549,14 +597,16 @@ def paired_plot(paired: dict[str, dict], by_seed: list[dict] | None, out: Path) 
     seeds = by_seed or []
     for row, name in enumerate(paired):
         pooled = paired_row(paired[name])
-        for j, per_seed in enumerate(seeds):                        # small, grey, above the pooled one
+        for j, per_seed in enumerate(seeds):                     # small, grey, above the pooled one
             r = paired_row(per_seed[name])
             y = row - 0.45 + 0.35 * (j + 0.5) / len(seeds)
             ax.errorbar(100 * r["difference"], y, xerr=[[100 * (r["difference"] - r["low"])],
                         [100 * (r["high"] - r["difference"])]], fmt="o", color="0.6", markersize=3,
                         label="one seed" if row == j == 0 else None)
-        ax.errorbar(100 * pooled["difference"], row, xerr=[[100 * (pooled["difference"] - pooled["low"])],
-                    [100 * (pooled["high"] - pooled["difference"])]], fmt="D", color="C0", capsize=4,
+        ax.errorbar(100 * pooled["difference"], row,
+                    xerr=[[100 * (pooled["difference"] - pooled["low"])],
+                          [100 * (pooled["high"] - pooled["difference"])]],
+                    fmt="D", color="C0", capsize=4,
                     label="pooled over seeds" if seeds and row == 0 else None)
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(paired)), list(paired))
@@ -570,20 +620,23 @@ def paired_plot(paired: dict[str, dict], by_seed: list[dict] | None, out: Path) 
 
 
 def compare_all(evals: list[Path], out: Path) -> dict[str, dict]:
-    """evaluate.py compare for each of COMPARISONS, over the evaluations of every seed (eval folders of one seed each,
-    a two-level bootstrap with several): {"A - B": its paired.json}. A comparison already written is reused."""
+    """evaluate.py compare for each of COMPARISONS, over the evaluations of every seed (eval folders
+    of one seed each, a two-level bootstrap with several): {"A - B": its paired.json}. A comparison
+    already written is reused."""
     paired = {}
     for a, b in COMPARISONS:
         folder = out / "compare" / f"{a}_vs_{b}"
         if not (folder / "paired.json").exists():
-            run_stage([PY, "evaluate.py", "compare", "--a", *(e / a for e in evals), "--b", *(e / b for e in evals),
-                       "--out", folder], out / "logs" / f"compare_{a}_vs_{b}.log", name=f"compare {a} - {b}")
+            run_stage([PY, "evaluate.py", "compare", "--a", *(e / a for e in evals), "--b",
+                       *(e / b for e in evals), "--out", folder],
+                      out / "logs" / f"compare_{a}_vs_{b}.log", name=f"compare {a} - {b}")
         paired[f"{a} - {b}"] = json.loads((folder / "paired.json").read_text())
     return paired
 
 
 def paired_row(result: dict, benchmark: str = "all avg", metric: str = "avg") -> dict:
-    """One row of an evaluate.py compare result (paired.json); by default avg@n over all test questions."""
+    """One row of an evaluate.py compare result (paired.json); by default avg@n over all test
+    questions."""
     return next(r for r in result["rows"] if r["benchmark"] == benchmark and r["metric"] == metric)
 
 
@@ -593,7 +646,8 @@ def points(difference: float, low: float, high: float) -> str:
 
 
 def paired_table(paired: dict[str, dict]) -> list[str]:
-    """Markdown lines: each comparison's A - B with its 95% interval, overall and per kind of question."""
+    """Markdown lines: each comparison's A - B with its 95% interval, overall and per kind of
+    question."""
     works, fails = toy.EXPERT_WORKS, toy.EXPERT_FAILS
 
     def at(result, benchmark, metric):
@@ -602,9 +656,9 @@ def paired_table(paired: dict[str, dict]) -> list[str]:
 
     first = next(iter(paired.values()))
     k_max = max(int(r["metric"][5:]) for r in first["rows"] if r["metric"].startswith("pass@"))
-    lines = ["", f"Paired differences A − B in points, with 95% bootstrap intervals (`evaluate.py compare`, "
-                 f"{first['resamples']:,} replicates; resampled: {first['resampled']}):", "",
-             f"| A − B | avg@n | avg@n, expert's order works | avg@n, expert's order fails "
+    lines = ["", "Paired differences A − B in points, with 95% bootstrap intervals (`evaluate.py "
+                 f"compare`, {first['resamples']:,} replicates; resampled: {first['resampled']}):",
+             "", f"| A − B | avg@n | avg@n, expert's order works | avg@n, expert's order fails "
              f"| pass@{k_max}, expert's order fails |", "| --- | --- | --- | --- | --- |"]
     for name, result in paired.items():
         lines.append(f"| {name} | {at(result, 'all avg', 'avg')} | {at(result, works, 'avg')} "
@@ -612,26 +666,31 @@ def paired_table(paired: dict[str, dict]) -> list[str]:
     return lines
 
 
-# Student's t, the 97.5% quantile by degrees of freedom: a two-sided 95% interval for a mean over a few seeds.
-# Above 30 degrees of freedom the value at 30 is used, which only widens the interval (by under 4%).
-T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160, 2.145, 2.131,
-         2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+# Student's t, the 97.5% quantile by degrees of freedom: a two-sided 95% interval for a mean over a
+# few seeds. Above 30 degrees of freedom the value at 30 is used, which only widens the interval (by
+# under 4%).
+T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179, 2.160,
+         2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064, 2.060, 2.056,
+         2.052, 2.048, 2.045, 2.042)
 
 
 def t_interval(values: list[float]) -> tuple[float, float]:
-    """The mean of `values` and the half-width of its 95% Student's t interval (two values or more)."""
+    """The mean of `values` and the half-width of its 95% Student's t interval (two values or
+    more)."""
     n = len(values)
     mean = sum(values) / n
     sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
     return mean, T_975[min(n - 1, len(T_975)) - 1] * sd / n ** 0.5
 
 
-def seed_table(metrics: list[dict], by_seed: list[dict[str, dict]], pooled: dict[str, dict]) -> list[str]:
-    """Markdown lines: each comparison's A - B in avg@n points seed by seed (with the bootstrap over that seed's
-    questions), then across seeds: the mean with Student's t interval, the two-level bootstrap, the seeds won."""
+def seed_table(metrics: list[dict], by_seed: list[dict[str, dict]],
+               pooled: dict[str, dict]) -> list[str]:
+    """Markdown lines: each comparison's A - B in avg@n points seed by seed (with the bootstrap over
+    that seed's questions), then across seeds: the mean with Student's t interval, the two-level
+    bootstrap, the seeds won."""
     names = [f"{a} - {b}" for a, b in COMPARISONS]
-    lines = ["", "A − B in points of avg@n (all test questions), seed by seed with a 95% bootstrap over that seed's "
-                 "questions, then across seeds:", "",
+    lines = ["", "A − B in points of avg@n (all test questions), seed by seed with a 95% "
+                 "bootstrap over that seed's questions, then across seeds:", "",
              "| seed | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     for m, paired in zip(metrics, by_seed):
         overall = [paired_row(paired[name]) for name in names]
@@ -646,12 +705,14 @@ def seed_table(metrics: list[dict], by_seed: list[dict[str, dict]], pooled: dict
         bootstrap_cells.append(points(o["difference"], o["low"], o["high"]))
         won.append(f"{sum(d > 0 for d in differences)} of {len(differences)}")
     lines += [f"| mean, 95% Student's t over {len(by_seed)} seeds | " + " | ".join(t_cells) + " |",
-              "| mean, 95% two-level bootstrap (seeds, then questions) | " + " | ".join(bootstrap_cells) + " |",
+              "| mean, 95% two-level bootstrap (seeds, then questions) | "
+              + " | ".join(bootstrap_cells) + " |",
               "| seeds where A > B | " + " | ".join(won) + " |"]
     return lines
 
 
-def report(metrics: list[dict], paired: dict[str, dict], out: Path, by_seed: list[dict] | None = None) -> None:
+def report(metrics: list[dict], paired: dict[str, dict], out: Path,
+           by_seed: list[dict] | None = None) -> None:
     table = tables(metrics, paired)
     if by_seed:
         table += "\n".join(seed_table(metrics, by_seed, paired)) + "\n"
@@ -661,22 +722,27 @@ def report(metrics: list[dict], paired: dict[str, dict], out: Path, by_seed: lis
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", choices=sorted(SIZES), default="full")
-    ap.add_argument("--out", default="out/demo", help="everything goes here: world/, runs/, eval/, logs/, plots/")
-    ap.add_argument("--seed", type=int, default=0, help="of the data, the initial weights, the batches and sampling")
-    ap.add_argument("--seeds", type=int, nargs="+", help="run these seeds one after another, each into OUT/seed_S, "
-                                                         "then tabulate the mean, the spread and the "
-                                                         "paired differences seed by seed with intervals")
-    ap.add_argument("--jobs", type=int, default=4, help="stages 3-5 run this many at a time (one thread each)")
+    ap.add_argument("--out", default="out/demo",
+                    help="everything goes here: world/, runs/, eval/, logs/, plots/")
+    ap.add_argument("--seed", type=int, default=0,
+                    help="of the data, the initial weights, the batches and sampling")
+    ap.add_argument("--seeds", type=int, nargs="+",
+                    help="run these seeds one after another, each into OUT/seed_S, "
+                         "then tabulate the mean, the spread and the "
+                         "paired differences seed by seed with intervals")
+    ap.add_argument("--jobs", type=int, default=4,
+                    help="stages 3-5 run this many at a time (one thread each)")
     a = ap.parse_args()
     t0, out = time.time(), Path(a.out).resolve()
     try:
         run(a, out)
     except (StageStopped, KeyboardInterrupt) as e:
         what = str(e) if isinstance(e, StageStopped) else "between stages"
-        raise SystemExit(f"demo stopped: {what}. The same command resumes it: finished stages are kept, an "
-                         f"interrupted one goes on from its last checkpoint") from None
+        raise SystemExit(f"demo stopped: {what}. The same command resumes it: finished stages are "
+                         "kept, an interrupted one goes on from its last checkpoint") from None
     print(f"{a.size} demo: {time.time() - t0:.0f}s", flush=True)
 
 

@@ -1,13 +1,15 @@
 """Plumbing (a reader of the method may skip this file): checkpoints.
 
-A checkpoint is a Hugging Face directory that evaluate.py, rl.py and vLLM load, plus the sharded trainer state
-(model, optimiser, teacher) and each rank's RNG for an exact resume, and a SHA-256 digest of every file, checked
-before a resume. Every function here but export_weights is collective: every rank calls it.
+A checkpoint is a Hugging Face directory that evaluate.py, rl.py and vLLM load, plus the sharded
+trainer state (model, optimiser, teacher) and each rank's RNG for an exact resume, and a SHA-256
+digest of every file, checked before a resume. Every function here but export_weights is collective:
+every rank calls it.
 
-Resuming loads trainer/.metadata, which torch.distributed.checkpoint unpickles: resume only from your own runs.
-The digests catch damaged files (a truncated write, flipped bits), not a directory crafted to match them.
+Resuming loads trainer/.metadata, which torch.distributed.checkpoint unpickles: resume only from
+your own runs. The digests catch damaged files (a truncated write, flipped bits), not a directory
+crafted to match them.
 
-    python -m plumbing.checkpoints export out/sft_curio/step_000540 out/curio_7b   # the model alone, checked
+    python -m plumbing.checkpoints export out/sft_curio/step_000540 out/curio_7b   # the model only
 """
 import contextlib
 import copy
@@ -29,27 +31,28 @@ from plumbing.models import full_tensors
 def save(out_dir: Path, step: int, model, tokenizer, trainer_state: dict, extra_state: dict,
          dtype: torch.dtype = torch.float32, max_shard_gb: float = 5.0, keep_last: int = 0,
          keep: Path | None = None) -> Path:
-    """out_dir/step_{step:06d}/: a Hugging Face directory (config.json, model*.safetensors in `dtype`, sharded
-    with an index as save_pretrained writes them, tokenizer files) that from_pretrained and vLLM load, plus
-    trainer/ (torch.distributed.checkpoint of `trainer_state`: sharded float32 model, optimiser, teacher...),
-    rng_rank{r}.pt per rank, state.json (`extra_state`: counters and data position) and sha256.json, the digest
-    of every other file. Written under a .tmp name and renamed when complete: a crash mid-save never leaves a
-    checkpoint that looks finished. A save that cannot fit stops before writing; one that fills the disk
-    anyway is removed and stops every rank with one line. Then, with keep_last > 0, the oldest complete
-    checkpoints beyond the newest keep_last are deleted, never `keep` (the one this run resumed from). Every
-    rank must call it."""
+    """out_dir/step_{step:06d}/: a Hugging Face directory (config.json, model*.safetensors in
+    `dtype`, sharded with an index as save_pretrained writes them, tokenizer files) that
+    from_pretrained and vLLM load, plus trainer/ (torch.distributed.checkpoint of `trainer_state`:
+    sharded float32 model, optimiser, teacher...), rng_rank{r}.pt per rank, state.json
+    (`extra_state`: counters and data position) and sha256.json, the digest of every other file.
+    Written under a .tmp name and renamed when complete: a crash mid-save never leaves a checkpoint
+    that looks finished. A save that cannot fit stops before writing; one that fills the disk anyway
+    is removed and stops every rank with one line. Then, with keep_last > 0, the oldest complete
+    checkpoints beyond the newest keep_last are deleted, never `keep` (the one this run resumed
+    from). Every rank must call it."""
     import torch.distributed.checkpoint as dcp
 
     rank = dist.get_rank()
     final, tmp = out_dir / f"step_{step:06d}", out_dir / f"step_{step:06d}.tmp"
-    failures = []                  # this rank's failed writes; every collective still runs to the end
+    failures = []                # this rank's failed writes; every collective still runs to the end
     if rank == 0:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
         _attempt(failures, _save_small_files, tmp, model, tokenizer, dtype, extra_state)
     need = _large_files_bytes(trainer_state, model, dtype)
     free = [shutil.disk_usage(tmp).free if rank == 0 else 0, bool(failures)]
-    dist.broadcast_object_list(free, src=0)                  # one decision for every rank: none is left waiting
+    dist.broadcast_object_list(free, src=0)      # one decision for every rank: none is left waiting
     if need > free[0] and not free[1]:
         if rank == 0:
             shutil.rmtree(tmp)
@@ -88,15 +91,15 @@ def _save_small_files(directory: Path, model, tokenizer, dtype, extra_state: dic
 
 
 def _large_files_bytes(trainer_state, model, dtype) -> int:
-    """What the weights, trainer/ and the RNG files take on disk: their tensors, plus DCP's metadata and each
-    file's rounding to the filesystem's blocks (1% and 16 MiB leave room for both)."""
+    """What the weights, trainer/ and the RNG files take on disk: their tensors, plus DCP's metadata
+    and each file's rounding to the filesystem's blocks (1% and 16 MiB leave room for both)."""
     weights = sum(p.numel() for p in model.state_dict().values()) * dtype.itemsize
     return int((_tensor_bytes(trainer_state) + weights) * 1.01) + (16 << 20)
 
 
 def _attempt(failures: list, write, *args, **kwargs) -> None:
-    """write(*args, **kwargs), a failure kept in `failures` rather than raised: the other ranks must not be
-    left waiting in a collective this rank would skip."""
+    """write(*args, **kwargs), a failure kept in `failures` rather than raised: the other ranks must
+    not be left waiting in a collective this rank would skip."""
     try:
         write(*args, **kwargs)
     except (OSError, RuntimeError, _checkpoint_exception()) as e:
@@ -110,8 +113,9 @@ def _checkpoint_exception():
 
 
 def _stop_if_any_rank_failed(failures: list, out_dir: Path, step: int, tmp: Path) -> None:
-    """Every rank learns whether any rank failed to write; then all remove the partial checkpoint and stop with
-    one line: a full disk (ENOSPC, or torch's "inline_container" error for it) or the first error."""
+    """Every rank learns whether any rank failed to write; then all remove the partial checkpoint
+    and stop with one line: a full disk (ENOSPC, or torch's "inline_container" error for it) or the
+    first error."""
     flag = torch.tensor([float(bool(failures))])
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     if flag.item() == 0:
@@ -121,13 +125,15 @@ def _stop_if_any_rank_failed(failures: list, out_dir: Path, step: int, tmp: Path
         shutil.rmtree(tmp, ignore_errors=True)
     kept = latest(out_dir)
     free = shutil.disk_usage(out_dir).free
-    text = str(failures[0]).strip().splitlines()[0] if failures else "another rank could not write its part"
-    full = any(getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e) or "inline_container" in str(e)
+    text = str(failures[0]).strip().splitlines()[0] if failures \
+        else "another rank could not write its part"
+    full = any(getattr(e, "errno", None) == errno.ENOSPC or "No space left" in str(e)
+               or "inline_container" in str(e)
                for e in failures)
     reason = f"the disk is full ({_size(free)} free)" if full or free < 1e6 else text
     kept_text = f"the newest checkpoint is {kept}" if kept else "no checkpoint is kept"
-    raise SystemExit(f"{out_dir}: checkpoint step {step} could not be written: {reason}; it was removed and "
-                     f"{kept_text}")
+    raise SystemExit(f"{out_dir}: checkpoint step {step} could not be written: {reason}; it was "
+                     f"removed and {kept_text}")
 
 
 def _size(n_bytes: int) -> str:
@@ -147,16 +153,18 @@ def _tensor_bytes(state) -> int:
 
 def save_hf_weights(model, directory: Path, dtype: torch.dtype, max_shard_bytes: int, step: int = 0,
                     failures: list | None = None) -> None:
-    """The model's weights as save_pretrained writes them: model.safetensors, or model-0000i-of-0000n.safetensors
-    shards of at most max_shard_bytes (a larger tensor gets its own) and model.safetensors.index.json. Parameters
-    are gathered one at a time and written shard by shard, so rank 0 never holds more than one shard.
-    A non-finite weight stops the save on every rank (each holds the same full tensor): no broken model is saved.
-    failures: rank 0's failed writes go there and the gathering goes on to the end (every rank takes part)."""
+    """The model's weights as save_pretrained writes them: model.safetensors, or
+    model-0000i-of-0000n.safetensors shards of at most max_shard_bytes (a larger tensor gets its
+    own) and model.safetensors.index.json. Parameters are gathered one at a time and written shard
+    by shard, so rank 0 never holds more than one shard. A non-finite weight stops the save on every
+    rank (each holds the same full tensor): no broken model is saved. failures: rank 0's failed
+    writes go there and the gathering goes on to the end (every rank takes part)."""
     failures = [] if failures is None else failures
-    tied = model.config.tie_word_embeddings        # safetensors refuses shared storage; HF re-ties on load
+    # safetensors refuses shared storage; HF re-ties on load
+    tied = model.config.tie_word_embeddings
     sizes = {name: p.numel() * dtype.itemsize for name, p in model.state_dict().items()
              if not (tied and name == "lm_head.weight")}
-    shards, current = [], 0                        # greedy in state-dict order, as huggingface_hub splits
+    shards, current = [], 0                  # greedy in state-dict order, as huggingface_hub splits
     for name, size in sizes.items():
         if not shards or current + size > max_shard_bytes:
             shards.append([])
@@ -167,14 +175,17 @@ def save_hf_weights(model, directory: Path, dtype: torch.dtype, max_shard_bytes:
             [f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors" for i in range(len(shards))]
     closes = {names[-1]: file for names, file in zip(shards, files)}
     rank0, shard = dist.get_rank() == 0, {}
-    for name, full in full_tensors(model, dtype, skip=set(model.state_dict()) - sizes.keys()):  # a collective each
+    # a collective each
+    for name, full in full_tensors(model, dtype, skip=set(model.state_dict()) - sizes.keys()):
         if not torch.isfinite(full).all():
-            raise FloatingPointError(f"step {step}: weight {name} has non-finite values; no checkpoint is written")
+            raise FloatingPointError(f"step {step}: weight {name} has non-finite values; no "
+                                     "checkpoint is written")
         if rank0:
             shard[name] = full.cpu().contiguous()
         if name in closes:
             if rank0 and not failures:
-                _attempt(failures, save_file, shard, directory / closes[name], metadata={"format": "pt"})
+                _attempt(failures, save_file, shard, directory / closes[name],
+                         metadata={"format": "pt"})
             shard = {}
     if rank0 and len(files) > 1 and not failures:
         index = {"metadata": {"total_size": sum(sizes.values())},
@@ -185,7 +196,8 @@ def save_hf_weights(model, directory: Path, dtype: torch.dtype, max_shard_bytes:
 
 def complete(out_dir: Path) -> list[Path]:
     """The complete checkpoints in out_dir (renamed from .tmp, state.json written), oldest first."""
-    return sorted(p for p in Path(out_dir).glob("step_*") if p.is_dir() and not p.name.endswith(".tmp")
+    return sorted(p for p in Path(out_dir).glob("step_*") if p.is_dir()
+                  and not p.name.endswith(".tmp")
                   and (p / "state.json").exists())
 
 
@@ -195,8 +207,8 @@ def latest(out_dir: Path) -> Path | None:
 
 
 def file_sha256(src: Path, dst: Path | None = None) -> str:
-    """The SHA-256 of a file, read once in 16 MB blocks; with dst, the file is written there as it is read.
-    Not collective."""
+    """The SHA-256 of a file, read once in 16 MB blocks; with dst, the file is written there as it
+    is read. Not collective."""
     h = hashlib.sha256()
     with open(src, "rb") as f, contextlib.ExitStack() as stack:
         out = stack.enter_context(open(dst, "wb")) if dst is not None else None
@@ -208,17 +220,20 @@ def file_sha256(src: Path, dst: Path | None = None) -> str:
 
 
 def file_digests(directory: Path) -> dict[str, str]:
-    """{relative path: sha256} of every file below `directory`, the same dict on every rank; the files are
-    hashed in parallel, rank r taking every world-th of them (each rank's trainer shard is one file)."""
+    """{relative path: sha256} of every file below `directory`, the same dict on every rank; the
+    files are hashed in parallel, rank r taking every world-th of them (each rank's trainer shard is
+    one file)."""
     files = sorted(str(p.relative_to(directory)) for p in directory.rglob("*") if p.is_file())
-    mine = {name: file_sha256(directory / name) for name in files[dist.get_rank() :: dist.get_world_size()]}
+    mine = {name: file_sha256(directory / name)
+            for name in files[dist.get_rank() :: dist.get_world_size()]}
     everyone = [None] * dist.get_world_size()
     dist.all_gather_object(everyone, mine)
     return {k: v for part in everyone for k, v in sorted(part.items())}
 
 
 def recorded_digests(path: Path) -> dict[str, str]:
-    """A checkpoint's sha256.json as {relative path: sha256}; a ValueError naming the file when it is not one."""
+    """A checkpoint's sha256.json as {relative path: sha256}; a ValueError naming the file when it
+    is not one."""
     file = path / "sha256.json"
     try:
         recorded = json.loads(file.read_text())
@@ -230,8 +245,9 @@ def recorded_digests(path: Path) -> dict[str, str]:
 
 
 def damaged_files(path: Path) -> list[str] | None:
-    """The files of a complete checkpoint whose digest differs from sha256.json, or that are missing or extra;
-    None when it has no sha256.json (written before digests existed: nothing can be checked)."""
+    """The files of a complete checkpoint whose digest differs from sha256.json, or that are missing
+    or extra; None when it has no sha256.json (written before digests existed: nothing can be
+    checked)."""
     if not (path / "sha256.json").is_file():
         return None
     try:
@@ -240,44 +256,49 @@ def damaged_files(path: Path) -> list[str] | None:
         return ["sha256.json"]
     found = file_digests(path)
     found.pop("sha256.json")
-    if "state.json" not in recorded:               # written after the digests before they covered it
+    if "state.json" not in recorded:              # written after the digests before they covered it
         found.pop("state.json", None)
-    return sorted(name for name in recorded.keys() | found.keys() if recorded.get(name) != found.get(name))
+    return sorted(name for name in recorded.keys() | found.keys()
+                  if recorded.get(name) != found.get(name))
 
 
 def resume_point(out_dir: Path) -> Path | None:
-    """The newest complete checkpoint whose files match their digests, or None when there is none yet. A damaged
-    one is skipped with a message naming its files (the previous one is used); if every one is damaged the run
-    stops rather than silently starting over. A checkpoint without digests is damaged when another of the run
-    has them (this project writes them with every checkpoint); when none has, it is used, and said unchecked."""
+    """The newest complete checkpoint whose files match their digests, or None when there is none
+    yet. A damaged one is skipped with a message naming its files (the previous one is used); if
+    every one is damaged the run stops rather than silently starting over. A checkpoint without
+    digests is damaged when another of the run has them (this project writes them with every
+    checkpoint); when none has, it is used, and said unchecked."""
     done = complete(out_dir)
     any_digests = any((path / "sha256.json").is_file() for path in done)
     for path in reversed(done):
         bad = damaged_files(path)
         if bad is None and any_digests:
-            print0(f"checkpoint {path}: its sha256.json is missing, while the run's other checkpoints have one; "
-                   f"trying the previous one")
+            print0(f"checkpoint {path}: its sha256.json is missing, while the run's other "
+                   "checkpoints have one; trying the previous one")
             continue
         if bad is None:
-            print0(f"checkpoint {path}: no sha256.json, so its files cannot be checked; resuming from it unchecked")
+            print0(f"checkpoint {path}: no sha256.json, so its files cannot be checked; resuming "
+                   "from it unchecked")
             return path
         if not bad:
             return path
-        print0(f"checkpoint {path}: files do not match their digests ({', '.join(bad[:5])}); trying the previous one")
+        print0(f"checkpoint {path}: files do not match their digests ({', '.join(bad[:5])}); "
+               "trying the previous one")
     if done:
         raise SystemExit(f"{out_dir}: every checkpoint is damaged; move them away to start over")
     return None
 
 
 def verify_model_dir(path: str, rank0: bool = True) -> None:
-    """Before evaluate.py or rl.py loads --model: a checkpoint this project saved carries digests, and the files
-    a model loads (config, weights, tokenizer: the top level, not trainer/) must match them, or the run stops
-    naming the damaged files. A directory without digests (a download) is used, and said to be unchecked.
-    Not collective: each caller hashes the files itself."""
+    """Before evaluate.py or rl.py loads --model: a checkpoint this project saved carries digests,
+    and the files a model loads (config, weights, tokenizer: the top level, not trainer/) must match
+    them, or the run stops naming the damaged files. A directory without digests (a download) is
+    used, and said to be unchecked. Not collective: each caller hashes the files itself."""
     p = Path(path)
     if not (p / "sha256.json").is_file():
         if rank0:
-            print(f"--model {path}: no sha256.json, so its files cannot be checked (a model from elsewhere)",
+            print(f"--model {path}: no sha256.json, so its files cannot be checked (a model from "
+                  "elsewhere)",
                   flush=True)
         return
     try:
@@ -288,13 +309,14 @@ def verify_model_dir(path: str, rank0: bool = True) -> None:
     bad = sorted(name for name, digest in loaded.items()
                  if not (p / name).is_file() or file_sha256(p / name) != digest)
     if bad:
-        raise SystemExit(f"--model {path}: files do not match their digests ({', '.join(bad[:5])}): the "
-                         f"checkpoint is damaged")
+        raise SystemExit(f"--model {path}: files do not match their digests "
+                         f"({', '.join(bad[:5])}): the checkpoint is damaged")
 
 
 def load(path: Path, trainer_state: dict) -> dict:
-    """Loads trainer/ into `trainer_state` in place (same structure as saved) and restores this rank's RNG;
-    returns state.json's counters, checked. RNG files are read with weights_only=True (no pickle)."""
+    """Loads trainer/ into `trainer_state` in place (same structure as saved) and restores this
+    rank's RNG; returns state.json's counters, checked. RNG files are read with weights_only=True
+    (no pickle)."""
     import torch.distributed.checkpoint as dcp
 
     dcp.load(trainer_state, checkpoint_id=str(path / "trainer"))
@@ -305,31 +327,37 @@ def load(path: Path, trainer_state: dict) -> dict:
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
     except Exception as e:
-        raise SystemExit(f"{rng_file}: not a readable RNG state ({type(e).__name__}: {e})") from None
+        raise SystemExit(f"{rng_file}: not a readable RNG state "
+                         f"({type(e).__name__}: {e})") from None
     try:
         state = json.loads(state_file.read_text())
     except (ValueError, UnicodeDecodeError) as e:
         raise SystemExit(f"{state_file}: not valid JSON ({e})") from None
     counters = state.items() if isinstance(state, dict) else ()
-    if not state or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0 for _, v in counters):
-        raise SystemExit(f"{state_file}: expected counters such as {{\"step\": 12}}, got {json.dumps(state)[:80]}")
+    if not state or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                            for _, v in counters):
+        raise SystemExit(f"{state_file}: expected counters such as {{\"step\": 12}}, got "
+                         f"{json.dumps(state)[:80]}")
     return state
 
 
 def is_trainer_file(name: str) -> bool:
-    """A file of a checkpoint that only a resume needs: the sharded trainer state, the RNG states, the position."""
+    """A file of a checkpoint that only a resume needs: the sharded trainer state, the RNG states,
+    the position."""
     return name.startswith("trainer/") or name.startswith("rng_rank") or name == "state.json"
 
 
 def export_weights(src: Path, dst: Path) -> list[str]:
-    """Copy a checkpoint's Hugging Face model (config, safetensors weights, tokenizer, generation config: every file
-    but the trainer's) to a new directory dst, each file checked against the checkpoint's sha256.json as it is
-    read, and write dst/sha256.json of what was copied. What evaluate.py, vLLM and the hub need: a 7B CurioSFT
-    checkpoint's 15 GB of bf16 weights without its 120 GB trainer/. Written under a .tmp name and renamed when
-    complete, as save() does: a failed or killed export leaves no dst. Not collective. Returns the files copied."""
+    """Copy a checkpoint's Hugging Face model (config, safetensors weights, tokenizer, generation
+    config: every file but the trainer's) to a new directory dst, each file checked against the
+    checkpoint's sha256.json as it is read, and write dst/sha256.json of what was copied. What
+    evaluate.py, vLLM and the hub need: a 7B CurioSFT checkpoint's 15 GB of bf16 weights without its
+    120 GB trainer/. Written under a .tmp name and renamed when complete, as save() does: a failed
+    or killed export leaves no dst. Not collective. Returns the files copied."""
     src, dst = Path(src), Path(dst)
     if not (src / "config.json").is_file() or not (src / "sha256.json").is_file():
-        raise SystemExit(f"{src}: not a checkpoint written by sft.py or rl.py (config.json, sha256.json)")
+        raise SystemExit(f"{src}: not a checkpoint written by sft.py or rl.py (config.json, "
+                         "sha256.json)")
     if dst.exists() and any(dst.iterdir()):
         raise SystemExit(f"{dst}: exists and is not empty; export into a new directory")
     try:
@@ -344,11 +372,13 @@ def export_weights(src: Path, dst: Path) -> list[str]:
         copied = {}
         for name in names:
             if not (src / name).is_file():
-                raise SystemExit(f"{src / name}: missing, though sha256.json lists it; nothing exported")
+                raise SystemExit(f"{src / name}: missing, though sha256.json lists it; nothing "
+                                 "exported")
             (tmp / name).parent.mkdir(parents=True, exist_ok=True)
             copied[name] = file_sha256(src / name, tmp / name)
             if copied[name] != recorded[name]:
-                raise SystemExit(f"{src / name}: does not match its digest in sha256.json; nothing exported")
+                raise SystemExit(f"{src / name}: does not match its digest in sha256.json; nothing "
+                                 "exported")
         (tmp / "sha256.json").write_text(json.dumps(copied, indent=1))
         os.replace(tmp, dst)                     # onto a missing or empty dst
     finally:
@@ -371,7 +401,8 @@ def restore(path, model, optimizer, teacher):
 
     state = trainer_state(model, optimizer, teacher)
     position = load(path, state)
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"])
+    set_state_dict(model, optimizer, model_state_dict=state["model"],
+                   optim_state_dict=state["optim"])
     if teacher is not None:
         set_model_state_dict(teacher, state["teacher"])
     return position
@@ -380,9 +411,11 @@ def restore(path, model, optimizer, teacher):
 if __name__ == "__main__":
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m plumbing.checkpoints", description=export_weights.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m plumbing.checkpoints",
+                                     description=export_weights.__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
-    export = commands.add_parser("export", help="a checkpoint's weights, config and tokenizer, without trainer/")
+    export = commands.add_parser("export", help="a checkpoint's weights, config and tokenizer, "
+                                                "without trainer/")
     export.add_argument("src", help="a checkpoint directory (out/RUN/step_NNNNNN)")
     export.add_argument("dst", help="a new directory")
     a = parser.parse_args()

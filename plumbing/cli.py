@@ -1,7 +1,8 @@
-"""Plumbing (a reader of the method may skip this file): the stage scripts' command line and error style.
+"""Plumbing (a reader of the method may skip this file): the scripts' command line and error style.
 
-Flags come from the settings dataclasses (CleanRL's habit: one field, one line of doc, one flag); presets are
-nanoGPT-style Python files of assignments (config/*.py), which run when they are read. User errors print one line.
+Flags come from the settings dataclasses (CleanRL's habit: one field, one line of doc, one flag);
+presets are nanoGPT-style Python files of assignments (config/*.py), which run when they are read.
+User errors print one line.
 """
 import argparse
 import difflib
@@ -24,13 +25,15 @@ def field_docs(cls) -> dict[str, str]:
     """The docstring under each dataclass field (CleanRL's convention), for --help."""
     docs, body = {}, ast.parse(inspect.getsource(cls)).body[0].body  # the class's own source
     for stmt, nxt in zip(body, body[1:]):
-        if isinstance(stmt, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+        if isinstance(stmt, ast.AnnAssign) and isinstance(nxt, ast.Expr) \
+                and isinstance(nxt.value, ast.Constant):
             docs[stmt.target.id] = " ".join(str(nxt.value.value).split())
     return docs
 
 
 def _converter(annotation):
-    """str -> value for a field type; `X | None` fields take "none"; Literal fields take one of their values."""
+    """str -> value for a field type; `X | None` fields take "none"; Literal fields take one of
+    their values."""
     if isinstance(annotation, types.UnionType):
         inner = next(a for a in annotation.__args__ if a is not type(None))
         return lambda v: None if v.lower() == "none" else _converter(inner)(v)
@@ -40,7 +43,8 @@ def _converter(annotation):
 
 
 def _type_ok(value, annotation) -> bool:
-    """Does a preset's value have the field's type? (runpy gives python values: "False" is a str, 1.5 no int)"""
+    """Does a preset's value have the field's type? (runpy gives python values: "False" is a str,
+    1.5 no int)"""
     if isinstance(annotation, types.UnionType):
         return any(_type_ok(value, a) for a in annotation.__args__)
     if annotation is type(None):
@@ -60,8 +64,8 @@ _NUMBER = re.compile(r"-(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?|-inf|-nan")
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
-    """Keeps the usage examples of a script's docstring as written, and shows each flag's default (none for an
-    empty one: "(default: )" says nothing)."""
+    """Keeps the usage examples of a script's docstring as written, and shows each flag's default
+    (none for an empty one: "(default: )" says nothing)."""
 
     def _get_help_string(self, action):
         if action.default in ("", None, [], ()):
@@ -78,15 +82,16 @@ def did_you_mean(path: str) -> str:
 
 
 def split_presets(argv: list[str], classes) -> tuple[list[str], list[str]]:
-    """(presets, the other words) of a command line. A word ending in .py is a preset wherever it stands, unless
-    it is the value of a flag of the classes that takes one value; `--config FILE` (TRL's and open-r1's habit)
-    names one too."""
+    """(presets, the other words) of a command line. A word ending in .py is a preset wherever it
+    stands, unless it is the value of a flag of the classes that takes one value; `--config FILE`
+    (TRL's and open-r1's habit) names one too."""
     kinds = {f.name: f.type for cls in classes for f in fields(cls)}
     presets, rest, i = [], [], 0
     while i < len(argv):
         word = argv[i]
         name = word[2:].replace("-", "_") if word.startswith("--") and "=" not in word else None
-        one_value = name in kinds and kinds[name] is not bool and not isinstance(kinds[name], types.GenericAlias)
+        one_value = name in kinds and kinds[name] is not bool \
+            and not isinstance(kinds[name], types.GenericAlias)
         if name == "config" and i + 1 < len(argv):
             presets.append(argv[i + 1])
             i += 2
@@ -105,12 +110,13 @@ def split_presets(argv: list[str], classes) -> tuple[list[str], list[str]]:
 
 
 def parse_config(*classes, argv=None, prog=None):
-    """Instances of the given dataclasses from presets and `--field value` flags, in any order. Presets
-    (config/*.py, or --config FILE) are python files of plain assignments applied in the order given, later ones
-    winning; flags win over every preset wherever they stand. Bool fields are --flag / --no-flag, list fields
-    take several values, Literal fields list their choices; names may use - or _. Unknown names, renamed ones (a
-    class's RENAMED: {old: new}), values of the wrong type and missing required flags (a class's REQUIRED) are
-    one-line errors; each class's __post_init__ checks ranges (check_settings)."""
+    """Instances of the given dataclasses from presets and `--field value` flags, in any order.
+    Presets (config/*.py, or --config FILE) are python files of plain assignments applied in the
+    order given, later ones winning; flags win over every preset wherever they stand. Bool fields
+    are --flag / --no-flag, list fields take several values, Literal fields list their choices;
+    names may use - or _. Unknown names, renamed ones (a class's RENAMED: {old: new}), values of the
+    wrong type and missing required flags (a class's REQUIRED) are one-line errors; each class's
+    __post_init__ checks ranges (check_settings)."""
     argv = list(sys.argv[1:] if argv is None else argv)
     renamed = {old: new for cls in classes for old, new in getattr(cls, "RENAMED", {}).items()}
     presets, argv = split_presets(argv, classes)
@@ -127,7 +133,8 @@ def parse_config(*classes, argv=None, prog=None):
             raise SystemExit(f"preset {path}: setting {old!r} was renamed {renamed[old]!r}")
         overrides |= preset
         origin |= dict.fromkeys(preset, path)
-    # argparse reads "-1e-3" as a flag (only "-1" and "-.5" pass as numbers): glue such values to their flag
+    # argparse reads "-1e-3" as a flag (only "-1" and "-.5" pass as numbers): glue such values to
+    # their flag
     for i in range(len(argv) - 1, 0, -1):
         if _NUMBER.fullmatch(argv[i]) and argv[i - 1].startswith("--") and "=" not in argv[i - 1]:
             argv[i - 1 : i + 1] = [f"{argv[i - 1]}={argv[i]}"]
@@ -138,8 +145,9 @@ def parse_config(*classes, argv=None, prog=None):
     names, required = {}, []
     for cls in classes:
         docs, defaults = field_docs(cls), cls()
-        doc = (cls.__doc__ or "").strip()                       # a dataclass without one gets its signature
-        group = parser.add_argument_group(cls.__name__ if doc.startswith(cls.__name__ + "(") else doc.splitlines()[0])
+        doc = (cls.__doc__ or "").strip()               # a dataclass without one gets its signature
+        group = parser.add_argument_group(cls.__name__ if doc.startswith(cls.__name__ + "(")
+                                          else doc.splitlines()[0])
         for f in fields(cls):
             names[f.name] = f.type
             flags = list(dict.fromkeys([f"--{f.name}", f"--{f.name.replace('_', '-')}"]))
@@ -152,7 +160,8 @@ def parse_config(*classes, argv=None, prog=None):
             elif isinstance(f.type, types.GenericAlias):  # list[str]
                 group.add_argument(*flags, nargs="*", type=_converter(f.type.__args__[0]), **kw)
             else:
-                choices = typing.get_args(f.type) if typing.get_origin(f.type) is typing.Literal else None
+                literal = typing.get_origin(f.type) is typing.Literal
+                choices = typing.get_args(f.type) if literal else None
                 group.add_argument(*flags, type=_converter(f.type), choices=choices, **kw)
     for k, v in overrides.items():
         if k not in names:
@@ -168,8 +177,8 @@ def parse_config(*classes, argv=None, prog=None):
 
 
 def check_settings(config, positive=(), non_negative=(), fraction=(), at_least_one=()) -> None:
-    """For a settings dataclass's __post_init__: a one-line SystemExit naming the flag when a Literal field is not
-    one of its choices or a setting is out of range (NaN fails every range)."""
+    """For a settings dataclass's __post_init__: a one-line SystemExit naming the flag when a
+    Literal field is not one of its choices or a setting is out of range (NaN fails every range)."""
     def fail(name, rule):
         raise SystemExit(f"--{name} {getattr(config, name)!r}: {rule}")
     for f in fields(config):
@@ -194,14 +203,14 @@ def check_settings(config, positive=(), non_negative=(), fraction=(), at_least_o
 
 
 def run_script(main) -> None:
-    """Run a stage script's main() with one error style: a user error (a SystemExit with a message, or a
-    FileNotFoundError / ValueError, which the loaders raise naming the file, row or field) prints one line and
-    exits 1. Bugs keep their traceback; CURIOSFT_DEBUG=1 shows it for user errors too. Every exit leaves
-    without the interpreter's teardown (plumbing/distributed.shutdown says why), and other ranks may be blocked
-    in a collective: torchrun then stops them."""
+    """Run a stage script's main() with one error style: a user error (a SystemExit with a message,
+    or a FileNotFoundError / ValueError, which the loaders raise naming the file, row or field)
+    prints one line and exits 1. Bugs keep their traceback; CURIOSFT_DEBUG=1 shows it for user
+    errors too. Every exit leaves without the interpreter's teardown (plumbing/distributed.shutdown
+    says why), and other ranks may be blocked in a collective: torchrun then stops them."""
     try:
         main()
-    except SystemExit as e:                            # a one-line refusal, argparse's usage error, or --help
+    except SystemExit as e:                  # a one-line refusal, argparse's usage error, or --help
         code = e.code
         if isinstance(code, str):
             print(code, file=sys.stderr)
@@ -209,14 +218,17 @@ def run_script(main) -> None:
     except (FileNotFoundError, ValueError) as e:
         if os.environ.get("CURIOSFT_DEBUG") == "1":
             raise
-        rank = f"[rank {dist.get_rank()}] " if dist.is_initialized() and dist.get_world_size() > 1 else ""
+        several = dist.is_initialized() and dist.get_world_size() > 1
+        rank = f"[rank {dist.get_rank()}] " if several else ""
         print(f"{rank}{Path(sys.argv[0]).name}: error: {e}", file=sys.stderr)
         _exit(1)
-    except KeyboardInterrupt:                          # Ctrl-C where nothing could be saved (the trainers save
-        if os.environ.get("CURIOSFT_DEBUG") == "1":    # at the next step end; a second Ctrl-C lands here)
+    except KeyboardInterrupt:
+        # Ctrl-C where nothing could be saved (the trainers save at the next step end; a second
+        # Ctrl-C lands here)
+        if os.environ.get("CURIOSFT_DEBUG") == "1":
             raise
-        print(f"{Path(sys.argv[0]).name}: interrupted; files are written whole or not at all: the same command "
-              f"resumes from what was saved", file=sys.stderr)
+        print(f"{Path(sys.argv[0]).name}: interrupted; files are written whole or not at all: the "
+              "same command resumes from what was saved", file=sys.stderr)
         _exit(130)
 
 

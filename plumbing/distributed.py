@@ -1,5 +1,6 @@
-"""Plumbing (a reader of the method may skip this file): the process group. torchrun gives each rank its
-environment; a plain `python sft.py` runs as a world of one, so the same FSDP code path runs either way."""
+"""Plumbing (a reader of the method may skip this file): the process group. torchrun gives each rank
+its environment; a plain `python sft.py` runs as a world of one, so the same FSDP code path runs
+either way."""
 import datetime
 import os
 import signal
@@ -12,28 +13,33 @@ import torch.distributed as dist
 def setup_distributed(timeout_min: float = 60.0):
     """Returns (rank, world_size, device). nccl for CUDA tensors, gloo for CPU ones.
 
-    timeout_min bounds how long a collective may wait for the slowest rank. In GRPO, ranks that finish
-    generating and grading early wait in the next collective for the slowest rollout; NCCL's default (10
-    minutes) can kill a paper-scale step, so the stage scripts default to an hour (--dist_timeout_min)."""
+    timeout_min bounds how long a collective may wait for the slowest rank. In GRPO, ranks that
+    finish generating and grading early wait in the next collective for the slowest rollout; NCCL's
+    default (10 minutes) can kill a paper-scale step, so the stage scripts default to an hour
+    (--dist_timeout_min)."""
     rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
     if torch.cuda.is_available():
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)))
         torch.cuda.set_device(device)
-        backend = "cpu:gloo,cuda:nccl"  # nccl for the model; gloo for small CPU tensors and objects (logs)
+        # nccl for the model; gloo for small CPU tensors and objects (logs)
+        backend = "cpu:gloo,cuda:nccl"
     else:
         device, backend = torch.device("cpu"), "gloo"
     timeout = datetime.timedelta(minutes=timeout_min)
     if "RANK" in os.environ:
-        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None, timeout=timeout)
+        dist.init_process_group(backend, device_id=device if device.type == "cuda" else None,
+                                timeout=timeout)
     else:  # a plain `python sft.py`: an in-process store, no ports
-        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1, timeout=timeout)
+        dist.init_process_group(backend, store=dist.HashStore(), rank=0, world_size=1,
+                                timeout=timeout)
     return rank, world, device
 
 
 def shutdown(exit_code: int = 0):
-    """End the run. With FSDP2 on gloo, a rank sometimes aborted in interpreter teardown after all work
-    was done (SIGABRT in 3 of 71 probe runs of 2 gloo ranks), which made a finished run look failed. So: wait for
-    every rank, destroy the group, flush, and leave without running the teardown."""
+    """End the run. With FSDP2 on gloo, a rank sometimes aborted in interpreter teardown after all
+    work was done (SIGABRT in 3 of 71 probe runs of 2 gloo ranks), which made a finished run look
+    failed. So: wait for every rank, destroy the group, flush, and leave without running the
+    teardown."""
     if dist.is_initialized():
         dist.barrier()
         dist.destroy_process_group()
@@ -51,9 +57,10 @@ STOPPED_EXIT = 75  # EX_TEMPFAIL: stopped by a signal after saving; the same com
 
 
 class StopSignal:
-    """SIGTERM (what SLURM sends before its SIGKILL) and SIGINT (Ctrl-C) are noted, not obeyed at once: the
-    trainer asks `requested` where it can save (the end of a data batch) and every rank agrees on the answer (a
-    one-number all-reduce), so all save the same step and leave. A second Ctrl-C stops at once."""
+    """SIGTERM (what SLURM sends before its SIGKILL) and SIGINT (Ctrl-C) are noted, not obeyed at
+    once: the trainer asks `requested` where it can save (the end of a data batch) and every rank
+    agrees on the answer (a one-number all-reduce), so all save the same step and leave. A second
+    Ctrl-C stops at once."""
 
     def __init__(self):
         self.name = None
@@ -64,8 +71,8 @@ class StopSignal:
         if self.name is not None and signum == signal.SIGINT:
             raise KeyboardInterrupt
         self.name = signal.Signals(signum).name
-        print(f"[rank {dist.get_rank() if dist.is_initialized() else 0}] {self.name}: the run stops after this "
-              f"step, once it is saved", file=sys.stderr, flush=True)
+        print(f"[rank {dist.get_rank() if dist.is_initialized() else 0}] {self.name}: the run "
+              "stops after this step, once it is saved", file=sys.stderr, flush=True)
 
     def requested(self, device) -> bool:
         flag = torch.tensor([0.0 if self.name is None else 1.0], device=device)

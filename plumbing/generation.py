@@ -1,9 +1,10 @@
-"""Plumbing (a reader of the method may skip this file): sampling responses for evaluate.py and rl.py.
+"""Plumbing (a reader of the method may skip this file): sampling for evaluate.py and rl.py.
 
-One function, two engines: vLLM on a GPU (one engine per rank, in the rank's own process under torchrun), Hugging
-Face `generate` anywhere else. For GRPO the vLLM engine sleeps while the trainer works (its weights and KV cache
-freed), wakes for the rollouts and gets the trainer's current weights, one bucket of full tensors at a time.
-Notes on vLLM's behaviour cite its 0.32 source files, where they were read.
+One function, two engines: vLLM on a GPU (one engine per rank, in the rank's own process under
+torchrun), Hugging Face `generate` anywhere else. For GRPO the vLLM engine sleeps while the trainer
+works (its weights and KV cache freed), wakes for the rollouts and gets the trainer's current
+weights, one bucket of full tensors at a time. Notes on vLLM's behaviour cite its 0.32 source files,
+where they were read.
 """
 import importlib.util
 import os
@@ -23,32 +24,36 @@ from plumbing.models import check_model_dir, full_tensors
 @dataclass
 class Sample:
     token_ids: list[int]  # generated tokens, the EOS included when the model stopped
-    text: str  # decoded token_ids without the EOS, special tokens kept (so "</think>" always survives)
-    # The next two only with generate(logprobs=True) (evaluate.py's entropy metric), else None: rl.py's rollouts
-    # skip them, as the trainer recomputes log-probs and entropy with its own numerics.
-    logprobs: list[float] | None  # log-prob of each token under the sampling distribution (temperature, top-p)
-    # Per-token entropy of the sampling distribution. HF: exact, from the processed scores of every step.
-    # vLLM: -logprob of the sampled token, a one-sample estimate whose token mean is a consistent estimate of the
-    # same mean entropy (E[-log p(y)] = H(p) for y ~ p); only the mean is meaningful, not single values.
+    text: str  # token_ids decoded without the EOS; special tokens kept ("</think>" always survives)
+    # The next two only with generate(logprobs=True) (evaluate.py's entropy metric), else None:
+    # rl.py's rollouts skip them, as the trainer recomputes log-probs and entropy with its own
+    # numerics.
+    logprobs: list[float] | None  # per token, under the sampling distribution (temperature, top-p)
+    # Per-token entropy of the sampling distribution. HF: exact, from the processed scores of every
+    # step. vLLM: -logprob of the sampled token, a one-sample estimate whose token mean is a
+    # consistent estimate of the same mean entropy (E[-log p(y)] = H(p) for y ~ p); only the mean is
+    # meaningful, not single values.
     entropy: list[float] | None
-    # HF: "stop" (an EOS) or "length". vLLM: as it reports it: also "abort", "error", "repetition", which are not
-    # truncations; the truncation metrics count "length" only.
+    # HF: "stop" (an EOS) or "length". vLLM: as it reports it: also "abort", "error", "repetition",
+    # which are not truncations; the truncation metrics count "length" only.
     finish_reason: str
-    stop_text: str = ""  # the EOS left out of `text`, decoded ("" when none ended it): the authors grade text + it
+    # the EOS left out of `text`, decoded ("" when none ended it): the authors grade text + it
+    stop_text: str = ""
 
 
 @dataclass
 class Engine:
     kind: str  # "hf" or "vllm"
     model: Any  # a transformers model (hf) or a vllm.LLM (vllm); rl.py loads new weights into it
-    logprobs: bool = True  # vLLM: built to return the sampling distribution's log-probs (load_engine)
-    sleeps: bool = False  # vLLM sleep mode (rl.py): asleep, weights and KV cache freed, except for rollouts
+    logprobs: bool = True  # vLLM: returns the sampling distribution's log-probs (load_engine)
+    sleeps: bool = False  # vLLM sleep mode (rl.py): weights and KV cache freed but for rollouts
     has_trainer_weights: bool = True  # False once the trainer has moved on (rollout_engine, wake)
 
 
-# Qwen checkpoints end a response with either of two tokens (ids 151645 and 151643 in Qwen2.5's tokenizer): chat
-# models <|im_end|>, base models and SFT on them <|endoftext|>. A checkpoint's generation_config often names only
-# one; the authors' rollouts stop on both (stop_token_ids in their agent loop), and so does generate.
+# Qwen checkpoints end a response with either of two tokens (ids 151645 and 151643 in Qwen2.5's
+# tokenizer): chat models <|im_end|>, base models and SFT on them <|endoftext|>. A checkpoint's
+# generation_config often names only one; the authors' rollouts stop on both (stop_token_ids in
+# their agent loop), and so does generate.
 QWEN_EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
@@ -58,8 +63,8 @@ def encode(tokenizer, text: str) -> list[int]:
 
 
 def _decode(tokenizer, token_ids: list[int], stopped: bool) -> tuple[str, str]:
-    """(text of a response without its final EOS, that EOS decoded or ""). Other special tokens stay in the text: a
-    tokenizer may mark </think> special."""
+    """(text of a response without its final EOS, that EOS decoded or ""). Other special tokens stay
+    in the text: a tokenizer may mark </think> special."""
     if stopped and token_ids and token_ids[-1] in tokenizer.all_special_ids:
         return (tokenizer.decode(token_ids[:-1], skip_special_tokens=False),
                 tokenizer.decode(token_ids[-1:], skip_special_tokens=False))
@@ -67,12 +72,13 @@ def _decode(tokenizer, token_ids: list[int], stopped: bool) -> tuple[str, str]:
 
 
 def _eos_ids(model, tokenizer) -> list[int]:
-    """The tokens that end a response: the tokenizer's EOS (what SFT trains), the checkpoint's generation_config
-    EOS ids (HF models; vLLM 0.32 adds them itself: SamplingParams.update_from_generation_config) and every Qwen
-    EOS token the tokenizer has."""
+    """The tokens that end a response: the tokenizer's EOS (what SFT trains), the checkpoint's
+    generation_config EOS ids (HF models; vLLM 0.32 adds them itself:
+    SamplingParams.update_from_generation_config) and every Qwen EOS token the tokenizer has."""
     config = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
     config = config if isinstance(config, list) else [config]
-    vocab = tokenizer.get_vocab()  # added tokens included; a token it lacks is skipped, never mapped to <unk>
+    # added tokens included; a token it lacks is skipped, never mapped to <unk>
+    vocab = tokenizer.get_vocab()
     qwen = [vocab.get(token) for token in QWEN_EOS_TOKENS]
     return list(dict.fromkeys(i for i in [tokenizer.eos_token_id, *config, *qwen] if i is not None))
 
@@ -85,18 +91,19 @@ ENGINES = ("auto", "hf", "vllm")
 
 
 def engine_kind(engine: str) -> str:
-    """The engine a --engine value means: auto is vLLM with CUDA and the vllm package, else HF generate."""
+    """The engine a --engine value means: auto is vLLM with CUDA and the vllm package, else HF
+    generate."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r} (auto, hf or vllm)")
     return ("vllm" if vllm_available() else "hf") if engine == "auto" else engine
 
 
-def load_engine(path: str, engine: str = "auto", dtype: str = "auto", seed: int = 0, *, logprobs: bool = True,
-                **vllm_kwargs):
-    """(Engine, tokenizer) for a checkpoint directory. vllm_kwargs go to vllm.LLM (tensor_parallel_size,
-    gpu_memory_utilization, max_model_len, distributed_executor_backend, enable_sleep_mode, ...); the HF engine
-    ignores them. logprobs=False: a vLLM engine that never returns log-probs, with a leaner sampler (rl.py).
-    Never trust_remote_code."""
+def load_engine(path: str, engine: str = "auto", dtype: str = "auto", seed: int = 0, *,
+                logprobs: bool = True, **vllm_kwargs):
+    """(Engine, tokenizer) for a checkpoint directory. vllm_kwargs go to vllm.LLM
+    (tensor_parallel_size, gpu_memory_utilization, max_model_len, distributed_executor_backend,
+    enable_sleep_mode, ...); the HF engine ignores them. logprobs=False: a vLLM engine that never
+    returns log-probs, with a leaner sampler (rl.py). Never trust_remote_code."""
     check_model_dir(path)
     kind = engine_kind(engine)
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
@@ -106,51 +113,58 @@ def load_engine(path: str, engine: str = "auto", dtype: str = "auto", seed: int 
         from vllm import LLM  # lazy: vLLM cannot even be imported on a CPU build of torch
 
         if logprobs:
-            # Log-probs after temperature and top-p, i.e. of the distribution actually sampled. An engine-wide cost:
-            # with it, vLLM 0.32's TopKTopPSampler (v1/sample/ops/topk_topp_sampler.py) never takes FlashInfer's
-            # fused top-p path and its forward_native takes a [batch, vocab] log_softmax at every decoding step,
-            # whether a request asked for log-probs or not.
+            # Log-probs after temperature and top-p, i.e. of the distribution actually sampled. An
+            # engine-wide cost: with it, vLLM 0.32's TopKTopPSampler
+            # (v1/sample/ops/topk_topp_sampler.py) never takes FlashInfer's fused top-p path and its
+            # forward_native takes a [batch, vocab] log_softmax at every decoding step, whether a
+            # request asked for log-probs or not.
             vllm_kwargs["logprobs_mode"] = "processed_logprobs"
-        return Engine("vllm", LLM(model=path, seed=seed, dtype=dtype, **vllm_kwargs), logprobs), tokenizer
+        return Engine("vllm", LLM(model=path, seed=seed, dtype=dtype, **vllm_kwargs),
+                      logprobs), tokenizer
     device = "cuda" if torch.cuda.is_available() else "cpu"
     auto = torch.bfloat16 if device == "cuda" else torch.float32  # bf16 matmuls are slow on CPU
     torch_dtype = auto if dtype == "auto" else getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}")
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype, use_safetensors=True)
+    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype,
+                                                              use_safetensors=True)
     model = model.to(device).eval()
     return Engine("hf", model), tokenizer
 
 
-def generate(engine, tokenizer, prompts: list[str], n: int = 8, temperature: float = 0.6, top_p: float = 0.95,
-             max_new_tokens: int = 8192, seed: int = 0, batch_size: int = 8,
+def generate(engine, tokenizer, prompts: list[str], n: int = 8, temperature: float = 0.6,
+             top_p: float = 0.95, max_new_tokens: int = 8192, seed: int = 0, batch_size: int = 8,
              logprobs: bool = True, offset: int = 0) -> list[list[Sample]]:
-    """n samples for each prompt (prompt-major). `engine` is an Engine or a bare HF model. logprobs=False leaves
-    Sample.logprobs and Sample.entropy None and saves what they cost: vLLM builds no Python object per token, HF
-    takes no log-softmax and no entropy per step. offset: the index of prompts[0] in the whole list a
-    caller splits over ranks; the seeds derive from global indices, so the samples do not depend on the split."""
+    """n samples for each prompt (prompt-major). `engine` is an Engine or a bare HF model.
+    logprobs=False leaves Sample.logprobs and Sample.entropy None and saves what they cost: vLLM
+    builds no Python object per token, HF takes no log-softmax and no entropy per step. offset: the
+    index of prompts[0] in the whole list a caller splits over ranks; the seeds derive from global
+    indices, so the samples do not depend on the split."""
     if not isinstance(engine, Engine):
         engine = Engine("hf", engine)
     if engine.kind == "vllm":
         if logprobs and not engine.logprobs:
             raise ValueError("generate(logprobs=True) on a vLLM engine loaded with logprobs=False")
-        return _generate_vllm(engine.model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, logprobs,
-                              offset)
-    return _generate_hf(engine.model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size,
-                        logprobs, offset)
+        return _generate_vllm(engine.model, tokenizer, prompts, n, temperature, top_p,
+                              max_new_tokens, seed, logprobs, offset)
+    return _generate_hf(engine.model, tokenizer, prompts, n, temperature, top_p, max_new_tokens,
+                        seed, batch_size, logprobs, offset)
 
 
-def _generate_vllm(llm, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, logprobs, offset):
+def _generate_vllm(llm, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, logprobs,
+                   offset):
     from vllm import SamplingParams
 
-    # vLLM 0.32 vllm/sampling_params.py: logprobs=0 returns the sampled token's log-prob only, None none at all.
-    # stop_token_ids end a sample as the EOS does and stay in token_ids (v1/core/sched/utils.py check_stop).
-    # detokenize=False: vLLM keeps no incremental text; _decode decodes each sample once.
-    # One seed per prompt; vLLM gives the n children of a request seed + child index (v1/engine/parallel_sampling.py),
-    # so seed + i * n is unique. (Seeded requests take the PyTorch sampler rather than FlashInfer's, which has no
-    # per-request generators: topk_topp_sampler.py forward_cuda.)
+    # vLLM 0.32 vllm/sampling_params.py: logprobs=0 returns the sampled token's log-prob only, None
+    # none at all. stop_token_ids end a sample as the EOS does and stay in token_ids
+    # (v1/core/sched/utils.py check_stop). detokenize=False: vLLM keeps no incremental text; _decode
+    # decodes each sample once. One seed per prompt; vLLM gives the n children of a request seed +
+    # child index (v1/engine/parallel_sampling.py), so seed + i * n is unique. (Seeded requests take
+    # the PyTorch sampler rather than FlashInfer's, which has no per-request generators:
+    # topk_topp_sampler.py forward_cuda.)
     shared = dict(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens,
-                  logprobs=0 if logprobs else None, stop_token_ids=_eos_ids(llm, tokenizer), detokenize=False)
+                  logprobs=0 if logprobs else None, stop_token_ids=_eos_ids(llm, tokenizer),
+                  detokenize=False)
     params = [SamplingParams(**shared, seed=seed + (offset + i) * n) for i in range(len(prompts))]
     outputs = llm.generate([{"prompt_token_ids": encode(tokenizer, p)} for p in prompts], params,
                            use_tqdm=sys.stderr.isatty())
@@ -160,32 +174,34 @@ def _generate_vllm(llm, tokenizer, prompts, n, temperature, top_p, max_new_token
         for o in out.outputs:
             ids = list(o.token_ids)
             lps = [step[t].logprob for step, t in zip(o.logprobs, ids)] if logprobs else None
-            # finish_reason as vLLM 0.32 names it (v1/engine/__init__.py FINISH_REASON_STRINGS): "stop" (an EOS or
-            # stop token, kept in token_ids, as SFT trains it), "length" (max_tokens or max_model_len), "abort",
-            # "error", "repetition"
+            # finish_reason as vLLM 0.32 names it (v1/engine/__init__.py FINISH_REASON_STRINGS):
+            # "stop" (an EOS or stop token, kept in token_ids, as SFT trains it), "length"
+            # (max_tokens or max_model_len), "abort", "error", "repetition"
             text, stop_text = _decode(tokenizer, ids, o.finish_reason == "stop")
-            samples.append(Sample(ids, text, lps, None if lps is None else [-lp for lp in lps], o.finish_reason,
-                                  stop_text))
+            samples.append(Sample(ids, text, lps, None if lps is None else [-lp for lp in lps],
+                                  o.finish_reason, stop_text))
         result.append(samples)
     return result
 
 
 class _SampledLogProbs(transformers.LogitsProcessor):
-    """The last of generate's logits processors: it sees each step's scores after temperature and top-p (the
-    distribution HF samples from) and keeps only what the samples need: the entropy of each step, and the log-prob
-    of the token each row draws, read at the next step (or, for the last one, by `finish`) from input_ids. Memory:
-    one step's [rows, V] log-probs, where output_scores keeps every step's (320 GB for 64 sequences of 8192 tokens
-    at Qwen's vocabulary). The per-step values go into tensors allocated once: on a CPU, a small tensor kept at
-    every step between the step's [rows, V] temporaries fragments the heap (1.3 GB resident for 8 x 512 tokens)."""
+    """The last of generate's logits processors: it sees each step's scores after temperature and
+    top-p (the distribution HF samples from) and keeps only what the samples need: the entropy of
+    each step, and the log-prob of the token each row draws, read at the next step (or, for the last
+    one, by `finish`) from input_ids. Memory: one step's [rows, V] log-probs, where output_scores
+    keeps every step's (320 GB for 64 sequences of 8192 tokens at Qwen's vocabulary). The per-step
+    values go into tensors allocated once: on a CPU, a small tensor kept at every step between the
+    step's [rows, V] temporaries fragments the heap (1.3 GB resident for 8 x 512 tokens)."""
 
     def __init__(self, max_new_tokens: int):
         self.max_new_tokens, self.step, self.logp = max_new_tokens, 0, None
 
     def __call__(self, input_ids, scores):
         if self.logp is None:
-            self.sampled_logp, self.entropy = (scores.new_zeros(len(scores), self.max_new_tokens, dtype=torch.float32)
+            shape = (len(scores), self.max_new_tokens)
+            self.sampled_logp, self.entropy = (scores.new_zeros(shape, dtype=torch.float32)
                                                for _ in range(2))
-        else:                                                        # the token drawn at the previous step
+        else:                                                 # the token drawn at the previous step
             self.sampled_logp[:, self.step - 1] = self.logp.gather(-1, input_ids[:, -1:])[:, 0]
         self.logp = scores.float().log_softmax(-1)                   # [rows, V]
         self.entropy[:, self.step] = entropy(scores)
@@ -193,27 +209,33 @@ class _SampledLogProbs(transformers.LogitsProcessor):
         return scores
 
     def finish(self, last_tokens):
-        """[rows, T] log-probs and entropies of the sampled tokens, given the tokens drawn at the last step."""
+        """[rows, T] log-probs and entropies of the sampled tokens, given the tokens drawn at the
+        last step."""
         self.sampled_logp[:, self.step - 1] = self.logp.gather(-1, last_tokens[:, None])[:, 0]
         return self.sampled_logp[:, : self.step], self.entropy[:, : self.step]
 
 
 @torch.no_grad()
-def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size, logprobs, offset):
+def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size,
+                 logprobs, offset):
     eos = _eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     device = next(model.parameters()).device
-    result, progress = [], Progress(len(prompts) * n, quiet=len(prompts) <= batch_size or sys.stderr.isatty())
+    result, progress = [], Progress(len(prompts) * n,
+                                    quiet=len(prompts) <= batch_size or sys.stderr.isatty())
     for start in tqdm(range(0, len(prompts), batch_size), desc="generating (hf)",
                       disable=len(prompts) <= batch_size or not sys.stderr.isatty()):
-        torch.manual_seed(seed + (offset + start) * n)  # a seed per batch from its first prompt's global index
+        # a seed per batch from its first prompt's global index
+        torch.manual_seed(seed + (offset + start) * n)
         encoded = [encode(tokenizer, p) for p in prompts[start : start + batch_size]]
         width = max(map(len, encoded))
-        ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded], device=device)  # (B, P), left-padded
-        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded], device=device)  # (B, P)
-        # generate() appends its own temperature and top-p warpers after every processor passed to it, so the
-        # warpers are passed here, in HF's order, with the recorder after them; generate's own are switched off
-        # (1.0). The sampling itself, softmax then multinomial, is generate's.
+        # ids and mask: (B, P), left-padded
+        ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded], device=device)
+        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded], device=device)
+        # generate() appends its own temperature and top-p warpers after every processor passed to
+        # it, so the warpers are passed here, in HF's order, with the recorder after them;
+        # generate's own are switched off (1.0). The sampling itself, softmax then multinomial, is
+        # generate's.
         processors = transformers.LogitsProcessorList()
         if temperature != 1.0:
             processors.append(transformers.TemperatureLogitsWarper(temperature))
@@ -223,32 +245,36 @@ def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_token
         if recorder is not None:
             processors.append(recorder)
         out = model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0, logits_processor=processors,
-            top_k=0, repetition_penalty=1.0,  # override checkpoint defaults: sample exactly as vLLM does
-            num_return_sequences=n, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad,
-            return_dict_in_generate=True)
+            input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0,
+            logits_processor=processors,
+            top_k=0, repetition_penalty=1.0,  # override checkpoint defaults: sample as vLLM does
+            num_return_sequences=n, max_new_tokens=max_new_tokens, eos_token_id=eos,
+            pad_token_id=pad, return_dict_in_generate=True)
         new = out.sequences[:, width:]  # (B * n, T), rows grouped by prompt
         if recorder is not None:
             logp, ent = recorder.finish(new[:, -1])  # (B * n, T) each
         for row in range(new.shape[0]):
             ids = new[row].tolist()
             stop = next((t for t, i in enumerate(ids) if i in eos), None)
-            length = len(ids) if stop is None else stop + 1  # keep the EOS, drop the padding after it
+            # keep the EOS, drop the padding after it
+            length = len(ids) if stop is None else stop + 1
             stopped = stop is not None
             text, stop_text = _decode(tokenizer, ids[:length], stopped)
             sample = Sample(ids[:length], text, logp[row, :length].tolist() if logprobs else None,
-                            ent[row, :length].tolist() if logprobs else None, "stop" if stopped else "length",
-                            stop_text)
+                            ent[row, :length].tolist() if logprobs else None,
+                            "stop" if stopped else "length", stop_text)
             if row % n == 0:
                 result.append([])
             result[-1].append(sample)
-        progress.update(new.shape[0], sum(len(s.token_ids) for group in result[-len(encoded):] for s in group))
+        progress.update(new.shape[0], sum(len(s.token_ids) for group in result[-len(encoded):]
+                                          for s in group))
     return result
 
 
 class Progress:
-    """A line now and then (every `every` seconds, and at the end) where no progress bar can be drawn (output to a
-    file or a pipe): samples done of the total, samples/s, generated tokens/s, ETA."""
+    """A line now and then (every `every` seconds, and at the end) where no progress bar can be
+    drawn (output to a file or a pipe): samples done of the total, samples/s, generated tokens/s,
+    ETA."""
 
     def __init__(self, total: int, quiet: bool = False, every: float = 10.0):
         self.total, self.quiet, self.every = total, quiet, every
@@ -271,11 +297,13 @@ class Progress:
 # ------------------------------------------------------------------------------------------------
 @torch.no_grad()
 def full_weight_buckets(model, dtype, bucket_bytes):
-    """The trainer's weights as full tensors in `dtype`, [(hf_name, tensor)] lists of about bucket_bytes each.
-    Each DTensor shard is cast first, so its all-gather (p.full_tensor()) moves `dtype` bytes, not float32's. Every
-    rank must iterate it in step: the all-gathers run in state_dict order on every rank. Tied aliases (lm_head.weight
-    when it is the embedding) are left out: state_dict lists them, named_parameters does not."""
-    own = {name for name, _ in model.named_parameters()} | {name for name, _ in model.named_buffers()}
+    """The trainer's weights as full tensors in `dtype`, [(hf_name, tensor)] lists of about
+    bucket_bytes each. Each DTensor shard is cast first, so its all-gather (p.full_tensor()) moves
+    `dtype` bytes, not float32's. Every rank must iterate it in step: the all-gathers run in
+    state_dict order on every rank. Tied aliases (lm_head.weight when it is the embedding) are left
+    out: state_dict lists them, named_parameters does not."""
+    own = {name for name, _ in model.named_parameters()}
+    own |= {name for name, _ in model.named_buffers()}
     bucket, size = [], 0
     for name, full in full_tensors(model, dtype, skip=set(model.state_dict()) - own):
         bucket.append((name, full))
@@ -289,27 +317,32 @@ def full_weight_buckets(model, dtype, bucket_bytes):
 
 @torch.no_grad()
 def sync_weights(model, engine, bucket_bytes=1 << 30):
-    """Load the trainer's current weights into the generation engine, in the engine's dtype, one bucket of full
-    tensors at a time; every rank calls it. Raises if an engine parameter got no weight: after vLLM's level-2
-    sleep it would hold garbage. Names are the HF checkpoint names both engines load."""
+    """Load the trainer's current weights into the generation engine, in the engine's dtype, one
+    bucket of full tensors at a time; every rank calls it. Raises if an engine parameter got no
+    weight: after vLLM's level-2 sleep it would hold garbage. Names are the HF checkpoint names both
+    engines load."""
     if engine.kind == "vllm":
-        # vLLM 0.32 with distributed_executor_backend="external_launcher" runs its engine in this process, so
-        # LLM.apply_model(fn) calls fn on this rank's nn.Module (worker_base.py apply_model, one worker per engine).
-        # Qwen2ForCausalLM.load_weights (models/qwen2.py, AutoWeightsLoader in models/utils.py) takes (hf_name,
-        # tensor) pairs, writes q/k/v and gate/up into their fused parameters, copies into the existing storage
-        # (param.data.copy_: CUDA graphs keep valid pointers), logs a warning for every tensor whose dtype is not
-        # its parameter's (hence the cast), and returns the names of the parameters it loaded. A tied lm_head.weight
-        # must not come without the embedding in the same call (AutoWeightsLoader._check_skipped_aliases raises).
+        # vLLM 0.32 with distributed_executor_backend="external_launcher" runs its engine in this
+        # process, so LLM.apply_model(fn) calls fn on this rank's nn.Module (worker_base.py
+        # apply_model, one worker per engine). Qwen2ForCausalLM.load_weights (models/qwen2.py,
+        # AutoWeightsLoader in models/utils.py) takes (hf_name, tensor) pairs, writes q/k/v and
+        # gate/up into their fused parameters, copies into the existing storage (param.data.copy_:
+        # CUDA graphs keep valid pointers), logs a warning for every tensor whose dtype is not its
+        # parameter's (hence the cast), and returns the names of the parameters it loaded. A tied
+        # lm_head.weight must not come without the embedding in the same call
+        # (AutoWeightsLoader._check_skipped_aliases raises).
         llm = engine.model
         dtype = llm.apply_model(lambda m: next(m.parameters()).dtype)[0]
         params = set(llm.apply_model(lambda m: [name for name, _ in m.named_parameters()])[0])
         loaded = set()
         for bucket in full_weight_buckets(model, dtype, bucket_bytes):
             loaded |= llm.apply_model(lambda m: m.load_weights(bucket))[0]
-        # cached KV blocks were computed by the old weights (vLLM's sleep also drops them: EngineCore.sleep)
+        # cached KV blocks were computed by the old weights (vLLM's sleep also drops them:
+        # EngineCore.sleep)
         if not llm.reset_prefix_cache():
-            raise RuntimeError("vLLM could not reset its prefix cache after the weight sync (requests in flight?)")
-        # never llm.collective_rpc("reload_weights") without weights: it re-reads the checkpoint on disk
+            raise RuntimeError("vLLM could not reset its prefix cache after the weight sync "
+                               "(requests in flight?)")
+        # never llm.collective_rpc("reload_weights") without weights: it reads the checkpoint again
     else:
         params, loaded = {name for name, _ in engine.model.named_parameters()}, set()
         dtype = next(engine.model.parameters()).dtype
@@ -319,8 +352,8 @@ def sync_weights(model, engine, bucket_bytes=1 << 30):
                 raise RuntimeError(f"weight sync: the HF engine has no parameter {unexpected[0]!r}")
             loaded |= {name for name, _ in bucket}
     if params - loaded:
-        raise RuntimeError(f"weight sync: {len(params - loaded)} engine parameters got no weight, e.g. "
-                           f"{sorted(params - loaded)[0]!r}")
+        raise RuntimeError(f"weight sync: {len(params - loaded)} engine parameters got no weight, "
+                           f"e.g. {sorted(params - loaded)[0]!r}")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -329,41 +362,47 @@ def sync_weights(model, engine, bucket_bytes=1 << 30):
 def rollout_engine(path: str, engine: str, dtype: str, seed: int, gpu_memory_utilization: float,
                    max_model_len: int, sleep: bool, has_trainer_weights: bool):
     """(Engine, tokenizer) for rl.py's rollouts, created before the trainer's model: vLLM's
-    gpu_memory_utilization is a share of TOTAL memory, which must be free at creation. No log-probs: the trainer
-    recomputes them with its own numerics. has_trainer_weights: the trainer starts from the same checkpoint (not a
-    resumed run); otherwise the first wake loads the trainer's weights."""
+    gpu_memory_utilization is a share of TOTAL memory, which must be free at creation. No log-probs:
+    the trainer recomputes them with its own numerics. has_trainer_weights: the trainer starts from
+    the same checkpoint (not a resumed run); otherwise the first wake loads the trainer's
+    weights."""
     kind = engine_kind(engine)
     if kind == "vllm" and "RANK" not in os.environ:   # external_launcher reads RANK / LOCAL_RANK
-        raise SystemExit("engine vllm: the colocated engine needs CUDA, the vllm package and torchrun, also on one "
-                         "GPU (torchrun --nproc_per_node 1 rl.py ...); --engine hf runs anywhere")
+        raise SystemExit("engine vllm: the colocated engine needs CUDA, the vllm package and "
+                         "torchrun, also on one GPU (torchrun --nproc_per_node 1 rl.py ...); "
+                         "--engine hf runs anywhere")
     sleeps = kind == "vllm" and sleep
     engine, tokenizer = load_engine(
         path, kind, dtype=dtype, seed=seed, logprobs=False,
-        tensor_parallel_size=1, distributed_executor_backend="external_launcher",   # one engine per rank, in-process
-        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len, enable_sleep_mode=sleeps)
+        # one engine per rank, in the rank's process
+        tensor_parallel_size=1, distributed_executor_backend="external_launcher",
+        gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
+        enable_sleep_mode=sleeps)
     engine.sleeps, engine.has_trainer_weights = sleeps, has_trainer_weights and not sleeps
     if sleeps:
-        # vLLM 0.32 LLM.sleep (v1/worker/gpu_worker.py Worker.sleep, device_allocator/cumem.py): level 1 copies the
-        # weights to pinned CPU memory and back at every wake; level 2 discards them (and the KV cache), keeping
-        # only the model's buffers (rotary cos/sin caches, attention scales) on the CPU and restoring them on
-        # wake_up(["weights"]). Every weight is reloaded from the trainer before each rollout, so level 2.
+        # vLLM 0.32 LLM.sleep (v1/worker/gpu_worker.py Worker.sleep, device_allocator/cumem.py):
+        # level 1 copies the weights to pinned CPU memory and back at every wake; level 2 discards
+        # them (and the KV cache), keeping only the model's buffers (rotary cos/sin caches,
+        # attention scales) on the CPU and restoring them on wake_up(["weights"]). Every weight is
+        # reloaded from the trainer before each rollout, so level 2.
         engine.model.sleep(level=2)
     return engine, tokenizer
 
 
 def wake(engine: Engine, trainer_model, bucket_bytes: int) -> None:
-    """Before the rollouts: wake the engine and give it the trainer's current weights, in the order that keeps memory
-    lowest: weights, the trainer's weights into them, then the KV cache (vLLM 0.32 LLM.wake_up(tags): the scheduler
-    runs once all is awake). Every rank calls it. Afterwards the trainer moves on: the next wake syncs again."""
+    """Before the rollouts: wake the engine and give it the trainer's current weights, in the order
+    that keeps memory lowest: weights, the trainer's weights into them, then the KV cache (vLLM 0.32
+    LLM.wake_up(tags): the scheduler runs once all is awake). Every rank calls it. Afterwards the
+    trainer moves on: the next wake syncs again."""
     if engine.sleeps:
-        torch.cuda.empty_cache()                 # the trainer's freed blocks (activations, grads) back to CUDA
+        torch.cuda.empty_cache()      # the trainer's freed blocks (activations, grads) back to CUDA
         engine.model.wake_up(tags=["weights"])
     if not engine.has_trainer_weights:
         sync_weights(trainer_model, engine, bucket_bytes)
     if engine.sleeps:
         torch.cuda.empty_cache()                 # the sync's buckets
         engine.model.wake_up(tags=["kv_cache"])
-    engine.has_trainer_weights = False           # true until the trainer's next update, which follows
+    engine.has_trainer_weights = False         # true until the trainer's next update, which follows
 
 
 def sleep(engine: Engine) -> None:

@@ -1,10 +1,10 @@
-"""Plumbing (a reader of the method may skip this file): evaluate.py's tables (Markdown) and plots (PNG files).
+"""Plumbing (a reader of the method may skip this file): evaluate.py's tables and PNG plots.
 
     results_table   one checkpoint, one row per benchmark
     compare_table   several checkpoints in the layout of the paper's Table 2
     paired_table    evaluate.py compare: A - B with its bootstrap interval per benchmark and metric
-    plot_results    pass@k, accuracy against entropy and diversity (Figs. 1, 4), before and after RL (Table 3),
-                    curves over training from sft.py and rl.py logs (Fig. 2)
+    plot_results    pass@k, accuracy against entropy and diversity (Figs. 1, 4), before and after RL
+                    (Table 3), curves over training from sft.py and rl.py logs (Fig. 2)
 """
 import io
 import json
@@ -16,7 +16,7 @@ matplotlib.use("Agg")  # files only, no display
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.lines import Line2D  # noqa: E402
 
-from data import ID_BENCHMARKS, OOD_BENCHMARKS  # noqa: E402
+from plumbing.benchmarks import ID_BENCHMARKS, OOD_BENCHMARKS  # noqa: E402
 from plumbing.run_dir import write_atomic  # noqa: E402
 
 
@@ -40,28 +40,30 @@ def results_table(result: dict) -> str:
         lines.append("| " + " | ".join(map(str, cells)) + " |")
     s = result["summary"]
     grading = result.get("settings", {}).get("grading", "paper")
-    lines += ["", f"ID avg {percent(s['id_avg'])} · OOD avg {percent(s['ood_avg'])} · grading {grading} · "
-                  f"grader failures {result['grader_failures']}",
-              "s.e.: standard error of avg@n over questions; mixed: the share of questions whose n samples are "
-              "neither all right nor all wrong (what GRPO learns from)"]
+    lines += ["", f"ID avg {percent(s['id_avg'])} · OOD avg {percent(s['ood_avg'])} · grading "
+                  f"{grading} · grader failures {result['grader_failures']}",
+              "s.e.: standard error of avg@n over questions; mixed: the share of questions whose n "
+              "samples are neither all right nor all wrong (what GRPO learns from)"]
     if result.get("expert_entropy"):
         e = result["expert_entropy"]
-        lines.append(f"expert-token entropy (nats): top 20% {e['top20']:.3f}, bottom 80% {e['bottom80'] or 0:.3f}, "
-                     f"all {e['all']:.3f}, over {e['tokens']} positions")
+        lines.append(f"expert-token entropy (nats): top 20% {e['top20']:.3f}, bottom 80% "
+                     f"{e['bottom80'] or 0:.3f}, all {e['all']:.3f}, over {e['tokens']} positions")
     return "\n".join(lines) + "\n"
 
 
 def compare_table(results: list[dict]) -> str:
-    """Markdown in the layout of paper Table 2: avg@n per benchmark, ID and OOD averages, entropy."""
+    """Markdown in paper Table 2's layout: avg@n per benchmark, ID and OOD averages, entropy."""
     present = {b for r in results for b in r["benchmarks"]}
-    names = [b for b in ID_BENCHMARKS if b in present] + ["ID avg"] + [b for b in OOD_BENCHMARKS if b in present]
+    names = [b for b in ID_BENCHMARKS if b in present] + ["ID avg"]
+    names += [b for b in OOD_BENCHMARKS if b in present]
     names += ["OOD avg"] + sorted(present - set(ID_BENCHMARKS) - set(OOD_BENCHMARKS))
     head = ["checkpoint"] + names + ["entropy", "diversity"]
     lines = ["| " + " | ".join(head) + " |", "|" + " --- |" * len(head)]
     for r in results:
         s = r["summary"]
-        cells = [r["name"]] + [percent(s["id_avg"]) if b == "ID avg" else percent(s["ood_avg"]) if b == "OOD avg" else
-                               percent(r["benchmarks"].get(b, {}).get("avg")) for b in names]
+        cells = [r["name"]] + [percent(s["id_avg"]) if b == "ID avg"
+                               else percent(s["ood_avg"]) if b == "OOD avg"
+                               else percent(r["benchmarks"].get(b, {}).get("avg")) for b in names]
         cells += ["–" if s[k] is None else f"{s[k]:.3f}" for k in ("entropy", "diversity")]
         lines.append("| " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
@@ -79,31 +81,37 @@ def paired_table(result: dict) -> str:
     lines = [f"## {a['name']} − {b['name']}", "",
              f"A: {a['name']} ({', '.join(a['evaluations'])}); "
              f"B: {b['name']} ({', '.join(b['evaluations'])}). "
-             f"{result['level']:.0%} percentile bootstrap intervals of A − B, paired over questions "
-             f"({result['resamples']:,} replicates, seed {result['seed']}; resampled: {result['resampled']}). "
-             "Points of accuracy.", "",
+             f"{result['level']:.0%} percentile bootstrap intervals of A − B, paired over "
+             f"questions ({result['resamples']:,} replicates, seed {result['seed']}; resampled: "
+             f"{result['resampled']}). Points of accuracy.", "",
              "| benchmark | questions | metric | A | B | A − B | 95% interval |",
              "| --- | --- | --- | --- | --- | --- | --- |"]
     for r in result["rows"]:
         metric = r["metric"] if r["metric"] != "avg" else f"avg@{r['n'] or 'n'}"
-        lines.append(f"| {r['benchmark']} | {r['questions']} | {metric} | {percent(r['a'])} | {percent(r['b'])} "
-                     f"| {signed(r['difference'])} | [{signed(r['low'])}, {signed(r['high'])}] |")
+        lines.append(f"| {r['benchmark']} | {r['questions']} | {metric} | {percent(r['a'])} | "
+                     f"{percent(r['b'])} | {signed(r['difference'])} | [{signed(r['low'])}, "
+                     f"{signed(r['high'])}] |")
     return "\n".join(lines) + "\n"
 
 
 def stage_pairs(results: list[dict], acc_key: str) -> list[tuple[dict, dict]]:
-    """(X, X+stage) for every result named "X+stage" (e.g. "curio+grpo") whose X is also there: a checkpoint before
-    and after a later stage (paper Table 3). Pairs where either accuracy is missing are left out of the plot."""
+    """(X, X+stage) for every result named "X+stage" (e.g. "curio+grpo") whose X is also there: a
+    checkpoint before and after a later stage (paper Table 3). Pairs where either accuracy is
+    missing are left out of the plot."""
     by_name = {r["name"]: r for r in results}
-    pairs = [(by_name[r["name"].rpartition("+")[0]], r) for r in results if r["name"].rpartition("+")[0] in by_name]
-    return [(b, a) for b, a in pairs if b["summary"][acc_key] is not None and a["summary"][acc_key] is not None]
+    pairs = [(by_name[r["name"].rpartition("+")[0]], r) for r in results
+             if r["name"].rpartition("+")[0] in by_name]
+    return [(b, a) for b, a in pairs if b["summary"][acc_key] is not None
+            and a["summary"][acc_key] is not None]
 
 
-def plot_results(results: list[dict], out_dir: str, logs: list[str] = (), log_keys: list[str] = ()) -> list[str]:
-    """pass@k curves per benchmark, accuracy vs entropy and vs diversity across checkpoints (paper Figs. 1, 4),
-    accuracy before and after RL for each pair named X / X+grpo (`stage_pairs`, paper Table 3), `log_keys` over
-    training from sft.py logs (paper Fig. 2), and from rl.py logs the share of GRPO groups with mixed rewards (the
-    only groups with a learning signal) and the mean reward. Returns the written paths."""
+def plot_results(results: list[dict], out_dir: str, logs: list[str] = (),
+                 log_keys: list[str] = ()) -> list[str]:
+    """pass@k curves per benchmark, accuracy vs entropy and vs diversity across checkpoints (paper
+    Figs. 1, 4), accuracy before and after RL for each pair named X / X+grpo (`stage_pairs`, paper
+    Table 3), `log_keys` over training from sft.py logs (paper Fig. 2), and from rl.py logs the
+    share of GRPO groups with mixed rewards (the only groups with a learning signal) and the mean
+    reward. Returns the written paths."""
     out, written = Path(out_dir), []
     benchmarks = list(dict.fromkeys(b for r in results for b in r["benchmarks"]))
     cols = min(3, len(benchmarks))
@@ -113,11 +121,12 @@ def plot_results(results: list[dict], out_dir: str, logs: list[str] = (), log_ke
         for i, r in enumerate(results):                    # a run keeps its colour in every panel
             if b in r["benchmarks"]:
                 curve = r["benchmarks"][b]["pass_at_k"]
-                ax.plot([int(k) for k in curve], [100 * v for v in curve.values()], marker="o", label=r["name"],
-                        color=f"C{i}")
+                ax.plot([int(k) for k in curve], [100 * v for v in curve.values()], marker="o",
+                        label=r["name"], color=f"C{i}")
         ax.set(title=b, xlabel="k (samples)", ylabel="pass@k (%)")
         ax.set_xscale("log", base=2)
-        ks = sorted({int(k) for r in results if b in r["benchmarks"] for k in r["benchmarks"][b]["pass_at_k"]})
+        ks = sorted({int(k) for r in results if b in r["benchmarks"]
+                     for k in r["benchmarks"][b]["pass_at_k"]})
         ax.set_xticks(ks, [str(k) for k in ks])
     for ax in axes.flat[len(benchmarks):]:
         ax.axis("off")
@@ -126,10 +135,11 @@ def plot_results(results: list[dict], out_dir: str, logs: list[str] = (), log_ke
     written.append(_save(fig, out / "pass_at_k.png"))
 
     acc_key = "id_avg" if all(r["summary"]["id_avg"] is not None for r in results) else "avg"
-    acc_label = "in-distribution accuracy, avg@n (%)" if acc_key == "id_avg" else "accuracy, avg@n (%)"
+    acc_label = "in-distribution accuracy, avg@n (%)" if acc_key == "id_avg" \
+        else "accuracy, avg@n (%)"
     fig, axes = plt.subplots(1, 2, figsize=(9, 3.8))
-    for ax, key, xlabel in zip(axes, ("entropy", "diversity"), ("sampling entropy (nats per token)",
-                                                                 "diversity (1 - 4-gram Jaccard similarity)")):
+    xlabels = ("sampling entropy (nats per token)", "diversity (1 - 4-gram Jaccard similarity)")
+    for ax, key, xlabel in zip(axes, ("entropy", "diversity"), xlabels):
         for i, r in enumerate(results):
             x, y = r["summary"][key], r["summary"][acc_key]
             if x is not None and y is not None:
@@ -143,35 +153,42 @@ def plot_results(results: list[dict], out_dir: str, logs: list[str] = (), log_ke
         fig, ax = plt.subplots(figsize=(1.6 + 1.6 * len(pairs), 3.8))
         values = []
         for i, (before, after) in enumerate(pairs):
-            for dx, r, color, label in ((-0.2, before, "tab:gray", "before RL"), (0.2, after, "tab:blue", "after RL")):
+            for dx, r, color, label in ((-0.2, before, "tab:gray", "before RL"),
+                                        (0.2, after, "tab:blue", "after RL")):
                 y = 100 * r["summary"][acc_key]
                 values.append(y)
                 ax.bar(i + dx, y, width=0.4, color=color, label=label if i == 0 else None)
                 ax.annotate(f"{y:.1f}", (i + dx, y), ha="center", va="bottom", fontsize="small")
         low, high = min(values), max(values)
         margin = max(2.0, 0.3 * (high - low))
-        ax.set_ylim(max(0.0, low - margin), min(100.0, high + margin))   # the differences, not the bars' height
-        ax.set_xticks(range(len(pairs)), [f"{b['name']}\n→ {a['name']}" for b, a in pairs], fontsize="small")
+        # the differences, not the bars' height
+        ax.set_ylim(max(0.0, low - margin), min(100.0, high + margin))
+        ax.set_xticks(range(len(pairs)), [f"{b['name']}\n→ {a['name']}" for b, a in pairs],
+                      fontsize="small")
         ax.set(ylabel=acc_label, title="accuracy before and after RL (y axis zoomed)")
         ax.legend(fontsize="small", loc="lower right")
         written.append(_save(fig, out / "accuracy_before_after_rl.png"))
 
     if logs:
-        runs = [(Path(path).parent.name, [json.loads(line) for line in Path(path).read_text().splitlines()
-                                          if line.strip()]) for path in logs]
-        sft_runs = [(n, rows) for n, rows in runs if not any("zero_std_frac" in row for row in rows)]
+        runs = [(Path(path).parent.name,
+                 [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()])
+                for path in logs]
+        sft_runs = [(n, rows) for n, rows in runs
+                    if not any("zero_std_frac" in row for row in rows)]
         rl_runs = [(n, rows) for n, rows in runs if any("zero_std_frac" in row for row in rows)]
-        keys = list(log_keys) or sorted({k for _, rows in sft_runs for row in rows for k, v in row.items()
+        keys = list(log_keys) or sorted({k for _, rows in sft_runs for row in rows
+                                         for k, v in row.items()
                                          if "entropy" in k and isinstance(v, (int, float))})
         if sft_runs and keys:
-            written.append(_curves(sft_runs, [(k, k, "nats" if "entropy" in k else "") for k in keys],
-                                   "SFT: over training", out / "over_training.png"))
+            panels = [(k, k, "nats" if "entropy" in k else "") for k in keys]
+            written.append(_curves(sft_runs, panels, "SFT: over training",
+                                   out / "over_training.png"))
         if rl_runs:
             for _, rows in rl_runs:
                 for row in rows:
                     row["mixed_reward_groups"] = 100 * (1 - row["zero_std_frac"])
-            panels = [("mixed_reward_groups", "groups with mixed rewards", "%"), ("reward_mean", "mean reward", ""),
-                      ("entropy", "rollout entropy", "nats")]
+            panels = [("mixed_reward_groups", "groups with mixed rewards", "%"),
+                      ("reward_mean", "mean reward", ""), ("entropy", "rollout entropy", "nats")]
             written.append(_curves(rl_runs, panels,
                                    "GRPO: only groups with mixed rewards carry a learning signal",
                                    out / "rl_over_training.png"))
@@ -186,26 +203,29 @@ def _curves(runs, panels, title, path) -> str:
             points = [(row["step"], row[key]) for row in rows if "step" in row and key in row]
             if points:
                 ax.plot(*zip(*points), label=name, color=f"C{i}")
-        ax.set(xlabel="optimiser step", ylabel=f"{panel_title} ({unit})" if unit else panel_title, title=panel_title)
+        ax.set(xlabel="optimiser step", ylabel=f"{panel_title} ({unit})" if unit else panel_title,
+               title=panel_title)
     _legend(fig, [name for name, _ in runs])
     fig.suptitle(title)
     return _save(fig, path)
 
 
 def _legend(fig, names: list[str], marker: str | None = None) -> None:
-    """One legend for the whole figure: every run in its colour (C0, C1, ... by its place in `names`), whether or
-    not the first panel draws it."""
+    """One legend for the whole figure: every run in its colour (C0, C1, ... by its place in
+    `names`), whether or not the first panel draws it."""
     handles = [Line2D([], [], color=f"C{i}", marker=marker) for i in range(len(names))]
     fig.legend(handles, names, loc="lower center", ncol=min(len(names), 6), fontsize="small")
 
 
 def _save(fig, path: Path) -> str:
-    fig.tight_layout(rect=(0, 0.09 if fig.legends else 0, 1, 0.93 if fig.get_suptitle() else 1))  # room for both
+    # room for the legend and the suptitle
+    fig.tight_layout(rect=(0, 0.09 if fig.legends else 0, 1, 0.93 if fig.get_suptitle() else 1))
     return save_png(fig, path)
 
 
 def save_png(fig, path: Path, dpi: int = 120) -> str:
-    """The figure as a PNG, written whole or not at all (a full disk is one line, the old file kept); closed."""
+    """The figure as a PNG, written whole or not at all (a full disk: one line, the old file kept);
+    closed."""
     path.parent.mkdir(parents=True, exist_ok=True)
     buffer = io.BytesIO()
     fig.savefig(buffer, dpi=dpi, format="png")

@@ -1,9 +1,10 @@
 """Plumbing (a reader of the method may skip this file): a training run's output directory.
 
-Shared by sft.py and rl.py: one run per directory (a lock, and the settings that define the run recorded and
-checked on resume), stale partial checkpoints removed, and the run's log: log.jsonl always (cut back to the
-resumed step, as rl.py's rollouts.jsonl is), a console line or a progress bar on rank 0, and optionally Weights &
-Biases and TensorBoard (imported only when asked for; neither is in requirements.txt)."""
+Shared by sft.py and rl.py: one run per directory (a lock, and the settings that define the run
+recorded and checked on resume), stale partial checkpoints removed, and the run's log: log.jsonl
+always (cut back to the resumed step, as rl.py's rollouts.jsonl is), a console line or a progress
+bar on rank 0, and optionally Weights & Biases and TensorBoard (imported only when asked for;
+neither is in requirements.txt)."""
 import errno
 import fcntl
 import json
@@ -22,13 +23,14 @@ LOGGERS = ("wandb", "tensorboard")
 _HELD = []  # the locks this process holds: released when it exits
 
 
-def claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool, data: dict | None = None):
-    """Every rank calls it, once the run's inputs are known good; rank 0 does the work: lock out_dir for this
-    process's lifetime (the lock's file is returned for tests to close), refuse to resume a run whose defining
-    settings differ from the recorded ones (every setting not in `may_change`) or whose training data is not the
-    same (`data`: the file, its sha256 and rows), remove step_*.tmp left by an interrupted save and a `stopped`
-    marker, and record the settings in run_config.json. A refusal stops every rank with the same one-line
-    message."""
+def claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool,
+          data: dict | None = None):
+    """Every rank calls it, once the run's inputs are known good; rank 0 does the work: lock out_dir
+    for this process's lifetime (the lock's file is returned for tests to close), refuse to resume a
+    run whose defining settings differ from the recorded ones (every setting not in `may_change`) or
+    whose training data is not the same (`data`: the file, its sha256 and rows), remove step_*.tmp
+    left by an interrupted save and a `stopped` marker, and record the settings in run_config.json.
+    A refusal stops every rank with the same one-line message."""
     lock, error = None, None
     if dist.get_rank() == 0:
         try:
@@ -43,20 +45,22 @@ def claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool, d
 
 
 def release() -> None:
-    """End of a run: release the directories this process claimed (a new run in the same process may claim them)."""
+    """End of a run: release the directories this process claimed (a later run in the process may
+    claim them)."""
     while _HELD:
         _HELD.pop().close()
 
 
 def lock_dir(out_dir: Path, what: str = "run"):
-    """Hold out_dir for this process's lifetime, or stop with one line when another process holds it."""
+    """Hold out_dir for this process's lifetime, or stop with one line when another process does."""
     out_dir.mkdir(parents=True, exist_ok=True)
     lock = open(out_dir / ".lock", "w")
     try:
         fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         lock.close()
-        raise SystemExit(f"{out_dir}: another {what} is writing to this directory (it holds {lock.name})") from None
+        raise SystemExit(f"{out_dir}: another {what} is writing to this directory (it holds "
+                         f"{lock.name})") from None
     _HELD.append(lock)
     return lock
 
@@ -70,27 +74,30 @@ def drop_if_empty(out_dir: Path) -> None:
 def _claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool, data: dict | None):
     lock = lock_dir(out_dir)
     recorded_file = out_dir / "run_config.json"
-    settings = json.loads(json.dumps(settings))                          # compare as recorded: tuples are lists
+    settings = json.loads(json.dumps(settings))              # compare as recorded: tuples are lists
     try:
         if resuming and recorded_file.is_file():
             try:
                 recorded = json.loads(recorded_file.read_text())
             except (ValueError, UnicodeDecodeError) as e:
-                raise SystemExit(f"{recorded_file}: not valid JSON ({e}); the run's settings cannot be "
-                                 f"checked") from None
+                raise SystemExit(f"{recorded_file}: not valid JSON ({e}); the run's settings "
+                                 "cannot be checked") from None
             recorded_data = recorded.pop("data", None)
-            recorded = {**recorded.pop("loss_config", {}), **recorded}    # the nested layout of earlier versions
+            # the nested layout of earlier versions
+            recorded = {**recorded.pop("loss_config", {}), **recorded}
             changed = sorted(k for k in settings.keys() | recorded.keys()
                              if k not in may_change and settings.get(k) != recorded.get(k))
             if changed:
-                diffs = ", ".join(f"--{k} {recorded.get(k)!r} -> {settings.get(k)!r}" for k in changed)
-                raise SystemExit(f"{out_dir} holds a run with other settings ({diffs}); resume it with its own "
-                                 f"settings or choose another --out_dir")
+                diffs = ", ".join(f"--{k} {recorded.get(k)!r} -> {settings.get(k)!r}"
+                                  for k in changed)
+                raise SystemExit(f"{out_dir} holds a run with other settings ({diffs}); resume it "
+                                 "with its own settings or choose another --out_dir")
             if data and recorded_data and recorded_data != data:
                 raise SystemExit(f"{data['file']} is not the file this run started on (then: "
-                                 f"{recorded_data['rows']} rows, sha256 {recorded_data['sha256'][:12]}; now: "
-                                 f"{data['rows']} rows, sha256 {data['sha256'][:12]}): resume with that file "
-                                 f"or choose another --out_dir")
+                                 f"{recorded_data['rows']} rows, sha256 "
+                                 f"{recorded_data['sha256'][:12]}; now: {data['rows']} rows, "
+                                 f"sha256 {data['sha256'][:12]}): resume with that file or choose "
+                                 "another --out_dir")
     except SystemExit:
         _HELD.remove(lock)
         lock.close()
@@ -98,13 +105,15 @@ def _claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool, 
     for stale in out_dir.glob("step_*.tmp"):
         shutil.rmtree(stale)
     (out_dir / "stopped").unlink(missing_ok=True)
-    write_atomic(recorded_file, json.dumps({**settings, **({"data": data} if data else {})}, indent=1))
+    write_atomic(recorded_file, json.dumps({**settings, **({"data": data} if data else {})},
+                                           indent=1))
     return lock
 
 
 def leave_after_signal(out_dir: Path, step: int, signal_name: str | None, log) -> None:
-    """A run stopped by SIGTERM or SIGINT once its checkpoint is saved: rank 0 leaves `stopped` in out_dir (for
-    a requeue script: {"step", "signal"}; the next start removes it) and every rank exits with STOPPED_EXIT."""
+    """A run stopped by SIGTERM or SIGINT once its checkpoint is saved: rank 0 leaves `stopped` in
+    out_dir (for a requeue script: {"step", "signal"}; the next start removes it) and every rank
+    exits with STOPPED_EXIT."""
     from plumbing.distributed import STOPPED_EXIT, print0, shutdown
 
     if dist.get_rank() == 0:
@@ -118,15 +127,16 @@ def leave_after_signal(out_dir: Path, step: int, signal_name: str | None, log) -
 
 
 def mark_complete(out_dir: Path, step: int) -> None:
-    """Rank 0, at the end of a run that reached its last step and saved it: the record (complete.json) that says
-    the run is done, which a rerun and the demo read instead of guessing from the checkpoints."""
+    """Rank 0, at the end of a run that reached its last step and saved it: the record
+    (complete.json) that says the run is done, which a rerun and the demo read instead of guessing
+    from the checkpoints."""
     if dist.get_rank() == 0:
         write_atomic(out_dir / "complete.json", json.dumps({"step": step}) + "\n")
 
 
 def completed(out_dir: Path, last_step: int | None = None) -> int | None:
-    """The step at which the run in out_dir completed (reached its planned last step, `last_step` if given, and
-    saved it), or None: not run, interrupted, or planned to a different last step."""
+    """The step at which the run in out_dir completed (reached its planned last step, `last_step` if
+    given, and saved it), or None: not run, interrupted, or planned to a different last step."""
     try:
         step = json.loads((Path(out_dir) / "complete.json").read_text())["step"]
     except (OSError, ValueError, KeyError, TypeError):
@@ -135,25 +145,29 @@ def completed(out_dir: Path, last_step: int | None = None) -> int | None:
 
 
 def file_identity(path) -> dict:
-    """What identifies a data file beyond its path: its sha256 and (given by the caller) its rows."""
+    """What identifies a data file beyond its path: its sha256 and (given by the caller) its
+    rows."""
     return {"file": str(path), "sha256": file_sha256(path)}
 
 
 # the console's line per logged step (--log_line compact); log.jsonl keeps every field
-COMPACT = ("step", "epoch", "loss", "lr", "grad_norm", "student_entropy_top20", "entropy", "w_top20", "reward_mean",
-           "zero_std_frac", "response_length", "tokens_per_s", "step_time_s")
+COMPACT = ("step", "epoch", "loss", "lr", "grad_norm", "student_entropy_top20", "entropy",
+           "w_top20", "reward_mean", "zero_std_frac", "response_length", "tokens_per_s",
+           "step_time_s")
 
 
 class RunLog:
-    """Rank 0's log of a run. log.jsonl keeps the records of steps <= start_step from an earlier run (the steps a
-    crash lost after the last checkpoint are dropped, so no step appears twice), then appends. On a terminal, a
-    progress bar with ETA; elsewhere a plain line per record with the ETA appended. The console shows the COMPACT
-    fields (line="compact") or every one (line="full")."""
+    """Rank 0's log of a run. log.jsonl keeps the records of steps <= start_step from an earlier run
+    (the steps a crash lost after the last checkpoint are dropped, so no step appears twice), then
+    appends. On a terminal, a progress bar with ETA; elsewhere a plain line per record with the ETA
+    appended. The console shows the COMPACT fields (line="compact") or every one (line="full")."""
 
-    def __init__(self, out_dir: Path, start_step: int, total_steps: int, desc: str, loggers=(), config=None,
-                 project: str = "curiosft", line: str = "compact"):
-        self.path, self.start, self.total, self.t0 = out_dir / "log.jsonl", start_step, total_steps, time.monotonic()
+    def __init__(self, out_dir: Path, start_step: int, total_steps: int, desc: str, loggers=(),
+                 config=None, project: str = "curiosft", line: str = "compact"):
+        self.path, self.start, self.total = out_dir / "log.jsonl", start_step, total_steps
+        self.t0 = time.monotonic()
         self.line = line
+        self.note = "  (every field: docs/metrics.md)"   # ends the run's first console line
         keep_steps_upto(self.path, start_step)
         self.file = open(self.path, "a")
         self.bar = None
@@ -170,17 +184,20 @@ class RunLog:
         except OSError as e:
             if e.errno != errno.ENOSPC:
                 raise
-            raise SystemExit(f"{self.path}: the disk is full: step {record['step']} could not be logged") from None
+            raise SystemExit(f"{self.path}: the disk is full: step {record['step']} could not be "
+                             "logged") from None
         shown = record if self.line == "full" else {k: record[k] for k in COMPACT if k in record}
-        line = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}" for k, v in shown.items())
-        step = record["step"]
+        line = " ".join(f"{k} {v:.4g}" if isinstance(v, float) else f"{k} {v}"
+                        for k, v in shown.items())
+        step, note, self.note = record["step"], self.note, ""
         if self.bar is not None:
             self.bar.update(step - self.bar.n)
-            self.bar.write(line)
+            self.bar.write(line + note)
         else:
             done = step - self.start
-            eta = (time.monotonic() - self.t0) / done * (self.total - step) if done > 0 else float("nan")
-            print(f"{line} eta {_hms(eta)}", flush=True)
+            eta = (time.monotonic() - self.t0) / done * (self.total - step) if done > 0 \
+                else float("nan")
+            print(f"{line} eta {_hms(eta)}{note}", flush=True)
         for log in self.backends:
             log(record)
 
@@ -191,9 +208,10 @@ class RunLog:
 
 
 def keep_steps_upto(path: Path, step: int) -> None:
-    """Cut a JSONL file of {"step": ...} records (log.jsonl, rl.py's rollouts.jsonl) back to the records of steps
-    <= step: a resumed run drops the steps a crash lost after the last checkpoint, so no step appears twice. Only
-    a crash's half-written last line may be unreadable. A missing file becomes an empty one."""
+    """Cut a JSONL file of {"step": ...} records (log.jsonl, rl.py's rollouts.jsonl) back to the
+    records of steps <= step: a resumed run drops the steps a crash lost after the last checkpoint,
+    so no step appears twice. Only a crash's half-written last line may be unreadable. A missing
+    file becomes an empty one."""
     kept = []
     lines = path.read_text().splitlines() if path.is_file() else []
     for i, line in enumerate(lines):
@@ -214,7 +232,8 @@ def _hms(seconds: float) -> str:
 
 
 def _open_backend(name: str, out_dir: Path, config: dict, project: str):
-    """A function record -> None for one optional logger; a clear error when its package is absent."""
+    """A function record -> None for one optional logger; a clear error when its package is
+    absent."""
     if name not in LOGGERS:
         raise SystemExit(f"--loggers: unknown logger {name!r} (choices: {', '.join(LOGGERS)})")
     package = {"wandb": "wandb", "tensorboard": "tensorboard"}[name]
@@ -223,11 +242,13 @@ def _open_backend(name: str, out_dir: Path, config: dict, project: str):
             import wandb
 
             run_id_file = out_dir / "wandb_run_id"    # a resumed run continues the same W&B run
-            run_id = run_id_file.read_text().strip() if run_id_file.is_file() else wandb.util.generate_id()
+            run_id = run_id_file.read_text().strip() if run_id_file.is_file() \
+                else wandb.util.generate_id()
             write_atomic(run_id_file, run_id)
-            run = wandb.init(project=project, name=out_dir.name, id=run_id, resume="allow", config=config,
-                             dir=str(out_dir))
-            return lambda record: run.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+            run = wandb.init(project=project, name=out_dir.name, id=run_id, resume="allow",
+                             config=config, dir=str(out_dir))
+            return lambda record: run.log({k: v for k, v in record.items() if k != "step"},
+                                          step=record["step"])
         from torch.utils.tensorboard import SummaryWriter
 
         writer = SummaryWriter(str(out_dir / "tensorboard"))
@@ -239,7 +260,8 @@ def _open_backend(name: str, out_dir: Path, config: dict, project: str):
             writer.flush()
         return log
     except ImportError:
-        raise SystemExit(f"--loggers {name}: the {package} package is not installed (pip install {package})") from None
+        raise SystemExit(f"--loggers {name}: the {package} package is not installed (pip install "
+                         f"{package})") from None
 
 
 def settings_of(*configs) -> dict:
@@ -251,9 +273,9 @@ def settings_of(*configs) -> dict:
 
 
 def write_atomic(path: Path, text: str | bytes) -> None:
-    """Write to a temporary name, then rename: a crash never leaves a partial file under `path` (the demo takes
-    an existing results.json as a finished stage), and a full disk stops the run with one line, the file as it
-    was before."""
+    """Write to a temporary name, then rename: a crash never leaves a partial file under `path` (the
+    demo takes an existing results.json as a finished stage), and a full disk stops the run with one
+    line, the file as it was before."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.tmp")
     try:
@@ -263,7 +285,7 @@ def write_atomic(path: Path, text: str | bytes) -> None:
         if e.errno != errno.ENOSPC:
             raise
         free = shutil.disk_usage(path.parent).free / 1e6
-        raise SystemExit(f"{path}: the disk is full ({free:.1f} MB free): it was not written (an earlier "
-                         f"version, if any, is kept)") from None
+        raise SystemExit(f"{path}: the disk is full ({free:.1f} MB free): it was not written (an "
+                         "earlier version, if any, is kept)") from None
     finally:
         tmp.unlink(missing_ok=True)
