@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
-from data import ID_BENCHMARKS, OOD_BENCHMARKS
+from plumbing.benchmarks import ID_BENCHMARKS, OOD_BENCHMARKS
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:

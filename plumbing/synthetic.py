@@ -1,6 +1,7 @@
 """Plumbing (a reader of the method may skip this file): synthetic stand-ins that the tests, the
 benchmarks and the demo share. Logits shaped like an LLM's, for the loss's tests and timings, and a
-tiny model directory (a real tokenizer, a small Qwen2 config), for the demo and the GPU check."""
+tiny model directory (a real tokenizer, a small Qwen2 config), for the demo and the GPU check, and
+the toy tokenizer that directory holds (a byte-level BPE trained on given texts)."""
 from pathlib import Path
 
 import torch
@@ -39,3 +40,57 @@ def make_model_dir(world: Path, model_kwargs: dict) -> Path:
     print(f"  {model_dir}: Qwen2 config, vocab {len(tok)}, {n_params / 1e6:.2f}M parameters",
           flush=True)
     return model_dir
+
+
+# ------------------------------------------------------------------------------------------------
+# A toy tokenizer for the CPU demo and the tests: byte-level BPE in Qwen2's format
+# ------------------------------------------------------------------------------------------------
+# Qwen2's pre-tokenizer regex, as transformers' Qwen2Tokenizer rebuilds it. A tokenizer saved beside
+# a config.json with model_type=qwen2 is reloaded by AutoTokenizer (and vLLM) as Qwen2Tokenizer,
+# which replaces the saved normaliser and pre-tokenizer with Qwen's; training with the same ones
+# keeps the ids identical after reload.
+QWEN2_PRETOKENIZE_REGEX = (r"""(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}|"""
+                           r""" ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+""")
+# Qwen2.5's plain ChatML template (without tools or a default system turn); data._chatml() writes
+# the same text.
+CHATML_TEMPLATE = (
+    r"{% for message in messages %}"
+    r"{{ '<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>\n' }}"
+    r"{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+
+
+def build_toy_tokenizer(texts: list[str], vocab_size: int = 2048):
+    """A byte-level BPE tokenizer trained on `texts`, as a transformers tokenizer with eos = pad =
+    <|endoftext|>, ChatML special tokens and a ChatML chat template. "<think>" and "</think>" are
+    added (non-special) tokens so that they stay one token each and survive
+    decode(skip_special_tokens=True). The vocabulary has at most vocab_size + 2 entries (fewer when
+    the texts have fewer merges to learn): size models with len(tokenizer). Training is
+    deterministic."""
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.normalizer = normalizers.NFC()
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Split(Regex(QWEN2_PRETOKENIZE_REGEX), behavior="isolated"),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<|endoftext|>", "<|im_start|>", "<|im_end|>"],
+        # all 256 bytes: any text stays encodable
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(texts, trainer)
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|endoftext|>",
+        pad_token="<|endoftext|>",
+        additional_special_tokens=["<|im_start|>", "<|im_end|>"],
+    )
+    tokenizer.add_tokens(["<think>", "</think>"])
+    tokenizer.chat_template = CHATML_TEMPLATE
+    return tokenizer

@@ -58,12 +58,12 @@ def tiny_model_dir(tmp_path_factory):
     import transformers
 
     import data
-    from demo import toy
+    from plumbing.synthetic import build_toy_tokenizer
 
     out = tmp_path_factory.mktemp("tiny_model")
     rows = toy_rows(64)
     texts = [r["target"][0]["content"] for r in rows] + [data.build_prompt(r["prompt"][1]["content"]) for r in rows]
-    tok = toy.build_toy_tokenizer(texts, vocab_size=400)
+    tok = build_toy_tokenizer(texts, vocab_size=400)
     cfg = transformers.Qwen2Config(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=2,
                                    num_key_value_heads=1, intermediate_size=128, max_position_embeddings=1024,
                                    eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False)

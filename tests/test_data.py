@@ -13,7 +13,7 @@ import torch
 import transformers
 
 import data
-from demo import toy
+from plumbing.synthetic import build_toy_tokenizer
 
 QUESTION = "What is $12 + 34$?"
 RESPONSE = "Add the units: 2 + 4 = 6.\nThen the tens.\n</think>\nThe answer is \\boxed{46}."
@@ -22,12 +22,12 @@ RESPONSE = "Add the units: 2 + 4 = 6.\nThen the tens.\n</think>\nThe answer is \
 @pytest.fixture(scope="module")
 def tok():
     sums = [f"{a} + {b} = {a + b}, so \\boxed{{{a + b}}}. IT'S ({a})\n" for a in range(40) for b in range(9)]
-    return toy.build_toy_tokenizer([data.SYSTEM_PROMPT, QUESTION, RESPONSE] + sums, vocab_size=512)
+    return build_toy_tokenizer([data.SYSTEM_PROMPT, QUESTION, RESPONSE] + sums, vocab_size=512)
 
 
 @pytest.fixture(scope="module")
 def tok_no_template():
-    tokenizer = toy.build_toy_tokenizer([data.SYSTEM_PROMPT, RESPONSE], vocab_size=512)
+    tokenizer = build_toy_tokenizer([data.SYSTEM_PROMPT, RESPONSE], vocab_size=512)
     tokenizer.chat_template = None  # forces build_prompt's plain ChatML fallback
     return tokenizer
 

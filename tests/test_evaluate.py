@@ -15,7 +15,7 @@ import transformers
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import evaluate as ev  # noqa: E402
 from data import Example, build_prompt  # noqa: E402
-from demo.toy import build_toy_tokenizer  # noqa: E402
+from plumbing.synthetic import build_toy_tokenizer  # noqa: E402
 from plumbing import cli, generation, report
 
 

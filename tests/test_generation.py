@@ -10,7 +10,7 @@ import transformers
 
 import evaluate as ev
 from data import build_prompt
-from demo.toy import build_toy_tokenizer
+from plumbing.synthetic import build_toy_tokenizer
 from fake_vllm import install
 from plumbing import generation
 
@@ -126,7 +126,7 @@ def test_hf_log_probs_recorded_as_it_goes_equal_the_kept_scores(chat_checkpoint,
 HF_MEMORY_PROBE = r"""
 import resource, sys, torch, transformers
 sys.path.insert(0, {repo!r})
-from demo.toy import build_toy_tokenizer
+from plumbing.synthetic import build_toy_tokenizer
 from plumbing import generation
 torch.manual_seed(0)
 tok = build_toy_tokenizer(["a b c 1 2 3"] * 10, vocab_size=300)
