@@ -25,6 +25,8 @@ import torch.distributed as dist
 
 import curio_loss as cl
 import data
+import hybrid
+from hybrid import HYBRIDS
 from chunked_logits import chunked_sum, normed_hidden, select_targets, token_log_probs
 from plumbing import checkpoints, generation, run_dir
 from plumbing.cli import check_settings, parse_config, run_script
@@ -35,7 +37,7 @@ from plumbing.models import (check_model_dir, clip_grad_norm, cpu_threads_per_ra
 
 
 POLICY_LOSSES = ("ppo_clip", "custom_loss_rl")
-LOSS_AGGS = ("token_mean", "seq_sum_over_max_len")
+LOSS_AGGS = ("token_mean", "seq_sum_over_max_len", "rank_sum_over_max_len")
 
 
 @dataclass
@@ -74,6 +76,15 @@ class Args:
     """ppo_clip's dual-clip: for A < 0 the loss is at most -A * this (verl's 3) | none: no cap"""
     loss_agg: Literal[LOSS_AGGS] = "token_mean"
     """how a mini-batch's per-token losses are combined (`loss_denominator`)"""
+    loss_agg_ranks: int = 8
+    """rank_sum_over_max_len: the GPUs whose mean the authors' gradient is (their scripts' 8)"""
+    adv_std: bool = True
+    """divide each group's r - mean(r) by its std (GRPO); LUFFY's and RL-PLUS's scripts: false"""
+    entropy_coef: float = 0.0
+    """minus this x each micro-batch's token-mean entropy, with gradient (LUFFY, RL-PLUS: 0.001);
+    needs --loss_agg rank_sum_over_max_len, the aggregation of the scripts that set it"""
+    hybrid: Literal[HYBRIDS] = "none"
+    """Table 3's hybrids (hybrid.py): the expert's response joins each group of rollouts"""
     reward: Literal[GRADING_MODES] = "paper"
     """paper: App. E's rule | authors_rl: the authors' RL reward | authors: their evaluation's"""
     temperature: float = 1.0
@@ -131,7 +142,15 @@ class Args:
             non_negative=["weight_decay", "clip_high", "save_every", "keep_last", "log_rollouts"],
             at_least_one=["steps", "prompts_per_step", "rollouts", "mini_batch", "micro_batch",
                           "max_prompt_len", "max_response_len", "loss_chunk", "sync_bucket_mb",
-                          "gen_batch_size", "grader_workers"])
+                          "gen_batch_size", "grader_workers", "loss_agg_ranks"])
+        if not self.entropy_coef >= 0:
+            raise SystemExit(f"--entropy_coef {self.entropy_coef!r}: must be >= 0")
+        if self.entropy_coef and self.loss_agg != "rank_sum_over_max_len":
+            raise SystemExit(f"--entropy_coef {self.entropy_coef}: needs --loss_agg "
+                             f"rank_sum_over_max_len (the scripts that set it aggregate so)")
+        if self.hybrid != "none" and self.rollouts < 2:
+            raise SystemExit(f"--hybrid {self.hybrid}: needs --rollouts >= 2 (the expert's "
+                             f"response takes one place in each group)")
         if self.clip_ratio_c is not None:
             if not self.clip_ratio_c > 1:                   # verl asserts it too
                 raise SystemExit(f"--clip_ratio_c {self.clip_ratio_c!r}: must be > 1 (or none)")
@@ -161,15 +180,18 @@ def math_reward(samples, examples, grading="paper", timeout_s=10.0, workers=4):
     return grade(texts, [ex.ground_truth for ex in examples], kinds, timeout_s, workers, grading)
 
 
-def group_advantages(rewards, eps=1e-6):
+def group_advantages(rewards, eps=1e-6, use_std=True):
     """GRPO's outcome advantage, one group per prompt: A_i = (r_i - mean(r)) / (std(r) + eps), with
     verl's unbiased std (8 rollouts, one correct: +2.474867 for it, -0.353552 for the others). A
     group of one rollout has no std; verl takes mean 0, std 1 there: A = r / (1 + eps).
     rewards [G, n] -> A [G, n], and zero_std [G]: the groups whose every advantage is exactly 0,
     which carry no learning signal (rewards all equal, n > 1: float32 rewards summed in float64 are
-    exact, so r - mean = 0; or a single reward of 0)."""
+    exact, so r - mean = 0; or a single reward of 0). use_std=False: r - mean(r), and r for a
+    group of one (LUFFY's and RL-PLUS's scripts, verl's grpo_use_std=False)."""
     r = rewards.double()
-    if r.shape[-1] == 1:
+    if not use_std:
+        adv = r - r.mean(-1, keepdim=True) if r.shape[-1] > 1 else r
+    elif r.shape[-1] == 1:
         adv = r / (1 + eps)
     else:
         adv = (r - r.mean(-1, keepdim=True)) / (r.std(-1, keepdim=True) + eps)   # std: n - 1
@@ -228,10 +250,13 @@ def clip_diagnostics(ratio, log_ratio, adv, args, low_binds):
 
 def policy_loss_fn(args):
     """The per-token policy loss the flags pick: ppo_clip_loss (the paper's), dual_clip_loss
-    (--clip_ratio_c), custom_loss_rl (--policy_loss custom_loss_rl, the authors' scripts)."""
+    (--clip_ratio_c), custom_loss_rl (--policy_loss custom_loss_rl, the authors' scripts), and the
+    hybrids' unclipped loss on the model's own tokens (--hybrid)."""
     if args.policy_loss not in POLICY_LOSSES:
         raise ValueError(f"policy_loss {args.policy_loss!r}: expected one of "
                          f"{', '.join(POLICY_LOSSES)}")
+    if args.hybrid != "none":
+        return hybrid.unclipped_loss               # their scripts: loss_remove_clip=True
     if args.policy_loss == "custom_loss_rl":
         return custom_loss_rl
     return ppo_clip_loss if args.clip_ratio_c is None else dual_clip_loss
@@ -243,6 +268,7 @@ class MicroBatch:
     adv: torch.Tensor                    # [N] each response token's advantage, select_targets order
     old_lp: torch.Tensor | None = None   # [N] log-probs of the sampling policy, at its temperature
     entropy: torch.Tensor | None = None  # [N] that policy's entropy there (logged)
+    demo: torch.Tensor | None = None     # [N] bool, --hybrid: the token is the expert's
 
 
 def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
@@ -254,17 +280,26 @@ def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
     world = dist.get_world_size()
     policy_loss = policy_loss_fn(args)                              # ppo_clip_loss: the paper's
 
-    def chunk_loss(h_c, y_c, old_c, adv_c, _memo):
+    def chunk_loss(h_c, y_c, old_c, adv_c, demo_c, bonus_c, _memo):
         logits = model.lm_head(h_c).float() / args.temperature                      # [n, V]
         lp, _ = cl.student_log_prob(logits, y_c)                                     # [n]
         loss, diag = policy_loss(lp, old_c, adv_c, args)
-        return loss.sum(), diag
+        if demo_c is not None:                # --hybrid: the expert's tokens take its own loss
+            demo_loss = hybrid.demonstration_loss(args.hybrid, lp, old_c, adv_c)
+            loss = torch.where(demo_c, demo_loss, loss)
+        total = loss.sum()
+        if bonus_c is not None:               # --entropy_coef: the bonus, with gradient
+            total = total - (bonus_c * cl.entropy(logits)).sum()
+        return total, diag
 
     denominator = loss_denominator(mbs, args, device)
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     for mb in mbs:             # FSDP reduce-scatters each micro-batch: no full gradient is kept
         h, y = select_targets(normed_hidden(model, mb.batch), mb.batch)          # [N, H], [N]
-        total, diag = chunked_sum(chunk_loss, args.loss_chunk, h, y, mb.old_lp, mb.adv)
+        bonus = entropy_bonus_weights(mb, args)
+        total, diag = chunked_sum(chunk_loss, args.loss_chunk, h, y, mb.old_lp, mb.adv, mb.demo,
+                                  bonus)
+        del h, y                  # the graph keeps them for backward; not into the next forward
         # FSDP averages gradients over ranks, hence * world: the mini-batch's loss over all ranks
         (total * world / denominator).backward()
         sums += torch.stack([total.detach(), diag["clip_low"].sum(), diag["clip_high"].sum(),
@@ -281,12 +316,29 @@ def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
     return torch.cat([host[:-1], torch.tensor([float(tokens)], dtype=torch.float64)]), grad_norm
 
 
+def entropy_bonus_weights(mb: MicroBatch, args):
+    """[N] each token's weight in the micro-batch's entropy bonus, in the units of its summed loss,
+    or None (--entropy_coef 0). With --loss_agg rank_sum_over_max_len the micro-batch's loss over
+    the denominator is then its token sum / (max_response_len x ranks) - coef x its token-mean
+    entropy / ranks: what the authors' actors backpropagate on each of their GPUs, averaged
+    (LUFFY mix_src/mix_actor.py lines 202, 226, 243; verl's dp_actor.py lines 100-103)."""
+    if not args.entropy_coef:
+        return None
+    n = len(mb.adv)
+    return torch.full_like(mb.adv, args.entropy_coef * args.max_response_len / max(n, 1))
+
+
 def loss_denominator(mbs: list[MicroBatch], args, device):
     """What a mini-batch's summed per-token loss is divided by, over all ranks. token_mean: its
     response tokens (DAPO's token-level mean; the paper does not say; verl 0.5's "token-mean" is
     another, a mean per micro-batch: docs/recipes.md). seq_sum_over_max_len: its
     sequences x max_response_len, i.e. each sequence's token sum / max_response_len averaged over
-    sequences (the authors' scripts: micro-batches of one sequence)."""
+    sequences (the authors' scripts: micro-batches of one sequence). rank_sum_over_max_len:
+    max_response_len x loss_agg_ranks, each GPU's token sum / max_response_len averaged over their
+    GPUs (LUFFY's and RL-PLUS's scripts: loss_remove_token_mean on 8 GPUs, mix_core_alg.py lines
+    233-234); the same whatever this run's GPU count."""
+    if args.loss_agg == "rank_sum_over_max_len":
+        return torch.full((), float(args.max_response_len * args.loss_agg_ranks), device=device)
     if args.loss_agg == "token_mean":
         count = sum(len(mb.adv) for mb in mbs)
     else:
@@ -309,7 +361,7 @@ class Prompt:
 def load_prompts(args, tokenizer) -> tuple[list[Prompt], int]:
     """Every example of the training file whose prompt fits max_prompt_len, and the file's rows."""
     kept, dropped = [], 0
-    examples = data.load_examples(args.train_file)
+    examples = data.load_examples(args.train_file, require_response=args.hybrid != "none")
     for ex in examples:
         text = data.example_prompt(ex, tokenizer, args.system_prompt)
         ids = generation.encode(tokenizer, text)
@@ -350,21 +402,26 @@ def micro_batches(prompt_ids, samples, adv, args, pad_id, device) -> list[list[M
     per_mini = args.mini_batch // dist.get_world_size()          # prompts per mini-batch, this rank
     minis = []
     for start in range(0, len(prompt_ids), per_mini):
-        seqs = []                                                # (ids, loss mask, advantage)
+        seqs = []                                   # (ids, loss mask, advantage, the expert's?)
         for i in range(start, start + per_mini):
             for j, s in enumerate(samples[i]):
                 mask = [0] * len(prompt_ids[i]) + [1] * len(s.token_ids)
-                seqs.append((prompt_ids[i] + s.token_ids, mask, float(adv[i][j])))
+                expert = args.hybrid != "none" and j == 0           # --hybrid: first in its group
+                seqs.append((prompt_ids[i] + s.token_ids, mask, float(adv[i][j]), expert))
         seqs.sort(key=lambda t: -len(t[0]))
         groups = -(-len(seqs) // args.micro_batch)
         cap = args.micro_batch * max(args.max_prompt_len + args.max_response_len, len(seqs[0][0]))
-        sizes = data.least_padded_split([len(ids) for ids, _, _ in seqs], groups, cap)
+        sizes = data.least_padded_split([len(t[0]) for t in seqs], groups, cap)
         mbs, first = [], 0
         for size in sizes:
             part, first = seqs[first : first + size], first + size
-            batch = data.collate([(ids, mask) for ids, mask, _ in part], pad_id, device)
-            adv_tok = torch.tensor([a for _, mask, a in part for _ in range(sum(mask))])   # [N]
-            mbs.append(MicroBatch(batch, adv_tok.to(device)))
+            batch = data.collate([(ids, mask) for ids, mask, _, _ in part], pad_id, device)
+            adv_tok = torch.tensor([a for _, mask, a, _ in part for _ in range(sum(mask))])  # [N]
+            mb = MicroBatch(batch, adv_tok.to(device))
+            if args.hybrid != "none":
+                demo = torch.tensor([e for _, mask, _, e in part for _ in range(sum(mask))])
+                mb.demo = demo.to(device)
+            mbs.append(mb)
         minis.append(mbs)
     return minis
 
@@ -480,9 +537,13 @@ def train(args, device, reward_fn=None):
         examples = [prompts[i].example for i in mine]
         seed = rollout_seed(args, step, rank, world, len(mine))
         texts = [prompts[i].text for i in mine]
-        samples = generation.generate(engine, tokenizer, texts, args.rollouts, args.temperature,
+        sampled = args.rollouts - (args.hybrid != "none")     # --hybrid: the expert's takes one
+        samples = generation.generate(engine, tokenizer, texts, sampled, args.temperature,
                                       args.top_p, args.max_response_len, seed,
                                       batch_size=args.gen_batch_size, logprobs=False)   # [G][n]
+        if args.hybrid != "none":       # Table 3's hybrids: the expert's response joins each group
+            expert = hybrid.demonstrations(examples, tokenizer, args.max_response_len)
+            samples = [[demo, *group] for demo, group in zip(expert, samples)]
         generation.sleep(engine)                                      # the trainer has the GPU
         t_gen = time.perf_counter()
 
@@ -491,7 +552,7 @@ def train(args, device, reward_fn=None):
         flat_examples = [ex for ex in examples for _ in range(args.rollouts)]
         scores, failures = reward_fn(flat_samples, flat_examples)
         rewards = torch.tensor(scores, dtype=torch.float32).view(len(mine), args.rollouts)  # [G,n]
-        adv, zero_std = group_advantages(rewards)                      # [G, n], [G]
+        adv, zero_std = group_advantages(rewards, use_std=args.adv_std)      # [G, n], [G]
         t_reward = time.perf_counter()
 
         # ---- old log-probs and entropy at the rollout temperature, recomputed by the trainer, not

@@ -494,7 +494,9 @@ def simulate(argv) -> dict:
                             f"kernel takes)")
     measured = peak_snapshot["Total"] + resident_others
     result = {"stage": stage, "model": model_name, "gpus": own.gpus, "presets": presets,
-              "loss": args.loss if stage == "sft" else args.policy_loss, "micro_batch": shape,
+              "loss": (args.loss if stage == "sft"
+                       else args.policy_loss if args.hybrid == "none" else args.hybrid),
+              "micro_batch": shape,
               "micro_batches_per_step": shape["micro_batches"], "steps_run": STEPS}
     result |= memory_result(config, stage, args, shape, own, measured, peak_snapshot)
     result["attention_kernel"], result["attention_calls"] = "+".join(sorted(kernels)), dict(kernels)
@@ -644,7 +646,8 @@ def planned(config, stage, args, shape, own) -> dict:
         run |= dict(micro_batch=args.micro_batch, rollouts=args.rollouts,
                     mini_batch=(shape["micro_batches"] * args.micro_batch * own.gpus
                                 // args.rollouts),
-                    gpu_memory_utilization=args.gpu_memory_utilization, vllm_sleep=args.vllm_sleep)
+                    gpu_memory_utilization=args.gpu_memory_utilization, vllm_sleep=args.vllm_sleep,
+                    hybrid=args.hybrid, entropy_coef=args.entropy_coef)
     return memory.plan(config.to_dict(), **run)
 
 

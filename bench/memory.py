@@ -149,6 +149,10 @@ class Run:
     step)"""
     rollouts: int = 8
     """RL: responses per prompt"""
+    hybrid: str = "none"
+    """RL: Table 3's hybrid, as rl.py's --hybrid (luffy, rl_plus: the expert's tokens' loss)"""
+    entropy_coef: float = 0.0
+    """RL: rl.py's --entropy_coef (the hybrids' 0.001): an entropy bonus with gradient per chunk"""
     log_entropy: bool = True
     """sft.py computes the student's entropy per chunk on logging steps (log_every 1: every step)"""
     gpu_memory_utilization: float = 0.4
@@ -422,7 +426,8 @@ def one_rank_world():
 
 
 @lru_cache(maxsize=None)
-def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy: bool) -> dict:
+def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy: bool,
+                     entropy_coef: float = 0.0) -> dict:
     """Peak bytes per token of a logits chunk, by phase: 'teacher' (the teacher side under no
     grad), 'forward' (the chunk's checkpointed forward), 'backward' (its recompute and backward
     down to the hidden states), 'old_logp' (RL's no-grad log-probs). Measured with LiveTensorBytes
@@ -446,8 +451,13 @@ def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy:
         # imported here: rl.py needs math-verify, which a GPU image planning SFT may lack
         import rl
 
-        args = rl.Args(loss_chunk=n)
+        # loss: "rl", or a hybrid's name (its expert tokens: every other one here)
+        hybrid = "none" if loss == "rl" else loss
+        args = rl.Args(loss_chunk=n, hybrid=hybrid, entropy_coef=entropy_coef,
+                       loss_agg="rank_sum_over_max_len" if entropy_coef else "token_mean")
         mb = rl.MicroBatch(batch, torch.randn(n, generator=g))
+        if hybrid != "none":
+            mb.demo = torch.arange(n) % 2 == 0
         with tracker, torch.no_grad():
             tracker.set_phase("old_logp")
             mb.old_lp, _ = chunked_logits.token_log_probs(model, batch, n, args.temperature)
@@ -629,7 +639,8 @@ def plan(config: dict, **run) -> dict:
         old_logp = _old_logp_moments(s, r, lb) if r.loss == "psft" else []
         phases = {"sft step": old_logp + _step_moments(s, r, micro_batches, lb, second)}
     else:
-        lb = loss_chunk_bytes("rl", "rl", s.vocab, r.bf16, False)
+        lb = loss_chunk_bytes("rl", "rl" if r.hybrid == "none" else r.hybrid, s.vocab, r.bf16,
+                              False, r.entropy_coef)
         awake = r.gpu_memory_utilization * gpu
         training = _old_logp_moments(s, r, lb) + _step_moments(s, r, micro_batches, lb, None)
         for _, parts in training:
@@ -665,7 +676,7 @@ def plan(config: dict, **run) -> dict:
 # Command line
 # ------------------------------------------------------------------------------------------------
 RL_ONLY = {"micro_batch", "mini_batch", "gpu_memory_utilization", "vllm_sleep", "rollouts",
-           "engine"}
+           "engine", "hybrid", "entropy_coef"}
 
 
 def preset_flags(paths: list[str], stage_given: str | None) -> list[str]:

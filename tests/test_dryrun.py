@@ -51,6 +51,25 @@ def test_paper_presets_run_on_8_simulated_gpus_within_10_percent_of_the_plan(lib
     assert 0.15 < curio["teacher_share"] < 0.25 and sft["teacher_share"] == 0
 
 
+
+def test_table_3_hybrids_run_on_8_simulated_gpus_within_10_percent_of_the_plan(library, tmp_path):
+    """LUFFY and RL-PLUS at 7B on 8 simulated GPUs with their presets: the expert's tokens and the
+    entropy bonus with gradient (an extra pass over each chunk's logits) are in the planner's trace
+    too, so measured and planned memory agree, and the update still reads the host once."""
+    procs = {name: subprocess.Popen([sys.executable, DRYRUN, f"config/rl_{name}.py", "--gpus", "8",
+                                     "--json", str(tmp_path / name), "--no_confirm"],
+                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    text=True)
+             for name in ("luffy", "plus")}
+    for name, proc in procs.items():
+        out = proc.communicate(timeout=900)[0]
+        assert proc.returncode == 0, f"{name}: {out[-3000:]}"
+        r = json.loads((tmp_path / name).read_text())
+        assert r["loss"] == {"luffy": "luffy", "plus": "rl_plus"}[name] and r["gpus"] == 8
+        assert 0.9 <= r["ratio"] <= 1.1 and r["fits"], r
+        assert r["syncs_per_step"] == 1 and "failed" not in r
+
+
 BREAKS = r'''
 import json, os, sys
 from pathlib import Path
