@@ -1,8 +1,8 @@
 # Table 3's LUFFY (arXiv:2504.14945) as its authors' exp_scripts/train.sh runs it
 # (github.com/ElliottYan/LUFFY at 01f4ae0; hybrid.py cites the code behind each flag), on 8 GPUs:
 # torchrun --nproc_per_node 8 rl.py config/rl_luffy.py --train_file openr1.parquet
-# The SFT rows' targets are the expert responses; the paper took its LUFFY numbers from LUFFY's
-# paper, not from a run of its own.
+# The SFT rows' targets are the expert responses. The paper's LUFFY row matches LUFFY's published
+# numbers (their README, lines 297 and 314) in 8 of 9 columns: docs/recipes.md, Table 3.
 model = "Elliott/Qwen2.5-Math-7B-16k-think"   # line 18
 hybrid = "luffy"             # lines 70-80: the whole trace first in each group, p/(p+0.1)
 adv_std = False              # line 82: grpo_use_std=False, A = r - mean(r)
