@@ -113,7 +113,7 @@ def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "",
            "PYTHONUNBUFFERED": "1"}  # the stage's lines arrive as they are printed, not at exit
     t0 = shown = time.time()
     log.parent.mkdir(parents=True, exist_ok=True)
-    last = ""
+    last, first = "", None              # first: (step, time) of the first step line seen
     with open(log, "a") as f:                 # (an interrupted stage's log goes on when it resumes)
         # text mode reads tqdm's "\r" updates as lines too
         proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -122,9 +122,11 @@ def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "",
             for line in proc.stdout:
                 f.write(line)
                 last = line.strip() or last
+                if first is None and step_of(last) is not None:
+                    first = (step_of(last), time.time())
                 if last and time.time() - shown >= every_s:
                     shown = time.time()
-                    print(f"[{name}] {shown - t0:4.0f}s  {progress_text(last, steps, shown - t0)}",
+                    print(f"[{name}] {shown - t0:4.0f}s  {progress_text(last, steps, first, shown)}",
                           flush=True)
         except KeyboardInterrupt:               # Ctrl-C reached the stage too: it saves and says so
             STOPPING.set()
@@ -151,16 +153,26 @@ class StageStopped(Exception):
 STOPPING = threading.Event()        # set by Ctrl-C: the stages running stop, no other one starts
 
 
-def progress_text(line: str, steps: int | None, elapsed: float) -> str:
-    """A training log line ("step 12 ... loss 0.31 ...") as "step 12/40, loss 0.31, ETA 50s"; others
-    as they are."""
+def step_of(line: str) -> int | None:
+    """The step of a training log line ("step 12 ..."), else None."""
     m = re.match(r"step (\d+)\b", line)
-    if not (m and steps):
+    return int(m.group(1)) if m else None
+
+
+def progress_text(line: str, steps: int | None, first: tuple[int, float] | None,
+                  now: float) -> str:
+    """A training log line ("step 12 ... loss 0.31 ...") as "step 12/40, loss 0.31, ETA 50s"; others
+    as they are. The ETA comes from the speed measured since `first`, the (step, time) of the first
+    step line the stage printed: a resumed stage starts at its checkpoint's step, and loading time
+    or stages running side by side must not skew it ("ETA -" until two steps are seen)."""
+    done = step_of(line)
+    if done is None or not steps:
         return line[:110]
-    done = int(m.group(1))
     shown = [f"{k} {v}" for k, v in re.findall(r"\b(loss|reward_mean|zero_std_frac) (\S+)", line)]
-    return ", ".join([f"step {done}/{steps}", *shown,
-                      f"ETA {elapsed / max(done, 1) * (steps - done):.0f}s"])
+    eta = "ETA -"
+    if first is not None and done > first[0] and now > first[1]:
+        eta = f"ETA {(steps - done) * (now - first[1]) / (done - first[0]):.0f}s"
+    return ", ".join([f"step {done}/{steps}", *shown, eta])
 
 
 def flag(args: list[str], name: str, default: int) -> int:

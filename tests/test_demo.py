@@ -19,12 +19,18 @@ from plumbing import checkpoints
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def test_progress_text_shows_the_step_and_an_eta():
+def test_progress_text_shows_the_step_and_an_eta_from_the_measured_speed():
     line = "step 10 epoch 0 loss 0.3125 grad_norm 1.2 lr 0.001 ce 0.31 reward_mean 0.25 zero_std_frac 0.5"
-    assert demo.progress_text(line, 40, 20.0) == "step 10/40, loss 0.3125, reward_mean 0.25, zero_std_frac 0.5, ETA 60s"
-    assert demo.progress_text(line, None, 20.0) == line[:110]  # no step count known: the line as it is
+    # first step line: step 2 at t=100 (after loading); now step 10 at t=120: 0.4 steps/s, 30 to go
+    assert demo.progress_text(line, 40, (2, 100.0), 120.0) == \
+        "step 10/40, loss 0.3125, reward_mean 0.25, zero_std_frac 0.5, ETA 75s"
+    assert demo.progress_text(line, 40, (10, 120.0), 120.0).endswith("ETA -")   # one step seen
+    assert demo.progress_text(line, None, None, 20.0) == line[:110]  # no step count: the line as is
     tqdm = "generating (hf):  50%|#####     | 2/4 [00:03<00:03,  1.50s/it]"
-    assert demo.progress_text(tqdm, 40, 5.0) == tqdm  # tqdm's own ETA
+    assert demo.progress_text(tqdm, 40, None, 5.0) == tqdm  # tqdm's own ETA
+    # a stage resumed at step 1676 of 2250 that runs 1 step/s has 550 s to go, not elapsed/step x 574
+    resumed = "step 1700 epoch 2 loss 0.1 lr 0.001"
+    assert demo.progress_text(resumed, 2250, (1676, 10.0), 34.0).endswith("ETA 550s")
 
 
 def test_cells_show_one_seed_as_is_and_several_as_mean_and_spread():
