@@ -55,7 +55,8 @@ def chat_prompt(messages: list[dict], tokenizer=None) -> str:
         import jinja2
 
         try:
-            return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+            return tokenizer.apply_chat_template(messages, add_generation_prompt=True,
+                                                 tokenize=False)
         except jinja2.TemplateError as e:        # a broken template, or one its sandbox refused
             where = getattr(tokenizer, "name_or_path", "") or "the tokenizer"
             raise ValueError(f"{where}: its chat template failed ({type(e).__name__}: "
@@ -303,7 +304,8 @@ def _pack(step: list[int], lengths: list[int], token_budget: int) -> list[list[i
 def least_padded_split(lengths: list[int], groups: int, cap: int) -> list[int]:
     """Sizes of `groups` consecutive micro-batches of lengths sorted longest first whose padded
     tokens (size x first length) are fewest, none over cap: a long sequence goes with few, short
-    ones with more. Exact, by dynamic programming over (micro-batches, sequences): O(groups x n^2)."""
+    ones with more. Exact, by dynamic programming over (micro-batches, sequences):
+    O(groups x n^2)."""
     n = len(lengths)
     best = [[math.inf] * (n + 1) for _ in range(groups + 1)]     # best[g][k]: first k in g groups
     start = [[0] * (n + 1) for _ in range(groups + 1)]
@@ -315,7 +317,8 @@ def least_padded_split(lengths: list[int], groups: int, cap: int) -> list[int]:
                 if (k - i) * lengths[i] <= cap and cost < best[g][k]:
                     best[g][k], start[g][k] = cost, i
     if best[groups][n] == math.inf:
-        raise ValueError(f"{n} sequences do not split into {groups} micro-batches of <= {cap} tokens")
+        raise ValueError(f"{n} sequences do not split into {groups} micro-batches of <= {cap} "
+                         f"tokens")
     sizes, k = [], n
     for g in range(groups, 0, -1):
         sizes.append(k - start[g][k])

@@ -126,8 +126,8 @@ def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "",
                     first = (step_of(last), time.time())
                 if last and time.time() - shown >= every_s:
                     shown = time.time()
-                    print(f"[{name}] {shown - t0:4.0f}s  {progress_text(last, steps, first, shown)}",
-                          flush=True)
+                    text = progress_text(last, steps, first, shown)
+                    print(f"[{name}] {shown - t0:4.0f}s  {text}", flush=True)
         except KeyboardInterrupt:               # Ctrl-C reached the stage too: it saves and says so
             STOPPING.set()
             for line in proc.stdout:
