@@ -26,7 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import data  # noqa: E402
 from demo import run as demo  # noqa: E402
 from demo import toy  # noqa: E402
-from plumbing import checkpoints  # noqa: E402
+from plumbing import checkpoints, run_dir  # noqa: E402
 
 
 def first_two_then_negative(numbers: list[int]) -> list[int]:
@@ -71,14 +71,14 @@ def sft_curves(a, seed: int, base: Path, train_file: Path, dead_ends: list[str],
     curves = {}
     for loss in a.losses:
         run = out / "runs" / loss
-        if checkpoints.latest(run) is None:
+        if run_dir.completed(run) is None:       # not run, or interrupted: the stage resumes it
             demo.run_stage([demo.PY, "sft.py", "config/sft_tiny.py", "--model", base,
                             "--train_file", train_file, "--loss", loss, "--out_dir", run,
                             "--system_prompt", "row", "--seed", str(seed),
                             *demo.SIZES[a.size]["sft"], "--max_steps", str(a.steps), "--save_every",
                             str(a.save_every)], out / "logs" / f"{loss}.log", a.steps, loss)
         curves[loss] = {0: p_base}
-        for step, ckpt in demo.saved_steps(run):
+        for step, ckpt in demo.saved_steps(run, a.save_every):
             curves[loss][step] = p_put_off(ckpt, dead_ends)
     return curves
 
@@ -90,7 +90,7 @@ def grpo_from(a, seed: int, starts: dict[str, tuple[Path, float]], rl_file: Path
     results, rl_flags = {}, demo.SIZES[a.size]["rl"]
     for name, (model, p_before) in starts.items():
         run = out / "runs" / f"{name}+grpo"
-        if checkpoints.latest(run) is None:
+        if run_dir.completed(run) is None:       # not run, or interrupted: the stage resumes it
             demo.run_stage([demo.PY, "rl.py", "config/rl_tiny.py", "--model", model, "--train_file",
                             rl_file, "--out_dir", run, "--save_every", "0", "--grader_workers", "1",
                             "--system_prompt", "row", "--seed", str(seed), *rl_flags],

@@ -263,19 +263,23 @@ def model_metrics(result: dict, samples_file: Path, branching: dict) -> dict:
             "branching": branching, "kinds": kind_shares(samples_file)}
 
 
-def saved_steps(run_dir: Path) -> list[tuple[int, Path]]:
-    """(step, checkpoint) for every complete checkpoint of a run, oldest first."""
-    return [(json.loads((c / "state.json").read_text())["step"],
-             c) for c in checkpoints.complete(run_dir)]
+def saved_steps(run_dir: Path, every: int) -> list[tuple[int, Path]]:
+    """(step, checkpoint) for the run's scheduled checkpoints, oldest first: every `every` steps and
+    the last. A checkpoint that an interruption saved between them is left out, so that a resumed
+    run measures what an uninterrupted one does."""
+    points = [(json.loads((c / "state.json").read_text())["step"], c)
+              for c in checkpoints.complete(run_dir)]
+    return [(step, c) for i, (step, c) in enumerate(points)
+            if (every and step % every == 0) or i == len(points) - 1]
 
 
-def sft_metrics(run_dir: Path, base: Path, branching) -> dict:
+def sft_metrics(run_dir: Path, base: Path, branching, every: int) -> dict:
     """Over one SFT run: branching(checkpoint), the branching tokens' statistics, at the base and at
-    every saved checkpoint; the top-20% expert-token entropy and cross-entropy from its log, and for
+    every scheduled checkpoint (saved_steps); the top-20% expert-token entropy and cross-entropy from its log, and for
     CurioSFT its mean w_t where it acts."""
     log = [r for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines())
            if "ce" in r]
-    points = [(0, base)] + saved_steps(run_dir)
+    points = [(0, base)] + saved_steps(run_dir, every)
     out = {"steps": [s for s, _ in points], "branching": [branching(c) for _, c in points],
            "log_steps": [r["step"] for r in log],
            "top20": [r.get("student_entropy_top20") for r in log], "ce_end": log[-1]["ce"]}
@@ -406,7 +410,8 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
         "models": {name: model_metrics(json.loads((evals / name / "results.json").read_text()),
                                        evals / name / "samples.jsonl", branching(ckpt))
                    for name, ckpt in ckpts.items()},
-        "sft": {loss: sft_metrics(runs / loss, ckpts["base"], branching) for loss in SFT_LOSSES},
+        "sft": {loss: sft_metrics(runs / loss, ckpts["base"], branching,
+                                  flag(size["sft"], "--save_every", 0)) for loss in SFT_LOSSES},
         "grpo": {f"{loss}+grpo": grpo_metrics(runs / f"{loss}+grpo") for loss in SFT_LOSSES},
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))

@@ -222,9 +222,10 @@ def test_the_probes_expert_adds_two_positive_numbers_then_the_negative():
 
 @pytest.mark.slow
 def test_an_interrupted_demo_resumes_to_the_uninterrupted_results(demo_ci, tmp_path):
-    """Ctrl-C (SIGINT to the demo and its stages, as a terminal sends it) while the branches train side by side
-    (from the uninterrupted run's world and base, to keep CI short): one line saying what was saved; the same
-    command then finishes, and the metrics equal an uninterrupted run's. A finished demo run again trains nothing.
+    """Ctrl-C (SIGINT to the demo and its stages, as a terminal sends it) while the SFT branches train
+    side by side, and again, on the rerun, while the GRPO stages do (from the uninterrupted run's world
+    and base, to keep the test short): each time one line saying what was saved; the same command then
+    finishes, and the metrics equal an uninterrupted run's. A finished demo run again trains nothing.
     (A stage in the main thread, as the base is, takes the same path: run_stage.)"""
     import shutil
 
@@ -233,17 +234,18 @@ def test_an_interrupted_demo_resumes_to_the_uninterrupted_results(demo_ci, tmp_p
         shutil.copytree(demo_ci[0] / part, out / part)
     (out / "seed").write_text("0\n")                        # (test_demo_ci_runs_every_stage removes its own)
     cmd = [sys.executable, "demo/run.py", "--size", "ci", "--out", str(out)]
-    proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
-    for line in proc.stdout:
-        if line.startswith("[curio] $"):
-            time.sleep(2.0)                                 # into the stage's work
-            os.killpg(proc.pid, signal.SIGINT)
-            break
-    stdout, stderr = proc.communicate(timeout=600)
-    assert proc.returncode != 0 and "Traceback" not in stderr + stdout, stderr[-3000:]
-    assert stderr.strip().splitlines()[-1].startswith("demo stopped: "), stderr[-3000:]
-    assert "The same command resumes it" in stderr and "[curio]" in stderr
+    for stage in ("curio", "curio+grpo"):
+        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+        for line in proc.stdout:
+            if line.startswith(f"[{stage}] $"):
+                time.sleep(2.0)                             # into the stage's work
+                os.killpg(proc.pid, signal.SIGINT)
+                break
+        stdout, stderr = proc.communicate(timeout=600)
+        assert proc.returncode != 0 and "Traceback" not in stderr + stdout, stderr[-3000:]
+        assert stderr.strip().splitlines()[-1].startswith("demo stopped: "), stderr[-3000:]
+        assert "The same command resumes it" in stderr and f"[{stage}]" in stderr
     done = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     got, want = (json.loads((o / "metrics.json").read_text()) for o in (out, demo_ci[0]))
