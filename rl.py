@@ -77,14 +77,15 @@ class Args:
     loss_agg: Literal[LOSS_AGGS] = "token_mean"
     """how a mini-batch's per-token losses are combined (`loss_denominator`)"""
     loss_agg_ranks: int = 8
-    """rank_sum_over_max_len: the GPUs whose mean the authors' gradient is (their scripts' 8)"""
+    """rank_sum_over_max_len: the GPUs the authors' gradient averages over (their scripts: 8)"""
     adv_std: bool = True
     """divide each group's r - mean(r) by its std (GRPO); LUFFY's and RL-PLUS's scripts: false"""
     entropy_coef: float = 0.0
     """minus this x each micro-batch's token-mean entropy, with gradient (LUFFY, RL-PLUS: 0.001);
     needs --loss_agg rank_sum_over_max_len, the aggregation of the scripts that set it"""
     hybrid: Literal[HYBRIDS] = "none"
-    """Table 3's hybrids (hybrid.py): the expert's response joins each group of rollouts"""
+    """Table 3's hybrids (hybrid.py): the expert's response is one of each group's --rollouts; the
+    clip settings do not apply"""
     reward: Literal[GRADING_MODES] = "paper"
     """paper: App. E's rule | authors_rl: the authors' RL reward | authors: their evaluation's"""
     temperature: float = 1.0
@@ -148,6 +149,9 @@ class Args:
         if self.entropy_coef and self.loss_agg != "rank_sum_over_max_len":
             raise SystemExit(f"--entropy_coef {self.entropy_coef}: needs --loss_agg "
                              f"rank_sum_over_max_len (the scripts that set it aggregate so)")
+        if self.hybrid != "none" and (self.policy_loss != "ppo_clip" or self.clip_ratio_c):
+            raise SystemExit(f"--hybrid {self.hybrid}: its own tokens' loss is unclipped -A r; "
+                             f"--policy_loss and --clip_ratio_c do not apply")
         if self.hybrid != "none" and self.rollouts < 2:
             raise SystemExit(f"--hybrid {self.hybrid}: needs --rollouts >= 2 (the expert's "
                              f"response takes one place in each group)")
@@ -289,7 +293,9 @@ def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
             loss = torch.where(demo_c, demo_loss, loss)
         total = loss.sum()
         if bonus_c is not None:               # --entropy_coef: the bonus, with gradient
-            total = total - (bonus_c * cl.entropy(logits)).sum()
+            bonus = (bonus_c * cl.entropy(logits)).sum()
+            total = total - bonus
+            diag = diag | {"entropy_bonus": bonus.detach().view(1)}    # not in the logged loss
         return total, diag
 
     denominator = loss_denominator(mbs, args, device)
@@ -302,7 +308,10 @@ def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
         del h, y                  # the graph keeps them for backward; not into the next forward
         # FSDP averages gradients over ranks, hence * world: the mini-batch's loss over all ranks
         (total * world / denominator).backward()
-        sums += torch.stack([total.detach(), diag["clip_low"].sum(), diag["clip_high"].sum(),
+        policy_loss_sum = total.detach()
+        if "entropy_bonus" in diag:
+            policy_loss_sum = policy_loss_sum + diag["entropy_bonus"].sum()
+        sums += torch.stack([policy_loss_sum, diag["clip_low"].sum(), diag["clip_high"].sum(),
                              diag["kl"].sum()]).double()
     grad_norm = clip_grad_norm(model, args.grad_clip)
     host = torch.cat([sums, grad_norm.double().view(1)]).cpu()      # the update's host sync
@@ -426,11 +435,14 @@ def micro_batches(prompt_ids, samples, adv, args, pad_id, device) -> list[list[M
     return minis
 
 
-def rollout_records(step, prompts: list[Prompt], samples, rewards, adv, groups: int) -> list[dict]:
+def rollout_records(step, prompts: list[Prompt], samples, rewards, adv, groups: int,
+                    expert_first: bool = False) -> list[dict]:
     """The first `groups` of this rank's GRPO groups at `step`, as rollouts.jsonl keeps them (what
     verl's rollout_data_dir and TRL's log_completions keep): each group's prompt, its responses with
-    their rewards, advantages, finish reasons and lengths in tokens."""
-    return [{"step": step, "data_source": p.example.data_source, "prompt": p.text,
+    their rewards, advantages, finish reasons and lengths in tokens; under --hybrid (expert_first)
+    "expert_first": true says the first response is the expert's."""
+    mark = {"expert_first": True} if expert_first else {}
+    return [{"step": step, "data_source": p.example.data_source, "prompt": p.text, **mark,
              "ground_truth": p.example.ground_truth, "responses": [s.text for s in group],
              "rewards": rewards[i].tolist(), "advantages": adv[i].tolist(),
              "finish_reasons": [s.finish_reason for s in group],
@@ -440,20 +452,29 @@ def rollout_records(step, prompts: list[Prompt], samples, rewards, adv, groups: 
 
 def step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norms, failures, times,
                 args, device):
-    """The step's log record: sums over ranks, then means."""
+    """The step's log record: sums over ranks, then means. Under --hybrid the rollout fields count
+    the expert's response too; own_reward_mean and own_accuracy are the model's samples alone."""
     flat = list(itertools.chain.from_iterable(samples))
+    own = rewards[:, 1:] if args.hybrid != "none" else rewards
     entropy = torch.cat([mb.entropy for mb in itertools.chain.from_iterable(minis)])   # [tokens]
     local = {"reward": rewards.sum().item(), "correct": (rewards == 1).sum().item(),
              "rollouts": rewards.numel(), "zero_std": zero_std.sum().item(), "groups": len(samples),
              "length": sum(len(s.token_ids) for s in flat),
              "truncated": sum(s.finish_reason == "length" for s in flat),
              "entropy": entropy.double().sum().item(), "failures": failures,
+             "own_reward": own.sum().item(), "own_correct": (own == 1).sum().item(),
+             "own_rollouts": own.numel(),
              **dict(zip(["loss", "clip_low", "clip_high", "kl", "tokens"], stats.tolist()))}
     summed = torch.tensor(list(local.values()), dtype=torch.float64, device=device)
     dist.all_reduce(summed)
     g = dict(zip(local, summed.tolist()))
     t0, t_sync, t_gen, t_reward, t_train = times
+    hybrid_fields = {}
+    if args.hybrid != "none":
+        hybrid_fields = {"own_reward_mean": g["own_reward"] / g["own_rollouts"],
+                         "own_accuracy": g["own_correct"] / g["own_rollouts"]}
     return {"step": step, "epoch": epoch, "reward_mean": g["reward"] / g["rollouts"],
+            **hybrid_fields,
             "accuracy": g["correct"] / g["rollouts"],     # reward 1: reward_mean for 0/1 rewards
             "zero_std_groups": int(g["zero_std"]), "zero_std_frac": g["zero_std"] / g["groups"],
             "response_length": g["length"] / g["rollouts"],
@@ -498,7 +519,8 @@ def train(args, device, reward_fn=None):
                          f"{args.prompts_per_step}")
     train_data = {**run_dir.file_identity(args.train_file), "rows": rows} if rank == 0 else None
     run_dir.claim(out_dir, asdict(args), MAY_CHANGE_ON_RESUME,
-                  resuming=checkpoints.latest(out_dir) is not None, data=train_data)
+                  resuming=checkpoints.latest(out_dir) is not None, data=train_data,
+                  defaults=asdict(Args()))
     if run_dir.completed(out_dir, args.steps) is not None:    # its own record: nothing is loaded
         print0(f"{out_dir}: complete at step {args.steps} of {args.steps}; nothing to train")
         run_dir.release()
@@ -586,7 +608,7 @@ def train(args, device, reward_fn=None):
         if log is not None:
             log.write(record)
             kept = rollout_records(step, [prompts[i] for i in mine], samples, rewards, adv,
-                                   args.log_rollouts)
+                                   args.log_rollouts, expert_first=args.hybrid != "none")
             with open(rollouts_file, "a") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in kept))
         stopping = step < args.steps and stop.requested(device)        # every rank agrees

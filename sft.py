@@ -8,8 +8,8 @@
 Read the loop at the end of `main` (Alg. 1 lines 2-17): per micro-batch it calls
 `curio_micro_batch_loss` (lines 4-13), which calls curio_loss.curio_sft_loss (Eq. 6). The
 ablation without a separate teacher and the Table 2 baselines take `variant_micro_batch_loss`
-(curio_loss.VARIANT_LOSSES). The recipe (learning-rate schedule, loss normalisation) sits between
-them. Loading, sharding, checkpoints and logs are plumbing/.
+(curio_loss.VARIANT_LOSSES). The recipe (learning-rate schedule, loss normalisation) comes after
+the losses, the loop's helpers after it. Loading, sharding, checkpoints and logs are plumbing/.
 """
 import copy
 import math
@@ -423,7 +423,8 @@ def main():
     settings = run_dir.settings_of(args, user_loss_cfg)
     train_data = {**run_dir.file_identity(args.train_file), "rows": rows} if rank == 0 else None
     run_dir.claim(out_dir, settings, MAY_CHANGE_ON_RESUME,    # one run per directory, on one file
-                  resuming=checkpoints.latest(out_dir) is not None, data=train_data)
+                  resuming=checkpoints.latest(out_dir) is not None, data=train_data,
+                  defaults=run_dir.settings_of(Args(), cl.LossConfig()))
     batches_per_epoch = len(dataset) // args.global_batch
     total_steps = args.epochs * batches_per_epoch * args.updates_per_batch
     last_steps = total_steps if args.max_steps == -1 else min(args.max_steps, total_steps)
@@ -490,7 +491,8 @@ def main():
                                                        want_log, w)
             micro_batch_backward(total, base)
             loss += total.detach()
-            diags.append(diag)
+            if want_log:
+                diags.append(diag)
         grad_norm = clip_grad_norm(model, args.grad_clip)
         dist.all_reduce(loss)                                          # the step's loss, all ranks
         loss, grad_norm, diags = read_step(loss, grad_norm, cat_diags(diags))   # the host sync

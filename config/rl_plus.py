@@ -2,7 +2,7 @@
 # (github.com/YihongDong/RL-PLUS at eb4aa4d; hybrid.py cites the code behind each flag), on 8 GPUs:
 # torchrun --nproc_per_node 8 rl.py config/rl_plus.py --train_file openr1.parquet
 # Their code base is LUFFY's and so is every setting but the expert tokens' loss.
-model = "Elliott/Qwen2.5-Math-7B-16k-think"   # line 17: a local copy of this model
+model = "Elliott/Qwen2.5-Math-7B-16k-think"   # line 17 names a local Qwen2.5-Math-7B-16k-think
 hybrid = "rl_plus"           # lines 72-82: the whole trace first in each group, off_policy_strategy
 adv_std = False              # line 84: grpo_use_std=False, A = r - mean(r)
 loss_agg = "rank_sum_over_max_len"            # line 85: loss_remove_token_mean=True

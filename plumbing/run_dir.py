@@ -24,17 +24,19 @@ _HELD = []  # the locks this process holds: released when it exits
 
 
 def claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool,
-          data: dict | None = None):
+          data: dict | None = None, defaults: dict | None = None):
     """Every rank calls it, once the run's inputs are known good; rank 0 does the work: lock out_dir
     for this process's lifetime (the lock's file is returned for tests to close), refuse to resume a
     run whose defining settings differ from the recorded ones (every setting not in `may_change`) or
     whose training data is not the same (`data`: the file, its sha256 and rows), remove step_*.tmp
     left by an interrupted save and a `stopped` marker, and record the settings in run_config.json.
-    A refusal stops every rank with the same one-line message."""
+    A setting the record lacks (a run begun before the setting existed) counts as its value in
+    `defaults`, the behaviour it adds being off by default. A refusal stops every rank with the same
+    one-line message."""
     lock, error = None, None
     if dist.get_rank() == 0:
         try:
-            lock = _claim(out_dir, settings, may_change, resuming, data)
+            lock = _claim(out_dir, settings, may_change, resuming, data, defaults or {})
         except SystemExit as e:
             error = str(e)
     outcome = [error]
@@ -71,7 +73,8 @@ def drop_if_empty(out_dir: Path) -> None:
         shutil.rmtree(out_dir, ignore_errors=True)
 
 
-def _claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool, data: dict | None):
+def _claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool, data: dict | None,
+           defaults: dict):
     lock = lock_dir(out_dir)
     recorded_file = out_dir / "run_config.json"
     settings = json.loads(json.dumps(settings))              # compare as recorded: tuples are lists
@@ -84,7 +87,8 @@ def _claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool, 
                                  "cannot be checked") from None
             recorded_data = recorded.pop("data", None)
             # the nested layout of earlier versions
-            recorded = {**recorded.pop("loss_config", {}), **recorded}
+            recorded = {**json.loads(json.dumps(defaults)), **recorded.pop("loss_config", {}),
+                        **recorded}
             changed = sorted(k for k in settings.keys() | recorded.keys()
                              if k not in may_change and settings.get(k) != recorded.get(k))
             if changed:

@@ -147,6 +147,25 @@ def test_a_micro_batch_update_equals_the_authors_loss_over_their_8_gpus(name, ch
     assert sums[4] == int(eos_mask.sum())
 
 
+def test_the_expert_flag_follows_its_tokens_through_the_length_sort(world_of_one):
+    """rl.micro_batches sorts sequences by length: each token of the expert's response (ids 900+, the
+    shortest in its group here) is flagged, and no sampled token is."""
+    from plumbing.generation import Sample
+
+    samples = [[Sample([900 + i] * 2, "", None, None, "stop")]
+               + [Sample([100 + i] * (3 + j), "", None, None, "stop") for j in range(3)]
+               for i in range(2)]
+    adv = torch.arange(8.0).view(2, 4)
+    args = rl.Args(hybrid="luffy", rollouts=4, mini_batch=2, micro_batch=3)
+    (mbs,) = rl.micro_batches([[1, 2], [3]], samples, adv.tolist(), args, 0, torch.device("cpu"))
+    flagged = 0
+    for mb in mbs:
+        _, y = chunked_logits.select_targets(torch.zeros(*mb.batch["input_ids"].shape, 1), mb.batch)
+        assert torch.equal(mb.demo, y >= 900) and torch.equal(mb.adv[mb.demo], adv[y[mb.demo] - 900, 0])
+        flagged += int(mb.demo.sum())
+    assert flagged == 4
+
+
 def test_the_experts_response_is_a_rollout_as_sft_trains_it(tiny_model_dir, toy_sft_file):
     from transformers import AutoTokenizer
 
@@ -170,6 +189,8 @@ def test_bad_hybrid_settings_are_one_line_errors():
         rl.Args(hybrid="luffy", rollouts=1)
     with pytest.raises(SystemExit, match="--hybrid 'prefix_rft': expected one of none, luffy, rl_plus"):
         rl.Args(hybrid="prefix_rft")
+    with pytest.raises(SystemExit, match="--hybrid rl_plus: its own tokens' loss is unclipped"):
+        rl.Args(hybrid="rl_plus", clip_ratio_c=3.0)
 
 
 @pytest.mark.parametrize("preset", ["config/rl_luffy.py", "config/rl_plus.py"])
@@ -188,7 +209,10 @@ def test_each_hybrid_runs_end_to_end_and_resumes_exactly_after_sigterm(preset, c
     stop_at(0, "rl.py", stopped, *flags, exit_status=0)              # the same command resumes
     assert untimed_log(stopped) == untimed_log(whole) and len(untimed_log(whole)) == 3
     groups = [json.loads(line) for line in (whole / "rollouts.jsonl").read_text().splitlines()]
-    assert all(g["rewards"][0] == 1.0 and "</think>" in g["responses"][0] for g in groups)
+    assert all(g["rewards"][0] == 1.0 and "</think>" in g["responses"][0] and g["expert_first"]
+               for g in groups)
+    for r in untimed_log(whole):          # the expert's reward, 1, counted once per group of 3
+        assert r["reward_mean"] == pytest.approx((1 + 2 * r["own_reward_mean"]) / 3)
     assert any(len(set(g["rewards"])) > 1 for g in groups)            # the updates have a signal
     weights = [(out / "step_000003" / "model.safetensors").read_bytes() for out in (whole, stopped)]
     assert weights[0] == weights[1]

@@ -31,6 +31,17 @@ def test_resume_with_other_defining_settings_is_refused_by_name(tmp_path):
     run_dir.claim(tmp_path, changed, {"max_steps"}, resuming=False).close()   # no checkpoint yet: a new run
 
 
+def test_a_run_recorded_before_a_setting_existed_resumes_at_its_default(tmp_path):
+    """A record without `hybrid` (written before the flag was added) resumes with the default, which
+    runs what that version ran, and refuses any other value."""
+    run_dir.claim(tmp_path, SETTINGS, set(), resuming=False).close()
+    newer, defaults = {**SETTINGS, "hybrid": "none"}, {**SETTINGS, "hybrid": "none"}
+    run_dir.claim(tmp_path, newer, set(), resuming=True, defaults=defaults).close()
+    (tmp_path / "run_config.json").write_text(json.dumps(SETTINGS))            # the old record again
+    with pytest.raises(SystemExit, match=r"--hybrid 'none' -> 'luffy'"):
+        run_dir.claim(tmp_path, {**newer, "hybrid": "luffy"}, set(), resuming=True, defaults=defaults)
+
+
 def test_stale_partial_checkpoints_are_removed(tmp_path):
     (tmp_path / "step_000004.tmp" / "trainer").mkdir(parents=True)
     (tmp_path / "step_000002").mkdir()
