@@ -83,6 +83,9 @@ class Args:
     entropy_coef: float = 0.0
     """minus this x each micro-batch's token-mean entropy, with gradient (LUFFY, RL-PLUS: 0.001);
     needs --loss_agg rank_sum_over_max_len, the aggregation of the scripts that set it"""
+    entropy_pack_tokens: int = 32768
+    """--entropy_coef: the tokens per micro-batch the bonus counts as the authors' GPUs pack them
+    (their ppo_max_token_len_per_gpu), which sets how many token means it sums"""
     hybrid: Literal[HYBRIDS] = "none"
     """Table 3's hybrids (hybrid.py): the expert's response is one of each group's --rollouts; the
     clip settings do not apply"""
@@ -143,7 +146,8 @@ class Args:
             non_negative=["weight_decay", "clip_high", "save_every", "keep_last", "log_rollouts"],
             at_least_one=["steps", "prompts_per_step", "rollouts", "mini_batch", "micro_batch",
                           "max_prompt_len", "max_response_len", "loss_chunk", "sync_bucket_mb",
-                          "gen_batch_size", "grader_workers", "loss_agg_ranks"])
+                          "gen_batch_size", "grader_workers", "loss_agg_ranks",
+                          "entropy_pack_tokens"])
         if not self.entropy_coef >= 0:
             raise SystemExit(f"--entropy_coef {self.entropy_coef!r}: must be >= 0")
         if self.entropy_coef and self.loss_agg != "rank_sum_over_max_len":
@@ -299,10 +303,11 @@ def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
         return total, diag
 
     denominator = loss_denominator(mbs, args, device)
+    bonus_scale = entropy_bonus_scale(mbs, args, device)
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     for mb in mbs:             # FSDP reduce-scatters each micro-batch: no full gradient is kept
         h, y = select_targets(normed_hidden(model, mb.batch), mb.batch)          # [N, H], [N]
-        bonus = entropy_bonus_weights(mb, args)
+        bonus = entropy_bonus_weights(mb, args, bonus_scale)
         total, diag = chunked_sum(chunk_loss, args.loss_chunk, h, y, mb.old_lp, mb.adv, mb.demo,
                                   bonus)
         del h, y                  # the graph keeps them for backward; not into the next forward
@@ -325,16 +330,33 @@ def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
     return torch.cat([host[:-1], torch.tensor([float(tokens)], dtype=torch.float64)]), grad_norm
 
 
-def entropy_bonus_weights(mb: MicroBatch, args):
+def entropy_bonus_scale(mbs: list[MicroBatch], args, device):
+    """The authors' bonus is a token-mean entropy per micro-batch, summed over micro-batches, so its
+    weight grows with their number: their GPUs pack micro-batches of up to entropy_pack_tokens
+    tokens (verl's dynamic batch size; each GPU as many as the fullest of their loss_agg_ranks
+    needs). Their count over all GPUs / ours over all ranks, a 0-d tensor on the device (no host
+    sync), or None (--entropy_coef 0)."""
+    if not args.entropy_coef:
+        return None
+    tokens = sum(mb.batch["attention_mask"].sum() for mb in mbs).double()
+    counts = torch.stack([tokens, torch.full((), float(len(mbs)), device=device).double()])
+    dist.all_reduce(counts)                           # the mini-batch's tokens, our micro-batches
+    per_gpu = counts[0] / (args.loss_agg_ranks * args.entropy_pack_tokens)
+    return args.loss_agg_ranks * torch.ceil(per_gpu) / counts[1]
+
+
+def entropy_bonus_weights(mb: MicroBatch, args, scale):
     """[N] each token's weight in the micro-batch's entropy bonus, in the units of its summed loss,
     or None (--entropy_coef 0). With --loss_agg rank_sum_over_max_len the micro-batch's loss over
-    the denominator is then its token sum / (max_response_len x ranks) - coef x its token-mean
-    entropy / ranks: what the authors' actors backpropagate on each of their GPUs, averaged
-    (LUFFY mix_src/mix_actor.py lines 202, 226, 243; verl's dp_actor.py lines 100-103)."""
+    the denominator is then its token sum / (max_response_len x ranks) - coef x scale x its
+    token-mean entropy / ranks: what the authors' actors backpropagate on each of their GPUs,
+    averaged (LUFFY mix_src/mix_actor.py lines 202, 226, 243; verl's dp_actor.py lines 100-103),
+    with as many token means in all (entropy_bonus_scale)."""
     if not args.entropy_coef:
         return None
     n = len(mb.adv)
-    return torch.full_like(mb.adv, args.entropy_coef * args.max_response_len / max(n, 1))
+    weight = args.entropy_coef * args.max_response_len / max(n, 1)
+    return (scale * weight).float() * torch.ones_like(mb.adv)
 
 
 def loss_denominator(mbs: list[MicroBatch], args, device):

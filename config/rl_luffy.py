@@ -9,6 +9,7 @@ adv_std = False              # line 82: grpo_use_std=False, A = r - mean(r)
 loss_agg = "rank_sum_over_max_len"            # line 83: loss_remove_token_mean=True
 loss_agg_ranks = 8           # lines 65-66: 8 GPUs, whose gradients FSDP averages
 entropy_coef = 0.001         # line 59
+entropy_pack_tokens = 32768  # line 41: their micro-batches, one entropy mean each
 steps = 500                  # line 89 sets total_epochs=30 and no step limit; Table 6's length
 prompts_per_step = 128       # line 31
 rollouts = 8                 # line 54: 7 sampled + the expert's

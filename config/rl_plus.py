@@ -8,6 +8,7 @@ adv_std = False              # line 84: grpo_use_std=False, A = r - mean(r)
 loss_agg = "rank_sum_over_max_len"            # line 85: loss_remove_token_mean=True
 loss_agg_ranks = 8           # lines 67-68: 8 GPUs, whose gradients FSDP averages
 entropy_coef = 0.001         # line 61
+entropy_pack_tokens = 32768  # line 43: their micro-batches, one entropy mean each
 steps = 500                  # line 91 sets total_epochs=30 and no step limit; Table 6's length
 prompts_per_step = 128       # line 33
 rollouts = 8                 # line 56: 7 sampled + the expert's
