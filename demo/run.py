@@ -275,8 +275,8 @@ def saved_steps(run_dir: Path, every: int) -> list[tuple[int, Path]]:
 
 def sft_metrics(run_dir: Path, base: Path, branching, every: int) -> dict:
     """Over one SFT run: branching(checkpoint), the branching tokens' statistics, at the base and at
-    every scheduled checkpoint (saved_steps); the top-20% expert-token entropy and cross-entropy from its log, and for
-    CurioSFT its mean w_t where it acts."""
+    every scheduled checkpoint (saved_steps); the top-20% expert-token entropy and cross-entropy
+    from its log, and for CurioSFT its mean w_t where it acts."""
     log = [r for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines())
            if "ce" in r]
     points = [(0, base)] + saved_steps(run_dir, every)
