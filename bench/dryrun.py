@@ -361,11 +361,7 @@ def sft_steps(sft, model, teacher, base, optimizer, args, cfg, device, roof):
         # sft.py's loop, Alg. 1 lines 4-13: its micro-batch losses, backward, clipping, all-reduce
         loss, diags = torch.zeros((), dtype=torch.float64, device=device), []
         for batch, w, old in zip(batches, weights, old_logp):
-            if teacher is not None:
-                total, diag = sft.curio_micro_batch_loss(model, teacher, batch, args, cfg, True, w)
-            else:
-                total, diag = sft.variant_micro_batch_loss(model, base, batch, old, args, cfg,
-                                                           True, w)
+            total, diag = sft.micro_batch_loss(model, teacher, base, batch, old, args, cfg, True, w)
             sft.micro_batch_backward(total, base)
             loss += total.detach()
             diags.append(diag)
