@@ -1,7 +1,7 @@
 # The CurioSFT loss ("Learning While Staying Curious", arXiv:2602.02244): Sec. 4, Alg. 1, App. A-D.
-"""Per-token SFT losses: CurioSFT, its two ablations, and the Table 2 baselines. Math only.
+"""The CurioSFT loss, per token. Math only.
 
-Every loss takes the logits of the N trained positions (padding removed) and their expert tokens,
+It takes the logits of the N trained positions (padding removed) and their expert tokens,
     logits [N, V] (any float dtype; all math is float32), targets [N] (long),
 and returns (loss [N] float32, diagnostics: dict of detached per-token tensors [N]). sft.py sums
 the per-token losses with the recipe's token weights and feeds the diagnostics to `summarize`.
@@ -11,13 +11,13 @@ Read in this order:
   2. `teacher_log_prob` (Alg. 1 lines 6-11: H_t, Delta_t, tau_hat_t, lq) and `curio_sft_loss`
      (lines 12-13, Eq. 5-6): the same, vectorized over tokens, as training runs it;
      `solve_temperature` is App. B and D.
-  3. The baselines of Table 2, and `VARIANT_LOSSES`, the one interface sft.py calls them (and
-     the ablation without a separate teacher) through; then the logging statistics.
+  3. The logging statistics.
 The speed helpers (blockwise passes over the vocabulary for a logsumexp and for the authors'
 low-entropy rule) sit at the end under their own banner: they change the cost, not the result.
+Table 2's baselines and the ablation without a separate teacher are in baselines.py.
 """
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -50,6 +50,7 @@ class LossConfig:
     """the authors' code, not the paper: tau_min where the teacher entropy is <= this (none: off)"""
     fixed_tau: float | None = None
     """ablation 'w/o adaptive temp.' (Sec. 5.2): one teacher temperature for every token"""
+    # the Table 2 baselines' settings (baselines.py): one set of loss flags serves every --loss
     entropy_coef: float = 0.06
     """entropy-regularisation weight (Sec. 3; 0.06 in the paper's sweep)"""
     kl_coef: float = 0.1
@@ -73,29 +74,6 @@ class LossConfig:
         for name, ok in checks.items():
             if not ok:      # NaN fails every comparison, so it lands here too
                 raise ValueError(f"--{name} {getattr(self, name)!r}: out of range")
-
-
-# The losses sft.py's --loss names. CurioSFT and its two ablations (Sec. 5.2) need the teacher's lq;
-# the kl baseline needs a frozen base model and PSFT the log-probs from the start of its batch.
-CURIO_LOSSES = ("curio", "curio_fixed_tau", "curio_self_teacher")
-LOSSES = ("sft", *CURIO_LOSSES, "entropy", "entropy_top20", "kl", "dft", "gem", "psft")
-
-
-def second_model(loss: str) -> str | None:
-    """The model a loss needs beside the student: "teacher" (CurioSFT's EMA teacher, Alg. 1 line
-    1), "base" (the kl baseline's frozen initial model) or None (the self-teacher ablation, and
-    every other loss)."""
-    if loss not in LOSSES:
-        raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
-    return {"curio": "teacher", "curio_fixed_tau": "teacher", "kl": "base"}.get(loss)
-
-
-def config_for(loss: str, cfg: LossConfig) -> LossConfig:
-    """The loss's own setting of the shared config: curio_fixed_tau's tau_hat = 1.3."""
-    second_model(loss)  # an unknown name fails here
-    if loss == "curio_fixed_tau" and cfg.fixed_tau is None:
-        return replace(cfg, fixed_tau=1.3)
-    return cfg
 
 
 # ------------------------------------------------------------------------------------------------
@@ -260,113 +238,6 @@ def curio_sft_loss(student_logits, targets, lq, cfg: LossConfig = LossConfig()):
     lp, _ = student_log_prob(student_logits, targets)
     loss = -lp + cfg.alpha * 0.5 * (lp - lq) ** 2                  # Eq. 6: Eq. 1 + alpha * Eq. 5
     return loss, {"lp": lp.detach(), "weight": 1 - cfg.alpha * (lp.detach() - lq)}
-
-
-# ------------------------------------------------------------------------------------------------
-# 3. Baselines (Table 2), same calling convention
-# ------------------------------------------------------------------------------------------------
-def ce_loss(logits, targets, cfg: LossConfig = LossConfig()):
-    """Vanilla SFT, Eq. 1."""
-    lp, _ = student_log_prob(logits, targets)
-    return -lp, {"lp": lp.detach()}
-
-
-def entropy_reg_loss(logits, targets, cfg: LossConfig = LossConfig(), bonus_mask=None):
-    """CE - coef * H (Eq. 2). bonus_mask [N] (bool): the bonus only where it is True, as the
-    top-20% variant (Sec. 3, Table 1) takes it on the micro-batch's highest-entropy tokens
-    (`top_entropy_mask`)."""
-    lp, _ = student_log_prob(logits, targets)
-    h = entropy(logits)
-    bonus = h if bonus_mask is None else torch.where(bonus_mask, h, 0.0)
-    return -lp - cfg.entropy_coef * bonus, {"lp": lp.detach(), "student_entropy": h.detach()}
-
-
-def top_entropy_mask(h: torch.Tensor, top_frac: float = 0.2) -> torch.Tensor:
-    """[N] bool: the ceil(top_frac * N) positions of highest entropy among h [N], the set the
-    80/20 paper (Wang et al. 2025, arXiv:2506.01939) trains on: all response tokens of a
-    micro-batch, chosen with topk (their get_global_entropy_top_mask, k = int(N * top_frac +
-    0.9999))."""
-    mask = torch.zeros_like(h, dtype=torch.bool)
-    if h.numel():
-        mask[h.topk(max(1, int(h.numel() * top_frac + 0.9999))).indices] = True
-    return mask
-
-
-def kl_to_base_loss(logits, targets, base_logits, cfg: LossConfig = LossConfig()):
-    """CE + coef * KL(pi_theta || pi_base), exact over the vocabulary (the expert token is not
-    sampled from pi_theta, so a one-sample estimator would be biased); base_logits from the
-    frozen initial model."""
-    lp, _ = student_log_prob(logits, targets)
-    logp = torch.log_softmax(_fp32(logits), -1)
-    logq = torch.log_softmax(_fp32(base_logits.detach()), -1)
-    kl = (logp.exp() * (logp - logq).masked_fill(torch.isneginf(logp), 0.0)).sum(-1)  # 0 log 0 = 0
-    return -lp + cfg.kl_coef * kl, {"lp": lp.detach(), "kl_to_base": kl.detach()}
-
-
-def dft_loss(logits, targets, cfg: LossConfig = LossConfig()):
-    """DFT, Dynamic Fine-Tuning (Wu et al. 2025, arXiv:2508.05629): CE scaled by the detached
-    probability of the expert token, -p(y) log p(y)."""
-    lp, _ = student_log_prob(logits, targets)
-    return -lp * lp.detach().exp(), {"lp": lp.detach()}
-
-
-def gem_loss(logits, targets, cfg: LossConfig = LossConfig()):
-    """GEM (Li et al. 2024, "Preserving Diversity in Supervised Fine-Tuning of Large Language
-    Models", arXiv:2408.16673): -sum_v q_v w_v (log p_y - log p_v), q = softmax(z / beta) and w_v
-    = sigmoid(0.01 (z_v - z_y)), both detached."""
-    z = _fp32(logits)
-    logp = torch.log_softmax(z, -1)                                       # [N, V]
-    lp = logp.gather(-1, targets.unsqueeze(-1))                           # [N, 1]
-    with torch.no_grad():
-        q = torch.softmax(z / cfg.gem_beta, -1)
-        w = torch.sigmoid(0.01 * (z - z.gather(-1, targets.unsqueeze(-1))))
-        qw = (q * w).masked_fill(torch.isneginf(logp), 0.0)               # masked: weigh nothing
-    loss = -(qw * (lp - logp.masked_fill(torch.isneginf(logp), 0.0))).sum(-1)
-    return loss, {"lp": lp.squeeze(-1).detach()}
-
-
-def psft_loss(logits, targets, old_logp=None, cfg: LossConfig = LossConfig()):
-    """PSFT, Proximal SFT (Zhu et al. 2025, arXiv:2508.17784): PPO's clipped objective with
-    advantage 1 on every expert token, the ratio against the log-probs taken at the start of the
-    batch (old_logp [N]; None means 'now', i.e. ratio 1, where PSFT equals CE)."""
-    lp, _ = student_log_prob(logits, targets)
-    old = lp.detach() if old_logp is None else _fp32(old_logp)
-    ratio = torch.exp(lp - old)
-    clipped = ratio.clamp(1 - cfg.psft_clip_low, 1 + cfg.psft_clip_high)
-    loss = torch.maximum(-ratio, -clipped)                                # the advantage is 1
-    return loss, {"lp": lp.detach(), "clipped": (ratio > 1 + cfg.psft_clip_high).float()}
-
-
-# ------------------------------------------------------------------------------------------------
-# The ablation without a separate teacher and the Table 2 baselines behind one interface (sft.py's
-# variant path): loss(logits [n, V], targets [n], extras, cfg) -> (loss [n], diagnostics). extras
-# holds what a loss needs beyond the student's logits, for the chunk's n tokens (sft.py's
-# `variant_inputs`): base_logits [n, V] (kl), old_logp [n] (psft), top20 [n] bool
-# (entropy_top20), and memo, a dict that keeps the chunk's no-grad results for backward's
-# recompute (chunked_logits.chunked_sum).
-# ------------------------------------------------------------------------------------------------
-def self_teacher_loss(logits, targets, extras, cfg: LossConfig = LossConfig()):
-    """Ablation 'w/o Separate Teacher' (Sec. 5.2): Alg. 1 lines 6-13 with the student's own
-    logits, detached, as the teacher's. The temperature search runs once per chunk: backward's
-    recompute takes its lq from extras["memo"]."""
-    memo = extras["memo"]
-    if "lq" not in memo:
-        memo["lq"] = teacher_log_prob(logits.detach(), targets, cfg)
-    lq, teacher_diag = memo["lq"]
-    loss, diag = curio_sft_loss(logits, targets, lq, cfg)
-    return loss, teacher_diag | diag
-
-
-VARIANT_LOSSES = {   # --loss name -> loss; "curio" and "curio_fixed_tau" are sft.py's CurioSFT path
-    "curio_self_teacher": self_teacher_loss,
-    "sft": lambda z, y, extras, cfg: ce_loss(z, y, cfg),
-    "entropy": lambda z, y, extras, cfg: entropy_reg_loss(z, y, cfg),
-    "entropy_top20": lambda z, y, extras, cfg: entropy_reg_loss(z, y, cfg, extras["top20"]),
-    "kl": lambda z, y, extras, cfg: kl_to_base_loss(z, y, extras["base_logits"], cfg),
-    "dft": lambda z, y, extras, cfg: dft_loss(z, y, cfg),
-    "gem": lambda z, y, extras, cfg: gem_loss(z, y, cfg),
-    "psft": lambda z, y, extras, cfg: psft_loss(z, y, extras["old_logp"], cfg),
-}
 
 
 def check_finite(loss, logits, targets, other=None) -> None:

@@ -16,7 +16,6 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import torch
 
-import plumbing.benchmarks
 
 # --------------------------------------------------------------------------------------------------
 # Prompt (paper Table 7)
@@ -417,8 +416,6 @@ def write_jsonl(rows: list[dict], path) -> Path:
 # --------------------------------------------------------------------------------------------------
 # The paper's benchmarks, data and model (the download needs a machine online)
 # --------------------------------------------------------------------------------------------------
-ID_BENCHMARKS = plumbing.benchmarks.ID_BENCHMARKS  # Table 2, left (evaluate.py's averages)
-OOD_BENCHMARKS = plumbing.benchmarks.OOD_BENCHMARKS  # Table 2, right: multiple choice
 HUB_DATASETS = {  # local folder name -> hub dataset
     # The authors' data: train.parquet (OpenR1-Math-46K with the questions rewritten by DeepSeek-V3,
     # App. E, and R1's responses: the training file of both stages in both recipes),

@@ -31,9 +31,10 @@ import torch.distributed as dist
 from tqdm import tqdm
 
 import curio_loss as cl
-from data import ID_BENCHMARKS, OOD_BENCHMARKS, SYSTEM_PROMPT_MODES, Example, example_prompt
+from data import SYSTEM_PROMPT_MODES, Example, example_prompt
 from data import load_examples, tokenize_sft
 from plumbing import paired_stats as ps, report
+from plumbing.benchmarks import ID_BENCHMARKS, OOD_BENCHMARKS
 from plumbing.checkpoints import verify_model_dir
 from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import print0, setup_distributed, shutdown

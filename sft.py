@@ -7,9 +7,10 @@
 
 Read the loop at the end of `main` (Alg. 1 lines 2-17): per micro-batch it calls
 `curio_micro_batch_loss` (lines 4-13), which calls curio_loss.curio_sft_loss (Eq. 6). The
-ablation without a separate teacher and the Table 2 baselines take `variant_micro_batch_loss`
-(curio_loss.VARIANT_LOSSES). The recipe (learning-rate schedule, loss normalisation) comes after
-the losses, the loop's helpers after it. Loading, sharding, checkpoints and logs are plumbing/.
+ablation without a separate teacher and the Table 2 baselines take one call into baselines.py
+(`variant_micro_batch_loss`, through its VARIANT_LOSSES). The recipe (learning-rate schedule,
+loss normalisation) comes after the losses, the loop's helpers after it. Loading, sharding,
+checkpoints and logs are plumbing/.
 """
 import copy
 import math
@@ -21,10 +22,10 @@ from typing import Literal
 import torch
 import torch.distributed as dist
 
+import baselines
 import curio_loss as cl
 import data
-from chunked_logits import (cat_diags, chunked_sum, no_grad_logits, normed_hidden, select_targets,
-                            token_log_probs)
+from chunked_logits import cat_diags, chunked_sum, no_grad_logits, normed_hidden, select_targets
 from plumbing import checkpoints, run_dir
 from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import StopSignal, print0, setup_distributed, shutdown
@@ -47,8 +48,8 @@ class Args:
     """SFT data: .parquet / .jsonl / .json in the authors' schema (prompt, reward_model, target)"""
     out_dir: str = "out/sft"
     """checkpoints and log.jsonl go here; a checkpoint already here is resumed"""
-    loss: Literal[cl.LOSSES] = "curio"
-    """CurioSFT, its ablations (Sec. 5.2) or a Table 2 baseline (curio_loss.py)"""
+    loss: Literal[baselines.LOSSES] = "curio"
+    """CurioSFT, its ablations (Sec. 5.2) or a Table 2 baseline (baselines.py)"""
     epochs: int = 3
     """passes over the data (App. E)"""
     max_steps: int = -1
@@ -182,66 +183,15 @@ def update_teacher(teacher, model, mu):
         p_t.copy_((1 - mu) * p_t + mu * p_s)
 
 
-# ================================================================================================
-# The other losses: the ablation without a separate teacher and the Table 2 baselines
-# ================================================================================================
-def variant_inputs(model, base, batch, h, old_logp, args):
-    """What a variant loss needs beyond the student's logits, per response token (the extras of
-    curio_loss.VARIANT_LOSSES, before chunking): the kl baseline's base-model hidden states
-    base_h [N, H] (its logits are made per chunk), PSFT's old_logp [N], entropy_top20's mask of
-    the micro-batch's top-20% entropy tokens top20 [N]."""
-    extras = {}
-    if base is not None:
-        with torch.no_grad():
-            extras["base_h"], _ = select_targets(normed_hidden(base, batch), batch)
-    if old_logp is not None:
-        extras["old_logp"] = old_logp
-    if args.loss == "entropy_top20":
-        h_no_grad = h.detach()          # (torch's memory tracker hooks inputs needing a gradient)
-        with torch.no_grad():
-            h_ent = [cl.entropy(model.lm_head(h_no_grad[s : s + args.loss_chunk]))
-                     for s in range(0, len(h), args.loss_chunk)]
-        extras["top20"] = cl.top_entropy_mask(torch.cat(h_ent))
-    return extras
-
-
-def variant_micro_batch_loss(model, base, batch, old_logp, args, cfg, want_entropy,
-                             weights=None, check=False):
-    """curio_micro_batch_loss's contract for every other --loss: curio_loss.VARIANT_LOSSES[loss]
-    on each chunk, given variant_inputs (base: the kl baseline's frozen model; old_logp [N]:
-    PSFT's log-probs from the start of its data batch)."""
-    h, y = select_targets(normed_hidden(model, batch), batch)              # [N, H], [N]
-    extras = variant_inputs(model, base, batch, h, old_logp, args)
-    variant_loss = cl.VARIANT_LOSSES[args.loss]
-
-    def chunk_loss(h_c, y_c, w_c, *extras_and_memo):
-        chunk_extras = dict(zip(extras, extras_and_memo[:-1])) | {"memo": extras_and_memo[-1]}
-        if "base_h" in chunk_extras:
-            with torch.no_grad():
-                base_h = chunk_extras.pop("base_h")
-                chunk_extras["base_logits"] = no_grad_logits(base.lm_head, base_h)   # [n, V]
-        logits = model.lm_head(h_c)                                            # [n, V]
-        loss, diag = variant_loss(logits, y_c, chunk_extras, cfg)
-        if check:
-            other = chunk_extras.get("base_logits", chunk_extras.get("old_logp"))
-            cl.check_finite(loss, logits, y_c, other)
-        memo = chunk_extras["memo"]
-        if want_entropy and "entropy" not in memo:       # memo: not again in backward's recompute
-            memo["entropy"] = diag["student_entropy"] = cl.entropy(logits.detach())
-        return (loss if w_c is None else loss * w_c).sum(), diag
-
-    return chunked_sum(chunk_loss, args.loss_chunk, h, y, weights, *extras.values())
-
-
 def micro_batch_loss(model, teacher, base, batch, old_logp, args, cfg, want_entropy, weights=None,
                      check=False):
     """The loss of one micro-batch for any --loss: CurioSFT's path with a teacher, else the
-    variants'."""
+    variants' (baselines.py)."""
     if teacher is not None:
         return curio_micro_batch_loss(model, teacher, batch, args, cfg, want_entropy, weights,
                                       check)
-    return variant_micro_batch_loss(model, base, batch, old_logp, args, cfg, want_entropy, weights,
-                                    check)
+    return baselines.variant_micro_batch_loss(model, base, batch, old_logp, args, cfg,
+                                              want_entropy, weights, check)
 
 
 # ================================================================================================
@@ -397,7 +347,7 @@ def shard_models(student, args, device, bf16):
     """The student sharded and, if the loss needs one, the second model: CurioSFT's teacher, a copy
     of the student (Alg. 1 line 1: phi <- theta), or the kl baseline's frozen base, sharded alike.
     Returns (model, teacher, base), None for the model the loss does not use."""
-    second = cl.second_model(args.loss)
+    second = baselines.second_model(args.loss)
     initial = copy.deepcopy(student) if second else None
     model = shard_model(student, device, bf16, args.grad_ckpt, offload=args.offload)
     other = None
@@ -409,7 +359,7 @@ def shard_models(student, args, device, bf16):
 
 def main():
     args, user_loss_cfg = parse_config(Args, cl.LossConfig)
-    cfg = cl.config_for(args.loss, user_loss_cfg)
+    cfg = baselines.config_for(args.loss, user_loss_cfg)
     rank, world, device = setup_distributed(args.dist_timeout_min)
     check_world(args, world)
     stop = StopSignal()                      # SIGTERM / Ctrl-C: finish the data batch, save, leave
@@ -470,10 +420,7 @@ def main():
     for epoch, batch_idx, update, batch, step_mbs in steps:
         if update == 0:                 # a new data batch: this rank's micro-batches, on the device
             mine = [collate_on(mb, dataset, tokenizer.pad_token_id, device) for mb in batch[rank]]
-            # PSFT's ratio: log-probs of the model as it was at the start of the data batch
-            old_logp = [None] * len(mine)
-            if args.loss == "psft":
-                old_logp = [token_log_probs(model, b, args.loss_chunk)[0] for b in mine]
+            old_logp = baselines.old_log_probs(model, mine, args)     # PSFT's ratio; else None
         step_examples = examples_in(batch, step_mbs)                   # every rank's, this step
         weight = token_weights(step_examples, n_targets, args, step)   # loss: sum_t w_t loss_t
         want_log = step % args.log_every == 0
@@ -486,9 +433,9 @@ def main():
             if teacher is not None:                                    # CurioSFT
                 total, diag = curio_micro_batch_loss(model, teacher, mine[k], args, cfg, want_log,
                                                      w)
-            else:                                  # the self-teacher ablation, Table 2 baselines
-                total, diag = variant_micro_batch_loss(model, base, mine[k], old_logp[k], args, cfg,
-                                                       want_log, w)
+            else:                 # the self-teacher ablation, Table 2 baselines (baselines.py)
+                total, diag = baselines.variant_micro_batch_loss(model, base, mine[k], old_logp[k],
+                                                                 args, cfg, want_log, w)
             micro_batch_backward(total, base)
             loss += total.detach()
             if want_log:

@@ -49,6 +49,7 @@ import argparse
 import collections
 import contextlib
 import dataclasses
+import functools
 import json
 import os
 import runpy
@@ -71,6 +72,7 @@ import torch  # noqa: E402
 from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
+import baselines  # noqa: E402
 import curio_loss as cl  # noqa: E402
 import memory  # noqa: E402
 import roofline  # noqa: E402
@@ -183,7 +185,7 @@ def stage_settings(stage: str, presets: list[str], rest: list[str], model: str):
         import sft
 
         args, user_cfg = parse_config(sft.Args, cl.LossConfig, argv=argv, prog="bench/dryrun.py")
-        return sft, args, cl.config_for(args.loss, user_cfg)
+        return sft, args, baselines.config_for(args.loss, user_cfg)
     import rl
 
     (args,) = parse_config(rl.Args, argv=argv, prog="bench/dryrun.py")
@@ -524,14 +526,16 @@ def charged_regions(roof, trainer, optimizer, teacher, base):
     for m, label in ((teacher, "teacher forward"), (base, "base model")):
         if m is not None:
             roof.watch_module(m, label)
-    saved = [(cl, "teacher_log_prob"), (trainer, "no_grad_logits"), (optimizer, "step")]
-    saved = [(owner, name, getattr(owner, name)) for owner, name in saved if hasattr(owner, name)]
-    no_grad_logits = getattr(trainer, "no_grad_logits", None)
+    heads_of = [m for m in (trainer, baselines) if hasattr(m, "no_grad_logits")]  # sft.py's too
+    saved = [(cl, "teacher_log_prob"), (optimizer, "step")]
+    saved = [(owner, name, getattr(owner, name))
+             for owner, name in saved + [(m, "no_grad_logits") for m in heads_of]]
     cl.teacher_log_prob = charged(cl.teacher_log_prob, "teacher loss")
     optimizer.step = charged(optimizer.step, "optimizer")
-    if no_grad_logits:
-        trainer.no_grad_logits = lambda head, h: charged(no_grad_logits,
-                                                         heads.get(id(head), "student"))(head, h)
+    for owner in heads_of:
+        owner.no_grad_logits = functools.partial(
+            lambda fn, head, h: charged(fn, heads.get(id(head), "student"))(head, h),
+            owner.no_grad_logits)
     try:
         yield
     finally:

@@ -37,8 +37,8 @@ moment is a sum of parts, and a phase's peak is its largest moment:
   logits               one chunk of [chunk, V] logits and what the loss functions allocate
                        around it: traced by running the trainer's own functions
                        (sft.micro_batch_loss, rl.policy_update, chunked_logits.token_log_probs)
-                       on a 1-wide model with the real vocabulary, so a change to curio_loss.py
-                       changes the plan without a change here
+                       on a 1-wide model with the real vocabulary, so a change to
+                       curio_loss.py or baselines.py changes the plan without a change here
   vllm                 RL: gpu_memory_utilization x the GPU's memory while the engine is awake;
                        0 asleep
   weight_sync          RL: one full float32 parameter and its cast while the weights go into the
@@ -78,6 +78,7 @@ from torch.utils._pytree import tree_flatten
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 import chunked_logits  # noqa: E402
+import baselines  # noqa: E402
 import curio_loss as cl  # noqa: E402
 import data  # noqa: E402
 import sft  # noqa: E402
@@ -474,7 +475,7 @@ def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy:
             rl.policy_update(model, NoStep(), [mb], args, torch.device("cpu"))
     else:
         args, cfg, second = (sft.Args(loss=loss, loss_chunk=n), cl.LossConfig(),
-                             cl.second_model(loss))
+                             baselines.second_model(loss))
         other = OneWideLM(vocab, dtype, n + 1, seed=2, trainable=False)
         teacher = other if second == "teacher" else None
         base = other if second == "base" else None
@@ -504,8 +505,8 @@ def _resolve(config: dict, run: dict) -> tuple[Shapes, Run, int]:
     r = Run(**run)
     if r.stage not in ("sft", "rl"):
         raise ValueError(f"stage must be sft or rl, got {r.stage!r}")
-    if r.stage == "sft" and r.loss not in cl.LOSSES:
-        raise ValueError(f"unknown loss {r.loss!r}; choose one of {sorted(cl.LOSSES)}")
+    if r.stage == "sft" and r.loss not in baselines.LOSSES:
+        raise ValueError(f"unknown loss {r.loss!r}; choose one of {sorted(baselines.LOSSES)}")
     if r.device not in ("cuda", "cpu"):
         raise ValueError(f"device must be cuda or cpu, got {r.device!r}")
     longest = r.max_prompt_len + r.max_response_len
@@ -633,7 +634,7 @@ def plan(config: dict, **run) -> dict:
     s, r, micro_batches = _resolve(config, run)
     gpu = r.gpu_gib * GIB
     if r.stage == "sft":
-        second = cl.second_model(r.loss)
+        second = baselines.second_model(r.loss)
         lb = loss_chunk_bytes("sft", r.loss, s.vocab, r.bf16, r.log_entropy)
         # PSFT, before its updates
         old_logp = _old_logp_moments(s, r, lb) if r.loss == "psft" else []

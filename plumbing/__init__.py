@@ -11,7 +11,7 @@
     benchmarks.py   the paper's benchmarks as Table 2 groups them (in-distribution, out-of)
     synthetic.py    stand-ins for tests, benchmarks and the demo: LLM-like logits, a tiny model dir
 
-The method itself is at the top level: curio_loss.py, sft.py, rl.py, evaluate.py, data.py and
-chunked_logits.py. The support folders (bench/, demo/, tests/) import it and plumbing/, never each
-other.
+The method itself is at the top level: curio_loss.py, baselines.py, sft.py, rl.py, hybrid.py,
+evaluate.py, data.py and chunked_logits.py. The support folders (bench/, demo/, tests/) import
+it and plumbing/, never each other.
 """

@@ -4,6 +4,7 @@ import math
 import pytest
 import torch
 
+import baselines
 import curio_loss as cl
 from curio_loss import LossConfig
 from plumbing.synthetic import llm_like_logits
@@ -192,7 +193,7 @@ def test_self_teacher_ablation_matches_reference_with_detached_student():
     g, = torch.autograd.grad(vec.sum(), student)
     lp = torch.log_softmax(student.detach(), -1).gather(-1, targets[:, None]).squeeze(-1)
     w = 1 - cfg.alpha * (lp - cl.teacher_log_prob(student.detach(), targets, cfg)[0])
-    g_ce, = torch.autograd.grad(cl.ce_loss(student, targets)[0].sum(), student)
+    g_ce, = torch.autograd.grad(baselines.ce_loss(student, targets)[0].sum(), student)
     torch.testing.assert_close(g, w[:, None] * g_ce, rtol=1e-5, atol=1e-6)
 
 
@@ -215,7 +216,7 @@ def test_top512_approximation_on_llm_like_logits():
     # gradients are w_t times CE's, so they differ by |delta w_t| = alpha |delta lq_t| times CE's gradient
     g_ref, = torch.autograd.grad(ref.sum(), student)
     g_vec, = torch.autograd.grad(vec.sum(), student)
-    g_ce, = torch.autograd.grad(cl.ce_loss(student, targets)[0].sum(), student)
+    g_ce, = torch.autograd.grad(baselines.ce_loss(student, targets)[0].sum(), student)
     dw = (g_vec - g_ref).norm(dim=-1) / g_ce.norm(dim=-1)
     assert dw.median() < 0.01 and dw.quantile(0.9) < 0.25
     _, full_diag = curio(student, targets, teacher, LossConfig(top_k=V_BIG))
@@ -244,7 +245,7 @@ def test_gradient_is_weighted_cross_entropy_and_teacher_gets_none(alpha):
     cfg = LossConfig(alpha=alpha)
     loss, diag = curio(student, targets, teacher, cfg)
     loss.sum().backward()
-    g_ce, = torch.autograd.grad(cl.ce_loss(student, targets)[0].sum(), student)
+    g_ce, = torch.autograd.grad(baselines.ce_loss(student, targets)[0].sum(), student)
     w = 1 - alpha * (diag["lp"] - diag["lq"])
     torch.testing.assert_close(student.grad, w[:, None] * g_ce, rtol=1e-5, atol=1e-7)
     torch.testing.assert_close(diag["weight"], w)
@@ -416,26 +417,26 @@ def test_solver_clamps_targets_outside_the_bracket():
 def loss_by_name(name, z, y, lq, base_logits, old_logp):
     """Each --loss as a call of its curio_loss function with the input it needs (sft.micro_batch_loss
     dispatches the same way; tests/test_sft.py runs every loss through it)."""
-    cfg = cl.config_for(name, LossConfig())
-    if name in cl.CURIO_LOSSES:
+    cfg = baselines.config_for(name, LossConfig())
+    if name in baselines.CURIO_LOSSES:
         return cl.curio_sft_loss(z, y, lq, cfg)
     if name == "kl":
-        return cl.kl_to_base_loss(z, y, base_logits, cfg)
+        return baselines.kl_to_base_loss(z, y, base_logits, cfg)
     if name == "psft":
-        return cl.psft_loss(z, y, old_logp, cfg=cfg)
+        return baselines.psft_loss(z, y, old_logp, cfg=cfg)
     if name == "entropy_top20":
-        return cl.entropy_reg_loss(z, y, cfg, bonus_mask=cl.top_entropy_mask(cl.entropy(z.detach())))
-    return cl.VARIANT_LOSSES[name](z, y, {}, cfg)
+        return baselines.entropy_reg_loss(z, y, cfg, bonus_mask=baselines.top_entropy_mask(cl.entropy(z.detach())))
+    return baselines.VARIANT_LOSSES[name](z, y, {}, cfg)
 
 
 def test_every_loss_name_has_one_loss():
-    assert set(cl.LOSSES) == {"curio", "curio_fixed_tau", *cl.VARIANT_LOSSES}
-    assert len(cl.LOSSES) == 10 and cl.second_model("curio_self_teacher") is None
-    assert [cl.second_model(n) for n in ("curio", "curio_fixed_tau", "kl", "sft")] == ["teacher", "teacher", "base",
+    assert set(baselines.LOSSES) == {"curio", "curio_fixed_tau", *baselines.VARIANT_LOSSES}
+    assert len(baselines.LOSSES) == 10 and baselines.second_model("curio_self_teacher") is None
+    assert [baselines.second_model(n) for n in ("curio", "curio_fixed_tau", "kl", "sft")] == ["teacher", "teacher", "base",
                                                                                        None]
 
 
-@pytest.mark.parametrize("name", sorted(cl.LOSSES))
+@pytest.mark.parametrize("name", sorted(baselines.LOSSES))
 def test_every_loss_handles_zero_tokens(name):
     z = torch.zeros(0, 50, requires_grad=True)
     y = torch.zeros(0, dtype=torch.long)
@@ -464,7 +465,7 @@ def test_neg_inf_vocabulary_entries_keep_every_loss_finite():
     z.requires_grad_()
     targets = torch.randint(0, 50, (6,))
     lq = cl.teacher_log_prob(z.detach() + 0.1, targets)[0]
-    for name in cl.LOSSES:
+    for name in baselines.LOSSES:
         loss, _ = loss_by_name(name, z, targets, lq, z.detach(), torch.full((6,), -3.0))
         g, = torch.autograd.grad(loss.sum(), z)
         assert torch.isfinite(loss).all() and torch.isfinite(g).all(), name
@@ -479,19 +480,19 @@ def test_baselines_against_hand_computation():
     lp = logp[torch.arange(5), y]
     p = lp.exp()
     cfg = LossConfig()
-    torch.testing.assert_close(cl.ce_loss(z, y)[0].double(), -lp)
-    torch.testing.assert_close(cl.dft_loss(z, y)[0].double(), -p * lp)
+    torch.testing.assert_close(baselines.ce_loss(z, y)[0].double(), -lp)
+    torch.testing.assert_close(baselines.dft_loss(z, y)[0].double(), -p * lp)
     # entropy regularisation, all tokens and the top-20% (1 of 5 here)
     h = -(logp.exp() * logp).sum(-1)
-    torch.testing.assert_close(cl.entropy_reg_loss(z, y, cfg)[0].double(), -lp - 0.06 * h, rtol=1e-6, atol=1e-6)
-    top = cl.entropy_reg_loss(z, y, cfg, bonus_mask=cl.top_entropy_mask(h))[0].double()
+    torch.testing.assert_close(baselines.entropy_reg_loss(z, y, cfg)[0].double(), -lp - 0.06 * h, rtol=1e-6, atol=1e-6)
+    top = baselines.entropy_reg_loss(z, y, cfg, bonus_mask=baselines.top_entropy_mask(h))[0].double()
     bonus = torch.where(h == h.max(), h, 0.0)
     torch.testing.assert_close(top, -lp - 0.06 * bonus, rtol=1e-6, atol=1e-6)
     # KL to base
     zb = torch.randn(5, 7, generator=g, dtype=torch.float64)
     kl_hand = (logp.exp() * (logp - torch.log_softmax(zb, -1))).sum(-1)
-    torch.testing.assert_close(cl.kl_to_base_loss(z, y, zb)[0].double(), -lp + 0.1 * kl_hand, rtol=1e-6, atol=1e-6)
-    assert cl.kl_to_base_loss(z, y, z)[1]["kl_to_base"].abs().max() < 1e-6
+    torch.testing.assert_close(baselines.kl_to_base_loss(z, y, zb)[0].double(), -lp + 0.1 * kl_hand, rtol=1e-6, atol=1e-6)
+    assert baselines.kl_to_base_loss(z, y, z)[1]["kl_to_base"].abs().max() < 1e-6
     # GEM, written as the double sum
     gem = torch.zeros(5, dtype=torch.float64)
     for i in range(5):
@@ -499,7 +500,7 @@ def test_baselines_against_hand_computation():
         for v in range(7):
             w = torch.sigmoid(0.01 * (z[i, v] - z[i, y[i]]))
             gem[i] -= q[v] * w * (lp[i] - logp[i, v])
-    torch.testing.assert_close(cl.gem_loss(z, y)[0].double(), gem, rtol=1e-6, atol=1e-6)
+    torch.testing.assert_close(baselines.gem_loss(z, y)[0].double(), gem, rtol=1e-6, atol=1e-6)
 
 
 def test_psft_clip_on_both_sides():
@@ -507,7 +508,7 @@ def test_psft_clip_on_both_sides():
     y = torch.zeros(3, dtype=torch.long)
     lp0 = math.log(0.25)
     old = torch.tensor([lp0, lp0 - math.log(2.0), lp0 + math.log(2.0)])   # ratios 1, 2, 0.5
-    loss, diag = cl.psft_loss(z, y, old)
+    loss, diag = baselines.psft_loss(z, y, old)
     torch.testing.assert_close(loss, torch.tensor([-1.0, -1.28, -0.5]))
     assert diag["clipped"].tolist() == [0.0, 1.0, 0.0]
     loss.sum().backward()
@@ -516,30 +517,30 @@ def test_psft_clip_on_both_sides():
     assert z.grad[0].abs().max() > 0 and z.grad[2].abs().max() > 0
     # with old = now PSFT is CE: same gradient
     z2 = torch.randn(3, 4, requires_grad=True)
-    g_psft, = torch.autograd.grad(cl.psft_loss(z2, y)[0].sum(), z2)
-    g_ce, = torch.autograd.grad(cl.ce_loss(z2, y)[0].sum(), z2)
+    g_psft, = torch.autograd.grad(baselines.psft_loss(z2, y)[0].sum(), z2)
+    g_ce, = torch.autograd.grad(baselines.ce_loss(z2, y)[0].sum(), z2)
     torch.testing.assert_close(g_psft, g_ce)
 
 
 def test_loss_names_and_the_fixed_temperature_ablation():
     with pytest.raises(ValueError, match="unknown loss 'ce'"):
-        cl.second_model("ce")
+        baselines.second_model("ce")
     with pytest.raises(ValueError, match="unknown loss 'ce'"):
-        cl.config_for("ce", LossConfig())
+        baselines.config_for("ce", LossConfig())
     z = llm_like_logits(8, 2000, seed=2)
     y = torch.randint(0, 2000, (8,))
-    assert cl.config_for("curio_fixed_tau", LossConfig()).fixed_tau == 1.3
-    assert cl.config_for("curio", LossConfig()).fixed_tau is None
-    top, _ = cl.entropy_reg_loss(z, y, bonus_mask=cl.top_entropy_mask(cl.entropy(z)))
-    every, _ = cl.entropy_reg_loss(z, y)
+    assert baselines.config_for("curio_fixed_tau", LossConfig()).fixed_tau == 1.3
+    assert baselines.config_for("curio", LossConfig()).fixed_tau is None
+    top, _ = baselines.entropy_reg_loss(z, y, bonus_mask=baselines.top_entropy_mask(cl.entropy(z)))
+    every, _ = baselines.entropy_reg_loss(z, y)
     assert (top > every).sum() == 6 and torch.isclose(top, every).sum() == 2   # the bonus on 2 of 8 tokens only
 
 
 def test_top_entropy_mask_is_the_80_20_papers_topk():
     h = torch.tensor([0.1, 2.0, 0.3, 1.5, 0.2, 0.9, 3.0, 0.0, 0.4, 0.5, 0.6])
-    assert cl.top_entropy_mask(h).nonzero().squeeze(-1).tolist() == [1, 3, 6]   # ceil(0.2 * 11) = 3
-    assert cl.top_entropy_mask(h[:5]).sum() == 1 and cl.top_entropy_mask(h[:10]).sum() == 2
-    assert cl.top_entropy_mask(torch.zeros(0)).shape == (0,)
+    assert baselines.top_entropy_mask(h).nonzero().squeeze(-1).tolist() == [1, 3, 6]   # ceil(0.2 * 11) = 3
+    assert baselines.top_entropy_mask(h[:5]).sum() == 1 and baselines.top_entropy_mask(h[:10]).sum() == 2
+    assert baselines.top_entropy_mask(torch.zeros(0)).shape == (0,)
 
 
 def test_summarize_reports_the_logged_statistics():
@@ -592,7 +593,7 @@ def test_one_token_by_hand():
 def test_dft_gradient_is_cross_entropy_scaled_by_the_detached_probability():
     z = torch.randn(6, 9, dtype=torch.float64, requires_grad=True)
     y = torch.randint(0, 9, (6,))
-    g_dft, = torch.autograd.grad(cl.dft_loss(z, y)[0].sum(), z)
-    g_ce, = torch.autograd.grad(cl.ce_loss(z, y)[0].sum(), z)
+    g_dft, = torch.autograd.grad(baselines.dft_loss(z, y)[0].sum(), z)
+    g_ce, = torch.autograd.grad(baselines.ce_loss(z, y)[0].sum(), z)
     p = torch.softmax(z.detach(), -1)[torch.arange(6), y]
     torch.testing.assert_close(g_dft, p[:, None] * g_ce)

@@ -16,6 +16,7 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 import chunked_logits
+import baselines
 import curio_loss as cl
 import data
 import rl
@@ -87,7 +88,7 @@ def cuda_sft_step_peak(config, loss, batch, chunk):
     torch.cuda.empty_cache()
     torch.manual_seed(0)
     full = Qwen2ForCausalLM(config)
-    second = cl.second_model(loss)
+    second = baselines.second_model(loss)
     initial = copy.deepcopy(full) if second else None
     model = models.shard_model(full, device, True, True)
     other = models.shard_model(initial, device, True, grad_ckpt=False, trainable=False) if second else None

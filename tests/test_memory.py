@@ -13,6 +13,7 @@ import torch
 from transformers import Qwen2Config, Qwen2ForCausalLM
 
 import chunked_logits
+import baselines
 import curio_loss as cl
 import data
 import rl
@@ -86,7 +87,7 @@ def measured_sft_peaks(config, loss, batch, chunk, grad_ckpt, bf16):
     with tracker:
         torch.manual_seed(0)
         full = Qwen2ForCausalLM(config)
-        second = cl.second_model(loss)
+        second = baselines.second_model(loss)
         separate = second is not None
         frozen = copy.deepcopy(full) if separate else None
         model = models.shard_model(full, torch.device("cpu"), bf16, grad_ckpt)

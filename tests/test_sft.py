@@ -11,6 +11,7 @@ import torch
 from safetensors.torch import load_file
 
 import chunked_logits
+import baselines
 import curio_loss as cl
 import data
 import sft
@@ -79,9 +80,9 @@ def test_entropy_top20_takes_the_micro_batchs_top_tokens_whatever_the_chunk(worl
     logits = model(batch["input_ids"], attention_mask=batch["attention_mask"]).logits[:, :-1][sel]
     y = batch["input_ids"][:, 1:][sel]
     h = cl.entropy(logits.detach())
-    want = -cl.student_log_prob(logits, y)[0] - cfg.entropy_coef * torch.where(cl.top_entropy_mask(h), h, 0.0)
+    want = -cl.student_log_prob(logits, y)[0] - cfg.entropy_coef * torch.where(baselines.top_entropy_mask(h), h, 0.0)
     torch.testing.assert_close(total, want.sum(), rtol=1e-5, atol=1e-4)
-    assert len(y) > 3 * 16 and int(len(y) * 0.2 + 0.9999) == int(cl.top_entropy_mask(h).sum())
+    assert len(y) > 3 * 16 and int(len(y) * 0.2 + 0.9999) == int(baselines.top_entropy_mask(h).sum())
 
 
 def test_the_self_teacher_takes_lq_from_the_chunks_own_logits(world_of_one, tiny_model_dir):
@@ -106,9 +107,9 @@ def test_the_self_teacher_takes_lq_from_the_chunks_own_logits(world_of_one, tiny
     assert model.lm_head.weight.grad is not None
 
 
-@pytest.mark.parametrize("name", sorted(cl.LOSSES))
+@pytest.mark.parametrize("name", sorted(baselines.LOSSES))
 def test_every_loss_lowers_its_own_loss_on_a_fixed_batch(world_of_one, tiny_model_dir, name):
-    second = cl.second_model(name)
+    second = baselines.second_model(name)
     model = fsdp_model(tiny_model_dir)
     other = None
     if second is not None:
@@ -116,7 +117,7 @@ def test_every_loss_lowers_its_own_loss_on_a_fixed_batch(world_of_one, tiny_mode
         other.requires_grad_(False)
     teacher, base = (other, None) if second == "teacher" else (None, other)
     batch, _, _ = toy_batch(tiny_model_dir)
-    args, cfg = sft.Args(loss=name, loss_chunk=32), cl.config_for(name, cl.LossConfig())
+    args, cfg = sft.Args(loss=name, loss_chunk=32), baselines.config_for(name, cl.LossConfig())
     old = chunked_logits.token_log_probs(model, batch, args.loss_chunk)[0] if name == "psft" else None
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     losses = []
@@ -128,7 +129,7 @@ def test_every_loss_lowers_its_own_loss_on_a_fixed_batch(world_of_one, tiny_mode
         # DFT's loss -sg(p) log p has the gradient of -p, the objective it lowers (its value rises with p < 1/e)
         losses.append(-diag["lp"].exp().sum().item() if name == "dft" else total.item())
     assert losses[-1] < losses[0] - 0.05 * abs(losses[0]), (name, losses)
-    if name in cl.CURIO_LOSSES:    # the ablation's one temperature reaches the teacher side, and only there
+    if name in baselines.CURIO_LOSSES:    # the ablation's one temperature reaches the teacher side, and only there
         assert (diag["tau"] == 1.3).all() == (name == "curio_fixed_tau")
 
 

@@ -1,0 +1,214 @@
+# Table 2's baselines and the ablation without a separate teacher, beside the CurioSFT loss
+# ("Learning While Staying Curious", arXiv:2602.02244, Sec. 3, Sec. 5.2, Table 2).
+"""What CurioSFT is compared with: every other loss sft.py's --loss names, and what they need.
+
+Each loss takes the logits of the N trained positions and their expert tokens, as curio_loss.py's
+do, logits [N, V] (any float dtype; all math is float32), targets [N] (long), and returns (loss [N]
+float32, diagnostics: dict of detached per-token tensors [N]).
+
+Read in this order:
+  1. The losses, each a few lines beside cross-entropy (Eq. 1): the entropy bonus (Eq. 2) and its
+     top-20% variant, KL to the base model, DFT, GEM, PSFT; then the self-teacher ablation.
+  2. `VARIANT_LOSSES`: the one interface, loss(logits, targets, extras, cfg), through which sft.py
+     calls all of them.
+  3. The trainer side: `variant_micro_batch_loss`, the contract of sft.py's CurioSFT micro-batch
+     loss for every other loss, with `variant_inputs` (the kl baseline's base model, the top-20%
+     mask) and `old_log_probs` (PSFT's ratio).
+`LOSSES` lists every --loss, CurioSFT's first; `second_model` says which needs a second model.
+"""
+from dataclasses import replace
+
+import torch
+
+import curio_loss as cl
+from chunked_logits import (chunked_sum, no_grad_logits, normed_hidden, select_targets,
+                            token_log_probs)
+from curio_loss import LossConfig
+
+
+# The losses sft.py's --loss names. CurioSFT and its two ablations (Sec. 5.2) need the teacher's lq;
+# the kl baseline needs a frozen base model and PSFT the log-probs from the start of its batch.
+CURIO_LOSSES = ("curio", "curio_fixed_tau", "curio_self_teacher")
+LOSSES = ("sft", *CURIO_LOSSES, "entropy", "entropy_top20", "kl", "dft", "gem", "psft")
+
+
+def second_model(loss: str) -> str | None:
+    """The model a loss needs beside the student: "teacher" (CurioSFT's EMA teacher, Alg. 1 line
+    1), "base" (the kl baseline's frozen initial model) or None (the self-teacher ablation, and
+    every other loss)."""
+    if loss not in LOSSES:
+        raise ValueError(f"unknown loss {loss!r}; choose one of {', '.join(LOSSES)}")
+    return {"curio": "teacher", "curio_fixed_tau": "teacher", "kl": "base"}.get(loss)
+
+
+def config_for(loss: str, cfg: LossConfig) -> LossConfig:
+    """The loss's own setting of the shared config: curio_fixed_tau's tau_hat = 1.3."""
+    second_model(loss)  # an unknown name fails here
+    if loss == "curio_fixed_tau" and cfg.fixed_tau is None:
+        return replace(cfg, fixed_tau=1.3)
+    return cfg
+
+
+# ================================================================================================
+# 1. The losses (Table 2)
+# ================================================================================================
+def ce_loss(logits, targets, cfg: LossConfig = LossConfig()):
+    """Vanilla SFT, Eq. 1."""
+    lp, _ = cl.student_log_prob(logits, targets)
+    return -lp, {"lp": lp.detach()}
+
+
+def entropy_reg_loss(logits, targets, cfg: LossConfig = LossConfig(), bonus_mask=None):
+    """CE - coef * H (Eq. 2). bonus_mask [N] (bool): the bonus only where it is True, as the
+    top-20% variant (Sec. 3, Table 1) takes it on the micro-batch's highest-entropy tokens
+    (`top_entropy_mask`)."""
+    lp, _ = cl.student_log_prob(logits, targets)
+    h = cl.entropy(logits)
+    bonus = h if bonus_mask is None else torch.where(bonus_mask, h, 0.0)
+    return -lp - cfg.entropy_coef * bonus, {"lp": lp.detach(), "student_entropy": h.detach()}
+
+
+def top_entropy_mask(h: torch.Tensor, top_frac: float = 0.2) -> torch.Tensor:
+    """[N] bool: the ceil(top_frac * N) positions of highest entropy among h [N], the set the
+    80/20 paper (Wang et al. 2025, arXiv:2506.01939) trains on: all response tokens of a
+    micro-batch, chosen with topk (their get_global_entropy_top_mask, k = int(N * top_frac +
+    0.9999))."""
+    mask = torch.zeros_like(h, dtype=torch.bool)
+    if h.numel():
+        mask[h.topk(max(1, int(h.numel() * top_frac + 0.9999))).indices] = True
+    return mask
+
+
+def kl_to_base_loss(logits, targets, base_logits, cfg: LossConfig = LossConfig()):
+    """CE + coef * KL(pi_theta || pi_base), exact over the vocabulary (the expert token is not
+    sampled from pi_theta, so a one-sample estimator would be biased); base_logits from the
+    frozen initial model."""
+    lp, _ = cl.student_log_prob(logits, targets)
+    logp = torch.log_softmax(cl._fp32(logits), -1)
+    logq = torch.log_softmax(cl._fp32(base_logits.detach()), -1)
+    kl = (logp.exp() * (logp - logq).masked_fill(torch.isneginf(logp), 0.0)).sum(-1)  # 0 log 0 = 0
+    return -lp + cfg.kl_coef * kl, {"lp": lp.detach(), "kl_to_base": kl.detach()}
+
+
+def dft_loss(logits, targets, cfg: LossConfig = LossConfig()):
+    """DFT, Dynamic Fine-Tuning (Wu et al. 2025, arXiv:2508.05629): CE scaled by the detached
+    probability of the expert token, -p(y) log p(y)."""
+    lp, _ = cl.student_log_prob(logits, targets)
+    return -lp * lp.detach().exp(), {"lp": lp.detach()}
+
+
+def gem_loss(logits, targets, cfg: LossConfig = LossConfig()):
+    """GEM (Li et al. 2024, "Preserving Diversity in Supervised Fine-Tuning of Large Language
+    Models", arXiv:2408.16673): -sum_v q_v w_v (log p_y - log p_v), q = softmax(z / beta) and w_v
+    = sigmoid(0.01 (z_v - z_y)), both detached."""
+    z = cl._fp32(logits)
+    logp = torch.log_softmax(z, -1)                                       # [N, V]
+    lp = logp.gather(-1, targets.unsqueeze(-1))                           # [N, 1]
+    with torch.no_grad():
+        q = torch.softmax(z / cfg.gem_beta, -1)
+        w = torch.sigmoid(0.01 * (z - z.gather(-1, targets.unsqueeze(-1))))
+        qw = (q * w).masked_fill(torch.isneginf(logp), 0.0)               # masked: weigh nothing
+    loss = -(qw * (lp - logp.masked_fill(torch.isneginf(logp), 0.0))).sum(-1)
+    return loss, {"lp": lp.squeeze(-1).detach()}
+
+
+def psft_loss(logits, targets, old_logp=None, cfg: LossConfig = LossConfig()):
+    """PSFT, Proximal SFT (Zhu et al. 2025, arXiv:2508.17784): PPO's clipped objective with
+    advantage 1 on every expert token, the ratio against the log-probs taken at the start of the
+    batch (old_logp [N]; None means 'now', i.e. ratio 1, where PSFT equals CE)."""
+    lp, _ = cl.student_log_prob(logits, targets)
+    old = lp.detach() if old_logp is None else cl._fp32(old_logp)
+    ratio = torch.exp(lp - old)
+    clipped = ratio.clamp(1 - cfg.psft_clip_low, 1 + cfg.psft_clip_high)
+    loss = torch.maximum(-ratio, -clipped)                                # the advantage is 1
+    return loss, {"lp": lp.detach(), "clipped": (ratio > 1 + cfg.psft_clip_high).float()}
+
+
+def self_teacher_loss(logits, targets, extras, cfg: LossConfig = LossConfig()):
+    """Ablation 'w/o Separate Teacher' (Sec. 5.2): Alg. 1 lines 6-13 with the student's own
+    logits, detached, as the teacher's. The temperature search runs once per chunk: backward's
+    recompute takes its lq from extras["memo"]."""
+    memo = extras["memo"]
+    if "lq" not in memo:
+        memo["lq"] = cl.teacher_log_prob(logits.detach(), targets, cfg)
+    lq, teacher_diag = memo["lq"]
+    loss, diag = cl.curio_sft_loss(logits, targets, lq, cfg)
+    return loss, teacher_diag | diag
+
+
+# ================================================================================================
+# 2. One interface: loss(logits [n, V], targets [n], extras, cfg) -> (loss [n], diagnostics).
+# extras holds what a loss needs beyond the student's logits, for the chunk's n tokens
+# (`variant_inputs`): base_logits [n, V] (kl), old_logp [n] (psft), top20 [n] bool (entropy_top20),
+# and memo, a dict that keeps the chunk's no-grad results for backward's recompute
+# (chunked_logits.chunked_sum).
+# ================================================================================================
+VARIANT_LOSSES = {   # --loss name -> loss; "curio" and "curio_fixed_tau" are sft.py's CurioSFT path
+    "curio_self_teacher": self_teacher_loss,
+    "sft": lambda z, y, extras, cfg: ce_loss(z, y, cfg),
+    "entropy": lambda z, y, extras, cfg: entropy_reg_loss(z, y, cfg),
+    "entropy_top20": lambda z, y, extras, cfg: entropy_reg_loss(z, y, cfg, extras["top20"]),
+    "kl": lambda z, y, extras, cfg: kl_to_base_loss(z, y, extras["base_logits"], cfg),
+    "dft": lambda z, y, extras, cfg: dft_loss(z, y, cfg),
+    "gem": lambda z, y, extras, cfg: gem_loss(z, y, cfg),
+    "psft": lambda z, y, extras, cfg: psft_loss(z, y, extras["old_logp"], cfg),
+}
+
+
+# ================================================================================================
+# 3. The trainer side: what sft.py's loop calls for every loss but CurioSFT's
+# ================================================================================================
+def old_log_probs(model, micro_batches, args) -> list:
+    """PSFT's ratio: the log-probs [N] of each micro-batch under the model as it is at the start of
+    its data batch (sft.py calls this there); None for every other loss."""
+    if args.loss != "psft":
+        return [None] * len(micro_batches)
+    return [token_log_probs(model, b, args.loss_chunk)[0] for b in micro_batches]
+
+
+def variant_inputs(model, base, batch, h, old_logp, args):
+    """What a variant loss needs beyond the student's logits, per response token (the extras of
+    VARIANT_LOSSES, before chunking): the kl baseline's base-model hidden states base_h [N, H] (its
+    logits are made per chunk), PSFT's old_logp [N], entropy_top20's mask of the micro-batch's
+    top-20% entropy tokens top20 [N]."""
+    extras = {}
+    if base is not None:
+        with torch.no_grad():
+            extras["base_h"], _ = select_targets(normed_hidden(base, batch), batch)
+    if old_logp is not None:
+        extras["old_logp"] = old_logp
+    if args.loss == "entropy_top20":
+        h_no_grad = h.detach()          # (torch's memory tracker hooks inputs needing a gradient)
+        with torch.no_grad():
+            h_ent = [cl.entropy(model.lm_head(h_no_grad[s : s + args.loss_chunk]))
+                     for s in range(0, len(h), args.loss_chunk)]
+        extras["top20"] = top_entropy_mask(torch.cat(h_ent))
+    return extras
+
+
+def variant_micro_batch_loss(model, base, batch, old_logp, args, cfg, want_entropy,
+                             weights=None, check=False):
+    """sft.curio_micro_batch_loss's contract for every other --loss: VARIANT_LOSSES[loss] on each
+    chunk, given variant_inputs (base: the kl baseline's frozen model; old_logp [N]: PSFT's
+    log-probs from the start of its data batch)."""
+    h, y = select_targets(normed_hidden(model, batch), batch)              # [N, H], [N]
+    extras = variant_inputs(model, base, batch, h, old_logp, args)
+    variant_loss = VARIANT_LOSSES[args.loss]
+
+    def chunk_loss(h_c, y_c, w_c, *extras_and_memo):
+        chunk_extras = dict(zip(extras, extras_and_memo[:-1])) | {"memo": extras_and_memo[-1]}
+        if "base_h" in chunk_extras:
+            with torch.no_grad():
+                base_h = chunk_extras.pop("base_h")
+                chunk_extras["base_logits"] = no_grad_logits(base.lm_head, base_h)   # [n, V]
+        logits = model.lm_head(h_c)                                            # [n, V]
+        loss, diag = variant_loss(logits, y_c, chunk_extras, cfg)
+        if check:
+            other = chunk_extras.get("base_logits", chunk_extras.get("old_logp"))
+            cl.check_finite(loss, logits, y_c, other)
+        memo = chunk_extras["memo"]
+        if want_entropy and "entropy" not in memo:       # memo: not again in backward's recompute
+            memo["entropy"] = diag["student_entropy"] = cl.entropy(logits.detach())
+        return (loss if w_c is None else loss * w_c).sum(), diag
+
+    return chunked_sum(chunk_loss, args.loss_chunk, h, y, weights, *extras.values())
