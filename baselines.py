@@ -104,11 +104,12 @@ def gem_loss(logits, targets, cfg: LossConfig = LossConfig()):
     z = cl._fp32(logits)
     logp = torch.log_softmax(z, -1)                                       # [N, V]
     lp = logp.gather(-1, targets.unsqueeze(-1))                           # [N, 1]
+    masked = torch.isneginf(logp)                                         # -inf logits [N, V]
     with torch.no_grad():
         q = torch.softmax(z / cfg.gem_beta, -1)
         w = torch.sigmoid(0.01 * (z - z.gather(-1, targets.unsqueeze(-1))))
-        qw = (q * w).masked_fill(torch.isneginf(logp), 0.0)               # masked: weigh nothing
-    loss = -(qw * (lp - logp.masked_fill(torch.isneginf(logp), 0.0))).sum(-1)
+        qw = (q * w).masked_fill(masked, 0.0)                             # masked: weigh nothing
+    loss = -(qw * (lp - logp.masked_fill(masked, 0.0))).sum(-1)
     return loss, {"lp": lp.squeeze(-1).detach()}
 
 
@@ -151,7 +152,7 @@ VARIANT_LOSSES = {   # --loss name -> loss; "curio" and "curio_fixed_tau" are sf
     "kl": lambda z, y, extras, cfg: kl_to_base_loss(z, y, extras["base_logits"], cfg),
     "dft": lambda z, y, extras, cfg: dft_loss(z, y, cfg),
     "gem": lambda z, y, extras, cfg: gem_loss(z, y, cfg),
-    "psft": lambda z, y, extras, cfg: psft_loss(z, y, extras["old_logp"], cfg),
+    "psft": lambda z, y, extras, cfg: psft_loss(z, y, extras.get("old_logp"), cfg),   # None: now
 }
 
 
@@ -160,10 +161,14 @@ VARIANT_LOSSES = {   # --loss name -> loss; "curio" and "curio_fixed_tau" are sf
 # ================================================================================================
 def old_log_probs(model, micro_batches, args) -> list:
     """PSFT's ratio: the log-probs [N] of each micro-batch under the model as it is at the start of
-    its data batch (sft.py calls this there); None for every other loss."""
-    if args.loss != "psft":
+    its data batch (sft.py calls this there); None for every other loss, and for PSFT with one
+    update per batch (the paper's setting): the old log-probs are then the current ones, which
+    psft_loss takes as lp.detach() for None, the same values (token_log_probs keeps a ratio of 1
+    exactly 1) without a forward pass."""
+    if args.loss != "psft" or args.updates_per_batch == 1:
         return [None] * len(micro_batches)
-    return [token_log_probs(model, b, args.loss_chunk)[0] for b in micro_batches]
+    return [token_log_probs(model, b, args.loss_chunk, with_entropy=False)[0]
+            for b in micro_batches]
 
 
 def variant_inputs(model, base, batch, h, old_logp, args):
@@ -208,7 +213,10 @@ def variant_micro_batch_loss(model, base, batch, old_logp, args, cfg, want_entro
             cl.check_finite(loss, logits, y_c, other)
         memo = chunk_extras["memo"]
         if want_entropy and "entropy" not in memo:       # memo: not again in backward's recompute
-            memo["entropy"] = diag["student_entropy"] = cl.entropy(logits.detach())
+            # the entropy bonus computed it already: the same values, not a second pass
+            memo["entropy"] = diag.get("student_entropy")
+            if memo["entropy"] is None:
+                memo["entropy"] = diag["student_entropy"] = cl.entropy(logits.detach())
         return (loss if w_c is None else loss * w_c).sum(), diag
 
     return chunked_sum(chunk_loss, args.loss_chunk, h, y, weights, *extras.values())

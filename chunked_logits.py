@@ -87,15 +87,18 @@ def cat_diags(diags):
 
 
 @torch.no_grad()
-def token_log_probs(model, batch, chunk: int, temperature: float = 1.0):
-    """log pi(y_t) [N] of the trained tokens and the full-vocabulary entropy there [N], at
-    `temperature`, one chunk of logits at a time (PSFT's old log-probs; GRPO's old log-probs and
-    rollout entropy). The head runs as in the trained forward, in the compute dtype, so that a ratio
-    pi / pi_old of 1 stays exactly 1."""
+def token_log_probs(model, batch, chunk: int, temperature: float = 1.0, with_entropy: bool = True):
+    """log pi(y_t) [N] of the trained tokens and the full-vocabulary entropy there [N] (None
+    without with_entropy: PSFT's old log-probs need none), at `temperature`, one chunk of logits at
+    a time (PSFT's old log-probs; GRPO's old log-probs and rollout entropy). The head runs as in the
+    trained forward, in the compute dtype, so that a ratio pi / pi_old of 1 stays exactly 1."""
     h, y = select_targets(normed_hidden(model, batch), batch)             # [N, H], [N]
     lp, ent = [], []
     for s in range(0, max(len(y), 1), chunk):
-        logits = model.lm_head(h[s : s + chunk]).float() / temperature     # [n, V]
+        logits = model.lm_head(h[s : s + chunk])                           # [n, V]
+        if temperature != 1.0:           # (x / 1.0 is x: no [n, V] float32 copy at temperature 1)
+            logits = logits.float() / temperature
         lp.append(cl.student_log_prob(logits, y[s : s + chunk])[0])
-        ent.append(cl.entropy(logits))
-    return torch.cat(lp), torch.cat(ent)
+        if with_entropy:
+            ent.append(cl.entropy(logits))
+    return torch.cat(lp), (torch.cat(ent) if with_entropy else None)

@@ -133,6 +133,48 @@ def test_every_loss_lowers_its_own_loss_on_a_fixed_batch(world_of_one, tiny_mode
         assert (diag["tau"] == 1.3).all() == (name == "curio_fixed_tau")
 
 
+def test_psft_runs_the_old_log_probs_pass_only_with_several_updates_per_batch(world_of_one, tiny_model_dir,
+                                                                             monkeypatch):
+    model = fsdp_model(tiny_model_dir)
+    batch, _, _ = toy_batch(tiny_model_dir)
+    passes = []
+    real = baselines.token_log_probs
+    monkeypatch.setattr(baselines, "token_log_probs", lambda *a, **k: passes.append(1) or real(*a, **k))
+    assert baselines.old_log_probs(model, [batch, batch], sft.Args(loss="psft")) == [None, None]
+    assert baselines.old_log_probs(model, [batch], sft.Args(loss="sft", updates_per_batch=4)) == [None]
+    assert not passes
+    several = baselines.old_log_probs(model, [batch, batch], sft.Args(loss="psft", updates_per_batch=4))
+    assert len(passes) == 2 and all(old is not None and old.dtype == torch.float32 for old in several)
+    # with one update per batch, no pass gives the pass's loss and gradient, bit for bit
+    args, cfg = sft.Args(loss="psft", loss_chunk=32), baselines.config_for("psft", cl.LossConfig())
+    results = []
+    for old in (None, chunked_logits.token_log_probs(model, batch, args.loss_chunk)[0]):
+        total, _ = sft.micro_batch_loss(model, None, None, batch, old, args, cfg, want_entropy=False)
+        total.backward()
+        results.append((total.detach(), [p.grad.full_tensor().clone() for p in model.parameters()]))
+        model.zero_grad(set_to_none=True)
+    assert torch.equal(results[0][0], results[1][0])
+    assert all(torch.equal(a, b) for a, b in zip(results[0][1], results[1][1]))
+
+
+def test_the_entropy_bonus_logs_the_entropy_it_computed(world_of_one, tiny_model_dir, monkeypatch):
+    """The logged student entropy of --loss entropy is the bonus's own: one entropy pass per chunk, not two."""
+    model = fsdp_model(tiny_model_dir)
+    batch, _, _ = toy_batch(tiny_model_dir)
+    passes = []
+    real = cl.entropy
+    monkeypatch.setattr(cl, "entropy", lambda *a, **k: passes.append(1) or real(*a, **k))
+    args, cfg = sft.Args(loss="entropy", loss_chunk=32), cl.LossConfig()
+    with torch.no_grad():
+        _, diag = sft.micro_batch_loss(model, None, None, batch, None, args, cfg, want_entropy=True)
+    n_chunks = -(-len(diag["lp"]) // args.loss_chunk)
+    assert len(passes) == n_chunks
+    lp, ent = chunked_logits.token_log_probs(model, batch, args.loss_chunk)
+    assert torch.equal(diag["student_entropy"], ent) and torch.equal(diag["lp"], lp)
+    lp_only, none = chunked_logits.token_log_probs(model, batch, args.loss_chunk, with_entropy=False)
+    assert none is None and torch.equal(lp_only, lp) and len(passes) == n_chunks + -(-len(lp) // 32)
+
+
 def test_teacher_ema_is_alg1_line17_bit_for_bit(world_of_one, tiny_model_dir):
     student, teacher = fsdp_model(tiny_model_dir, 0), fsdp_model(tiny_model_dir, 1)
     teacher.requires_grad_(False)
