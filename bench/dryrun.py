@@ -772,7 +772,42 @@ def ratios(r: dict, other: dict) -> dict:
             "est_ms_ratio": round(r["est_ms_per_step"] / other["est_ms_per_step"], 3),
             "peak_ratio": round(r["peak_gib_measured"] / other["peak_gib_measured"], 3),
             "other": {k: other[k] for k in ("flops_per_step", "est_ms_per_step", "mfu_est",
-                                            "peak_gib_measured")}}
+                                            "peak_gib_measured", "est_ms_parts")}}
+
+
+# Table 2's "Speed" column: seconds per SFT step measured by the paper (8 H800, the authors' verl),
+# with its row labels
+PAPER_SPEED_S = {"sft": ("Vanilla SFT", 43.2), "entropy": ("SFT with Entropy", 44.6),
+                 "kl": ("SFT with KL", 50.2), "gem": ("GEM", 44.5), "dft": ("DFT", 43.7),
+                 "psft": ("PSFT", 45.2), "curio": ("CurioSFT", 53.9),
+                 "curio_fixed_tau": ("w/o Adaptive Temp.", 51.9),
+                 "curio_self_teacher": ("w/o Separate Teacher", 45.5)}
+
+
+def speed_table(r: dict) -> list[str]:
+    """With --loss sft and --compare_losses: each loss's estimated step time over SFT's beside the
+    paper's measured ratio (Table 2). Rebased: verl computes old log-probs, a no-grad forward and
+    head, in every loss's step, which the paper's times include and these do not; the teacher's
+    forward and logits (a no-grad forward and head of the same tokens, from the curio run) added
+    to both times count the steps as the paper's were."""
+    if r["loss"] != "sft" or not r.get("compare"):
+        return []
+    curio = r["compare"].get("curio", {}).get("other", {}).get("est_ms_parts", {})
+    fwd = curio.get("teacher forward", 0) + curio.get("teacher logits", 0)
+    sft_ms, sft_s = r["est_ms_per_step"], PAPER_SPEED_S["sft"][1]
+    lines = ["", f"Table 2's speed: estimated time over SFT's ({sft_ms / 1e3:.2f} s) against the "
+             f"paper's (8 H800, {sft_s} s)"
+             + (f"; rebased: + {fwd / 1e3:.2f} s of old log-probs in both" if fwd else ""),
+             "| --loss | paper's row | est. s | / SFT | rebased | paper's s | paper / SFT |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for loss, c in r["compare"].items():
+        ms = c["other"]["est_ms_per_step"]
+        label, paper_s = PAPER_SPEED_S.get(loss, ("–", None))
+        rebased = f"{(ms + fwd) / (sft_ms + fwd):.3f}" if fwd else "–"
+        paper = (f"{paper_s} | {paper_s / sft_s:.3f}" if paper_s else "– | –")
+        lines.append(f"| {loss} | {label} | {ms / 1e3:.2f} | {ms / sft_ms:.3f} | {rebased} | "
+                     f"{paper} |")
+    return lines
 
 
 def summary(r: dict) -> str:
@@ -796,7 +831,7 @@ def summary(r: dict) -> str:
                        else "not confirmed (--no_confirm)")
             lines.append(f"does not fit; {fitting['flag']} {fitting['value']} does by the planner "
                          f"({fitting['peak_gib_planned']} GiB), {verdict}")
-    return "\n".join(lines)
+    return "\n".join(lines + speed_table(r))
 
 
 if __name__ == "__main__":

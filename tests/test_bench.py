@@ -200,3 +200,20 @@ def test_the_summary_is_written_after_every_part(tmp_path):
     assert {"SFT step", "teacher side"} <= sections and "rl.py" not in sections
     assert all(r["value"] is not None for r in rows if r["figure"].endswith("step time"))
     assert "| SFT step | sft step time |" in (out / "summary.md").read_text() and (out / "logs.tar.gz").exists()
+
+
+def test_the_dry_runs_speed_table_sets_each_loss_beside_table_2():
+    import dryrun
+
+    def run(ms, parts=None):
+        return {"other": {"est_ms_per_step": ms, "est_ms_parts": parts or {}}}
+
+    r = {"loss": "sft", "est_ms_per_step": 5520.0,
+         "compare": {"curio": run(6990.0, {"teacher forward": 1200.0, "teacher logits": 250.0}),
+                     "curio_fixed_tau": run(6890.0), "entropy_top20": run(6240.0)}}
+    rows = {line.split(" | ")[0][2:]: line.split(" | ") for line in dryrun.speed_table(r) if line.startswith("| ")}
+    assert rows["curio"][1:] == ["CurioSFT", "6.99", "1.266", "1.211", "53.9", "1.248 |"]
+    # rebased as the paper's steps count: + a no-grad forward and head (verl's old log-probs) in both
+    assert rows["curio_fixed_tau"][3:5] == ["1.248", f"{(6890 + 1450) / (5520 + 1450):.3f}"]
+    assert rows["entropy_top20"][1] == "–" and rows["entropy_top20"][-1] == "– |"  # not in Table 2
+    assert dryrun.speed_table(r | {"loss": "curio"}) == []                          # only against SFT
