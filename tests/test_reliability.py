@@ -416,3 +416,71 @@ def test_weights_only_export_loads_and_matches_its_digests(model_and_tokenizer, 
         checkpoints.export_weights(path, tmp_path / "bad")
     with pytest.raises(SystemExit, match="exists and is not empty"):
         checkpoints.export_weights(path, out)
+
+
+class RunsCode:
+    """What a crafted pickle holds: unpickling it writes the marker file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').write('ran')",)
+
+
+def redigest(path):
+    """What a crafted checkpoint does to pass the digest check: sha256.json recomputed over its files."""
+    digests = {str(p.relative_to(path)): checkpoints.file_sha256(p) for p in sorted(path.rglob("*"))
+               if p.is_file() and p.name != "sha256.json"}
+    (path / "sha256.json").write_text(json.dumps(digests, indent=1))
+    assert checkpoints.damaged_files(path) == []
+
+
+def test_a_crafted_checkpoint_runs_no_code_and_is_refused_in_one_line(model_and_tokenizer, tmp_path):
+    """trainer/.metadata is a pickle: one that also holds a payload (its digests recomputed) is refused, naming
+    it, and the payload never runs; the same for a non-tensor trainer value (the optimiser's lr) that holds one.
+    A checkpoint as saved loads, with the model, optimiser and step restored."""
+    import pickle
+    import torch.distributed.checkpoint as dcp
+
+    model, tokenizer = model_and_tokenizer
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.25)
+    model(input_ids=torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    optimizer.step()
+    path = checkpoints.save(tmp_path / "run", 3, model, tokenizer,
+                            checkpoints.trainer_state(model, optimizer, None), {"step": 3})
+    saved = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    optimizer.param_groups[0]["lr"] = 1.0
+    assert checkpoints.restore(path, model, optimizer, None) == {"step": 3}      # as saved: it loads
+    assert all(torch.equal(v.full_tensor(), saved[k]) for k, v in model.state_dict().items())
+    assert optimizer.param_groups[0]["lr"] == 0.25 and optimizer.state
+
+    marker = tmp_path / "payload_ran"
+    metadata_file = path / "trainer" / ".metadata"
+    original = metadata_file.read_bytes()
+    metadata = pickle.loads(original)
+    metadata.planner_data["payload"] = RunsCode(marker)     # a full pickle.load would run it, then load on
+    metadata_file.write_bytes(pickle.dumps(metadata))
+    redigest(path)
+    assert checkpoints.resume_point(tmp_path / "run") == path                     # the digests match
+    state = checkpoints.trainer_state(model, optimizer, None)
+    with pytest.raises(SystemExit) as refused:
+        checkpoints.load(path, state)
+    assert str(refused.value) == (f"{metadata_file}: not torch.distributed.checkpoint metadata (it names "
+                                  "builtins.exec, which is not checkpoint metadata); refused, nothing in it was run")
+    assert not marker.exists()
+
+    # a non-tensor value of the trainer state: DCP stores it as torch.save bytes in a .distcp file
+    metadata_file.write_bytes(original)
+    crafted = checkpoints.trainer_state(model, optimizer, None)
+    crafted["optim"]["param_groups"][0]["lr"] = RunsCode(marker)
+    shutil.rmtree(path / "trainer")
+    dcp.save(crafted, checkpoint_id=str(path / "trainer"))
+    redigest(path)
+    with pytest.raises(SystemExit, match=rf"^{re.escape(str(path / 'trainer'))}: cannot be loaded \(UnpicklingError: "
+                                         r"Weights only load failed[^\n]*\)$"):
+        checkpoints.load(path, checkpoints.trainer_state(model, optimizer, None))
+    assert not marker.exists()
