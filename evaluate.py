@@ -83,7 +83,7 @@ class Args:
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     """model dtype; auto: bfloat16 on GPU, float32 on CPU"""
     batch_size: int = 8
-    """prompts per HF generate call (vLLM schedules its own batches)"""
+    """prompts per HF generate call (vLLM schedules its own batches); no sample depends on it"""
     tensor_parallel_size: int = 1
     """vLLM: GPUs per model (1 under torchrun: one engine per rank)"""
     gpu_memory_utilization: float = 0.85
@@ -338,7 +338,8 @@ def _load_progress(path: Path, key: dict) -> dict | None:
 
 def rank_block(count: int, batch_size: int, rank: int, world: int) -> range:
     """This rank's questions: a contiguous block of whole batches of batch_size, so that every HF
-    batch, and the seed generate gives it, is the same whatever the number of ranks."""
+    batch is the same whatever the number of ranks (the seeds are the questions' own either way:
+    generate's offset)."""
     batches = -(-count // batch_size)
     first, end = batches * rank // world, batches * (rank + 1) // world
     return range(min(count, first * batch_size), min(count, end * batch_size))

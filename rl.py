@@ -116,7 +116,8 @@ class Args:
     sync_bucket_mb: int = 1024
     """weight sync: MB of full tensors gathered from the FSDP shards per load into the engine"""
     gen_batch_size: int = 16
-    """HF engine: prompts per generate call (vLLM schedules its own batches)"""
+    """HF engine: prompts per generate call (vLLM schedules its own batches); no sample depends on
+    it: each draws from a seed of its own"""
     grader_timeout: float = 10.0
     """seconds per graded response; an overrunning grader is killed and the response scores 0"""
     grader_workers: int = 4
@@ -167,11 +168,12 @@ class Args:
                                  f"ppo_clip has a dual clip")
 
 
-# settings a resumed run may change: they change nothing it computes (run_dir.claim checks the rest)
+# settings a resumed run may change: they change nothing it computes, bit for bit (run_dir.claim
+# checks the rest; tests/test_reliability.py, test_rl.py). Not --loss_chunk or --offload (they
+# reorder float sums), --engine (another sampler) or --grader_timeout (it decides overrunning rewards)
 MAY_CHANGE_ON_RESUME = {"out_dir", "steps", "save_every", "keep_last", "loggers", "log_line",
-                        "loss_chunk", "grad_ckpt", "offload", "dist_timeout_min", "engine",
-                        "gpu_memory_utilization", "vllm_sleep", "sync_bucket_mb", "gen_batch_size",
-                        "grader_timeout", "grader_workers", "log_rollouts"}
+                        "grad_ckpt", "dist_timeout_min", "gpu_memory_utilization", "vllm_sleep",
+                        "sync_bucket_mb", "gen_batch_size", "grader_workers", "log_rollouts"}
 
 
 # ================================================================================================
@@ -419,8 +421,8 @@ def step_prompts(n_prompts, step, args, rank, world):
 
 def rollout_seed(args, step, rank, world, n_prompts):
     """The sampling seed of this rank at `step`: one block of n_prompts * rollouts seeds per (seed,
-    step, rank), since vLLM seeds request i with seed + i * rollouts (+ the sample's index). HF
-    seeds torch once with it, and torch's CPU generator keeps only its low 32 bits: so < 2**31."""
+    step, rank), since both engines draw sample j of prompt i from seed + i * rollouts + j, however
+    they batch the prompts. Torch's CPU generator keeps only the low 32 bits: so < 2**31."""
     return (args.seed * 1_000_003 + step * world + rank) * n_prompts * args.rollouts % 2**31
 
 
@@ -543,11 +545,12 @@ def train(args, device, reward_fn=None):
     run_dir.claim(out_dir, asdict(args), MAY_CHANGE_ON_RESUME,
                   resuming=checkpoints.latest(out_dir) is not None, data=train_data,
                   defaults=asdict(Args()))
-    if run_dir.completed(out_dir, args.steps) is not None:    # its own record: nothing is loaded
-        print0(f"{out_dir}: complete at step {args.steps} of {args.steps}; nothing to train")
-        run_dir.release()
+    resume_from = checkpoints.resume_point(out_dir)                # the newest intact checkpoint
+    # the learning rate is constant and the prompts and seeds a function of the step: a finished
+    # run goes on to a larger --steps as one run to it would
+    if run_dir.check_end(out_dir, resume_from, args.steps, "--steps"):
+        run_dir.release()                                          # complete: nothing is loaded
         return []
-    resume_from = checkpoints.resume_point(out_dir)
     # the engine first: vLLM's share of the GPU must be free when it starts
     engine, _ = generation.rollout_engine(
         args.model, args.engine, "bfloat16" if bf16 else "float32", args.seed + rank,
@@ -568,8 +571,6 @@ def train(args, device, reward_fn=None):
                              line=args.log_line)
         run_dir.keep_steps_upto(rollouts_file, step)      # as log.jsonl: no step twice on resume
     records, last_saved = [], step
-    if step >= args.steps:                   # resumed at its end: a finished run does no work
-        print0(f"{out_dir}: complete at step {step} of {args.steps}; nothing to train")
 
     while step < args.steps:
         t0 = time.perf_counter()

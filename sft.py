@@ -136,9 +136,10 @@ def check_world(args, world):
                          f"GPUs (ranks), {world}")
 
 
-# settings a resumed run may change: they change nothing it computes (run_dir.claim checks the rest)
+# settings a resumed run may change: they change nothing it computes, bit for bit (run_dir.claim
+# checks the rest; tests/test_reliability.py). Not --loss_chunk or --offload: they reorder float sums
 MAY_CHANGE_ON_RESUME = {"out_dir", "max_steps", "save_every", "keep_last", "log_every", "loggers",
-                        "log_line", "loss_chunk", "grad_ckpt", "offload", "dist_timeout_min"}
+                        "log_line", "grad_ckpt", "dist_timeout_min"}
 
 
 # ================================================================================================
@@ -269,6 +270,18 @@ def per_token(weight, examples, n_targets, device):
     return torch.tensor(w).to(device)     # built on the host, then copied (fake tensors can copy)
 
 
+def ends_mid_batch(args):
+    """Why a run that ended at `step` cannot go on to more (run_dir.check_end), or None: the
+    schedule spans every epoch (lr_at) and the data plan is max_steps' own, but a --max_steps end
+    inside a data batch moves the position to the next batch, skipping the rest of that one."""
+    def why(step):
+        if step % args.updates_per_batch:
+            return (f"step {step} is inside a data batch (--updates_per_batch "
+                    f"{args.updates_per_batch}), whose remaining updates would be skipped")
+        return None
+    return why
+
+
 def collate_on(example_ids, dataset, pad_id, device):
     """One micro-batch of examples, padded (data.collate), on the device."""
     return data.collate([dataset[i] for i in example_ids], pad_id, device)
@@ -378,9 +391,9 @@ def main():
     batches_per_epoch = len(dataset) // args.global_batch
     total_steps = args.epochs * batches_per_epoch * args.updates_per_batch
     last_steps = total_steps if args.max_steps == -1 else min(args.max_steps, total_steps)
-    if run_dir.completed(out_dir, last_steps) is not None:       # its own record: nothing is loaded
-        print0(f"{out_dir}: complete at step {last_steps} of {last_steps}; nothing to train")
-        run_dir.release()
+    resume_from = checkpoints.resume_point(out_dir)                # the newest intact checkpoint
+    if run_dir.check_end(out_dir, resume_from, last_steps, "--max_steps", ends_mid_batch(args)):
+        run_dir.release()                                          # complete: nothing is loaded
         shutdown()
     model, teacher, base = load_models(args, device, bf16)
     optimizer = make_optimizer(model, args.lr, args.weight_decay, args.adam_beta2, device,
@@ -390,7 +403,6 @@ def main():
 
     # ---- resume from the newest intact checkpoint
     step, epoch, batch_idx = 0, 0, 0           # (epoch, batch_idx): the next data batch to train on
-    resume_from = checkpoints.resume_point(out_dir)
     if resume_from is not None:
         position = checkpoints.restore(resume_from, model, optimizer, teacher)
         step, epoch, batch_idx = position["step"], position["epoch"], position["batch_idx"]
@@ -412,9 +424,6 @@ def main():
         print0(f"saved {path}")
 
     steps = plan_steps(lengths, world, args, epoch, batch_idx)
-    if step >= last_steps:                   # resumed at its end: a finished run does no work
-        print0(f"{out_dir}: complete at step {step} of {last_steps}; nothing to train")
-        steps = []
 
     # ---- ALGO LOGIC: one optimiser step per iteration (Alg. 1 lines 2-17)
     for epoch, batch_idx, update, batch, step_mbs in steps:

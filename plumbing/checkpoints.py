@@ -5,9 +5,10 @@ trainer state (model, optimiser, teacher) and each rank's RNG for an exact resum
 digest of every file, checked before a resume. Every function here but export_weights is collective:
 every rank calls it.
 
-Resuming loads trainer/.metadata, which torch.distributed.checkpoint unpickles: resume only from
-your own runs. The digests catch damaged files (a truncated write, flipped bits), not a directory
-crafted to match them.
+A resume reads trainer/.metadata, a pickle, with an unpickler that admits only the classes
+torch.distributed.checkpoint writes there, and the trainer's other values with torch.load's
+weights_only: a crafted checkpoint is refused, nothing in it runs. The digests catch damaged files
+(a truncated write, flipped bits), not a directory crafted to match them.
 
     python -m plumbing.checkpoints export out/sft_curio/step_000540 out/curio_7b   # the model only
 """
@@ -17,6 +18,7 @@ import errno
 import hashlib
 import json
 import os
+import pickle
 import shutil
 from pathlib import Path
 
@@ -313,13 +315,92 @@ def verify_model_dir(path: str, rank0: bool = True) -> None:
                          f"({', '.join(bad[:5])}): the checkpoint is damaged")
 
 
+# What torch 2.13's torch.distributed.checkpoint pickles into .metadata (metadata.py, filesystem.py
+# _StorageInfo, torch.Size, a dtype and a layout per tensor, the save's directory as a path): the only
+# globals trainer/.metadata may name. Found by listing a saved checkpoint's (tests/test_reliability.py
+# loads one of every kind the project writes).
+METADATA_GLOBALS = {("torch.distributed.checkpoint.metadata", name) for name in (
+    "Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata",
+    "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING")} | {
+    ("torch.distributed.checkpoint.filesystem", "_StorageInfo"), ("torch", "Size"),
+    ("torch.serialization", "_get_layout"), ("pathlib", "PosixPath")}
+
+
+class _MetadataUnpickler(pickle.Unpickler):
+    """pickle's loader for trainer/.metadata, with find_class (the one way a pickle reaches code:
+    a class to build, a function to call) limited to METADATA_GLOBALS and torch's dtypes."""
+
+    def find_class(self, module, name):
+        dtype = module == "torch" and isinstance(getattr(torch, name, None), torch.dtype)
+        if (module, name) not in METADATA_GLOBALS and not dtype:
+            raise pickle.UnpicklingError(f"it names {module}.{name}, which is not checkpoint "
+                                         "metadata")
+        return super().find_class(module, name)
+
+
+def read_metadata(file: Path):
+    """torch.distributed.checkpoint's Metadata of a trainer/ directory, read with
+    _MetadataUnpickler: a file naming anything else is refused with one line naming it, before any
+    of it runs. Not collective."""
+    from torch.distributed.checkpoint.metadata import Metadata
+
+    try:
+        with open(file, "rb") as f:
+            metadata = _MetadataUnpickler(f).load()
+    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, AttributeError) as e:
+        raise SystemExit(f"{file}: not torch.distributed.checkpoint metadata ({e}); refused, "
+                         "nothing in it was run") from None
+    if not isinstance(metadata, Metadata):
+        raise SystemExit(f"{file}: not torch.distributed.checkpoint metadata (a "
+                         f"{type(metadata).__name__}); refused")
+    return metadata
+
+
+def _safe_dcp(directory: Path):
+    """(storage_reader, planner) for dcp.load that unpickle nothing beyond metadata and plain
+    values: the reader reads .metadata (or a rank's, DCP's fallback) with read_metadata, the
+    planner the non-tensor values (the optimiser's lr, betas...) with weights_only=True, as DCP
+    already reads tensors."""
+    from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader
+    from torch.distributed.checkpoint.default_planner import set_element
+    from torch.distributed.checkpoint.metadata import StorageMeta
+
+    class Reader(FileSystemReader):
+        def read_metadata(self, *args, **kwargs):
+            try:
+                metadata = read_metadata(Path(self._get_metadata_path(kwargs.get("rank"))))
+            except SystemExit as e:                 # DCP handles an Exception (a rank's file)
+                raise pickle.UnpicklingError(str(e)) from None
+            if metadata.storage_meta is None:
+                metadata.storage_meta = StorageMeta()
+            metadata.storage_meta.load_id = self.load_id
+            return metadata
+
+    class Planner(DefaultLoadPlanner):
+        def load_bytes(self, read_item, value):
+            obj = torch.load(value, weights_only=True)
+            if self.flatten_state_dict:
+                set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
+            else:
+                self.state_dict[read_item.dest_index.fqn] = obj
+
+    return Reader(str(directory)), Planner()
+
+
 def load(path: Path, trainer_state: dict) -> dict:
     """Loads trainer/ into `trainer_state` in place (same structure as saved) and restores this
-    rank's RNG; returns state.json's counters, checked. RNG files are read with weights_only=True
-    (no pickle)."""
+    rank's RNG; returns state.json's counters, checked. Nothing is unpickled but checkpoint metadata
+    (read_metadata) and weights_only loads: a crafted file stops the run with one line."""
     import torch.distributed.checkpoint as dcp
 
-    dcp.load(trainer_state, checkpoint_id=str(path / "trainer"))
+    read_metadata(path / "trainer" / ".metadata")      # a refusal here is one line on every rank
+    reader, planner = _safe_dcp(path / "trainer")
+    try:
+        dcp.load(trainer_state, storage_reader=reader, planner=planner)
+    except _checkpoint_exception() as e:
+        errors = [exc for exc, _ in e.failures.values()]
+        raise SystemExit(f"{path / 'trainer'}: cannot be loaded ({type(errors[0]).__name__}: "
+                         f"{str(errors[0]).strip().splitlines()[0]})") from None
     rng_file, state_file = path / f"rng_rank{dist.get_rank()}.pt", path / "state.json"
     try:
         rng = torch.load(rng_file, weights_only=True)

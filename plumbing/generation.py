@@ -215,6 +215,24 @@ class _SampledLogProbs(transformers.LogitsProcessor):
         return self.sampled_logp[:, : self.step], self.entropy[:, : self.step]
 
 
+class _SeededDraw(transformers.LogitsProcessor):
+    """The last of generate's logits processors: draws each row's token from its processed scores
+    with the row's own generator (an exponential race: argmax p / q, q ~ Exp(1), which samples p
+    exactly) and leaves that token the only one possible, so generate's own draw can only take it.
+    Each sample's tokens then depend on its seed alone, not on which rows share its batch, as vLLM's
+    per-request seeds do (up to a batched forward's rounding, which moves a draw only when it falls
+    within that rounding of a boundary)."""
+
+    def __init__(self, seeds: list[int], device):
+        self.generators = [torch.Generator(device).manual_seed(s) for s in seeds]
+
+    def __call__(self, input_ids, scores):
+        p = scores.float().softmax(-1)                                              # [rows, V]
+        q = torch.stack([torch.empty_like(p[0]).exponential_(generator=g) for g in self.generators])
+        token = (p / q).argmax(-1, keepdim=True)                                    # [rows, 1]
+        return torch.full_like(scores, -float("inf")).scatter_(-1, token, 0.0)
+
+
 @torch.no_grad()
 def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size,
                  logprobs, offset):
@@ -225,8 +243,6 @@ def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_token
                                     quiet=len(prompts) <= batch_size or sys.stderr.isatty())
     for start in tqdm(range(0, len(prompts), batch_size), desc="generating (hf)",
                       disable=len(prompts) <= batch_size or not sys.stderr.isatty()):
-        # a seed per batch from its first prompt's global index
-        torch.manual_seed(seed + (offset + start) * n)
         encoded = [encode(tokenizer, p) for p in prompts[start : start + batch_size]]
         width = max(map(len, encoded))
         # ids and mask: (B, P), left-padded
@@ -244,12 +260,17 @@ def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_token
         recorder = _SampledLogProbs(max_new_tokens) if logprobs else None
         if recorder is not None:
             processors.append(recorder)
-        out = model.generate(
-            input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0,
-            logits_processor=processors,
-            top_k=0, repetition_penalty=1.0,  # override checkpoint defaults: sample as vLLM does
-            num_return_sequences=n, max_new_tokens=max_new_tokens, eos_token_id=eos,
-            pad_token_id=pad, return_dict_in_generate=True)
+        # a seed per sample from its prompt's global index, as vLLM's (seed + index * n + child)
+        first = offset + start
+        processors.append(_SeededDraw([seed + (first + i) * n + j for i in range(len(encoded))
+                                       for j in range(n)], device))
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            out = model.generate(
+                input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0,
+                logits_processor=processors,
+                top_k=0, repetition_penalty=1.0,  # override checkpoint defaults: as vLLM samples
+                num_return_sequences=n, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                pad_token_id=pad, return_dict_in_generate=True)  # (its draw: the caller's RNG kept)
         new = out.sequences[:, width:]  # (B * n, T), rows grouped by prompt
         if recorder is not None:
             logp, ent = recorder.finish(new[:, -1])  # (B * n, T) each

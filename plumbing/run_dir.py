@@ -17,7 +17,9 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from plumbing import checkpoints
 from plumbing.checkpoints import file_sha256
+from plumbing.distributed import print0
 
 LOGGERS = ("wandb", "tensorboard")
 _HELD = []  # the locks this process holds: released when it exits
@@ -118,7 +120,7 @@ def leave_after_signal(out_dir: Path, step: int, signal_name: str | None, log) -
     """A run stopped by SIGTERM or SIGINT once its checkpoint is saved: rank 0 leaves `stopped` in
     out_dir (for a requeue script: {"step", "signal"}; the next start removes it) and every rank
     exits with STOPPED_EXIT."""
-    from plumbing.distributed import STOPPED_EXIT, print0, shutdown
+    from plumbing.distributed import STOPPED_EXIT, shutdown
 
     if dist.get_rank() == 0:
         write_atomic(out_dir / "stopped", json.dumps({"step": step, "signal": signal_name}) + "\n")
@@ -138,14 +140,61 @@ def mark_complete(out_dir: Path, step: int) -> None:
         write_atomic(out_dir / "complete.json", json.dumps({"step": step}) + "\n")
 
 
-def completed(out_dir: Path, last_step: int | None = None) -> int | None:
-    """The step at which the run in out_dir completed (reached its planned last step, `last_step` if
-    given, and saved it), or None: not run, interrupted, or planned to a different last step."""
+def _record(out_dir: Path) -> int | None:
+    """The step complete.json names, or None (no record, or not one)."""
     try:
         step = json.loads((Path(out_dir) / "complete.json").read_text())["step"]
-    except (OSError, ValueError, KeyError, TypeError):
+    except (OSError, ValueError, KeyError, TypeError, UnicodeDecodeError):
         return None
-    return step if last_step is None or step == last_step else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None
+
+
+def completed(out_dir: Path) -> int | None:
+    """The step at which the run in out_dir completed, by its record, when its newest complete
+    checkpoint is that step's; else None (not run, interrupted, or a record without its checkpoint).
+    Cheap and not collective: the demo's test for a finished stage; the stage scripts check the
+    checkpoint's digests too (check_end)."""
+    step, newest = _record(out_dir), checkpoints.latest(out_dir)
+    named = step is not None and newest is not None and newest.name == f"step_{step:06d}"
+    return step if named else None
+
+
+def check_end(out_dir: Path, resume_from: Path | None, last_step: int, flag: str,
+              why_not_on=None) -> bool:
+    """Before a run loads its model, given resume_from (checkpoints.resume_point: the newest
+    checkpoint whose digests match, or None): True when the run is complete, resume_from being at
+    last_step (then complete.json is written if it was not). complete.json counts only with the
+    checkpoint it names: naming another (a hand edit, a truncated copy, two machines' files) it is
+    removed with one line and the run resumes from resume_from. A run that ended before last_step
+    goes on to it, unless why_not_on(step) says why that would not give what one uninterrupted run
+    to last_step gives: then, and for a run past last_step (flag: the setting that asked for it),
+    one line refuses. Every rank calls it."""
+    step = 0 if resume_from is None else int(resume_from.name.removeprefix("step_"))
+    record, rank0 = _record(out_dir), dist.get_rank() == 0
+    if (out_dir / "complete.json").exists() and record != step:
+        print0(f"{out_dir / 'complete.json'}: names step {record}, but the newest intact checkpoint "
+               f"is {resume_from or 'none'}: ignored and removed")
+        if rank0:
+            (out_dir / "complete.json").unlink(missing_ok=True)
+        record = None
+    if step > last_step:
+        raise SystemExit(f"{out_dir}: the run there is at step {step}, past the {last_step} asked "
+                         f"for ({flag}): ask for {step} or more, or choose another --out_dir")
+    if step == last_step:
+        if record is None:
+            mark_complete(out_dir, step)
+        print0(f"{out_dir}: complete at step {step} of {last_step}; nothing to train")
+        return True
+    why = why_not_on(step) if why_not_on is not None and step > 0 else None
+    if why:
+        raise SystemExit(f"{out_dir}: the run there ended at step {step}; going on to step "
+                         f"{last_step} ({flag}) would not give what one run to it gives: {why}; "
+                         "choose another --out_dir")
+    if record is not None:
+        print0(f"{out_dir}: complete at step {step}; going on to step {last_step} ({flag})")
+        if rank0:
+            (out_dir / "complete.json").unlink()     # until the new end is reached and saved
+    return False
 
 
 def file_identity(path) -> dict:

@@ -85,25 +85,56 @@ def test_hf_generation_without_logprobs_samples_the_same_tokens(chat_checkpoint)
     assert all(len(s.logprobs) == len(s.token_ids) for q in full for s in q)
 
 
+def test_hf_samples_do_not_depend_on_how_prompts_are_batched(chat_checkpoint):
+    """Each sample draws from its own seed (seed + the prompt's global index x n + its index): the same tokens
+    whatever --gen_batch_size / --batch_size and however the prompts are split (offset), and the caller's RNG is
+    left as it was. Another seed gives other samples."""
+    engine, tok = generation.load_engine(chat_checkpoint, "hf")
+    prompts = [build_prompt(q, tok) for q in QUESTIONS + QUESTIONS[:1]]
+
+    def tokens(batch_size, seed=7, part=slice(None), offset=0):
+        out = generation.generate(engine, tok, prompts[part], n=3, temperature=1.0, top_p=0.95, max_new_tokens=10,
+                                  seed=seed, batch_size=batch_size, logprobs=False, offset=offset)
+        return [[s.token_ids for s in q] for q in out]
+
+    state = torch.get_rng_state()
+    whole = tokens(4)
+    assert torch.equal(torch.get_rng_state(), state)
+    assert tokens(1) == tokens(3) == whole
+    assert tokens(1, part=slice(2, None), offset=2) == whole[2:]
+    assert whole[0] != whole[3] and len({tuple(s) for s in whole[0]}) > 1   # same prompt, other seeds: other samples
+    assert tokens(4, seed=8) != whole
+
+
 def reference_hf_samples(model, tok, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size):
-    """What _generate_hf returned before it recorded log-probs as it went: generate's output_scores, every step's
-    [B * n, V] processed scores kept to the end, then the sampled tokens' log-probs and the entropies from them."""
+    """What _generate_hf returned before it recorded log-probs as it went: every step's [B * n, V] processed
+    scores (temperature, then top-p) kept to the end, then the sampled tokens' log-probs and the entropies from
+    them. The draw is _generate_hf's: each sample's own seed (_SeededDraw, after the kept scores)."""
     eos = generation._eos_ids(model, tok)
     out_all = []
+
+    class Keep(transformers.LogitsProcessor):
+        def __call__(self, input_ids, scores):
+            kept.append(scores.clone())
+            return scores
+
     for start in range(0, len(prompts), batch_size):
-        torch.manual_seed(seed + start * n)
         encoded = [generation.encode(tok, p) for p in prompts[start : start + batch_size]]
         width = max(map(len, encoded))
         ids = torch.tensor([[tok.pad_token_id] * (width - len(e)) + e for e in encoded])
         mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=temperature,
-                             top_p=top_p, top_k=0, repetition_penalty=1.0, num_return_sequences=n,
-                             max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=tok.pad_token_id,
-                             output_scores=True, return_dict_in_generate=True)
+        kept, seeds = [], [seed + (start + i) * n + j for i in range(len(encoded)) for j in range(n)]
+        processors = transformers.LogitsProcessorList(
+            [transformers.TemperatureLogitsWarper(temperature), transformers.TopPLogitsWarper(top_p), Keep(),
+             generation._SeededDraw(seeds, ids.device)])
+        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0,
+                             logits_processor=processors, top_k=0, repetition_penalty=1.0,
+                             num_return_sequences=n, max_new_tokens=max_new_tokens, eos_token_id=eos,
+                             pad_token_id=tok.pad_token_id, return_dict_in_generate=True)
         new = out.sequences[:, width:]
         logp = torch.stack([s.float().log_softmax(-1).gather(-1, new[:, t : t + 1])[:, 0]
-                            for t, s in enumerate(out.scores)], 1)
-        ent = torch.stack([generation.entropy(s) for s in out.scores], 1)
+                            for t, s in enumerate(kept)], 1)
+        ent = torch.stack([generation.entropy(s) for s in kept], 1)
         out_all += [(new[r].tolist(), logp[r].tolist(), ent[r].tolist()) for r in range(new.shape[0])]
     return out_all
 
@@ -133,6 +164,8 @@ tok = build_toy_tokenizer(["a b c 1 2 3"] * 10, vocab_size=300)
 cfg = transformers.Qwen2Config(vocab_size=151936, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                num_key_value_heads=1, intermediate_size=64, max_position_embeddings=1024)
 model = transformers.Qwen2ForCausalLM(cfg).eval()
+eos = torch.tensor(generation._eos_ids(model, tok))          # never drawn: every sample runs to 512 tokens
+model.lm_head.register_forward_hook(lambda module, inputs, out: out.index_fill_(-1, eos, -float("inf")))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 out = generation.generate(model, tok, ["a b c"], n=8, temperature=1.0, top_p=1.0, max_new_tokens=512, seed=0)
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

@@ -416,3 +416,142 @@ def test_weights_only_export_loads_and_matches_its_digests(model_and_tokenizer, 
         checkpoints.export_weights(path, tmp_path / "bad")
     with pytest.raises(SystemExit, match="exists and is not empty"):
         checkpoints.export_weights(path, out)
+
+
+class RunsCode:
+    """What a crafted pickle holds: unpickling it writes the marker file."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return exec, (f"open({self.marker!r}, 'w').write('ran')",)
+
+
+def redigest(path):
+    """What a crafted checkpoint does to pass the digest check: sha256.json recomputed over its files."""
+    digests = {str(p.relative_to(path)): checkpoints.file_sha256(p) for p in sorted(path.rglob("*"))
+               if p.is_file() and p.name != "sha256.json"}
+    (path / "sha256.json").write_text(json.dumps(digests, indent=1))
+    assert checkpoints.damaged_files(path) == []
+
+
+def test_a_crafted_checkpoint_runs_no_code_and_is_refused_in_one_line(model_and_tokenizer, tmp_path):
+    """trainer/.metadata is a pickle: one that also holds a payload (its digests recomputed) is refused, naming
+    it, and the payload never runs; the same for a non-tensor trainer value (the optimiser's lr) that holds one.
+    A checkpoint as saved loads, with the model, optimiser and step restored."""
+    import pickle
+    import torch.distributed.checkpoint as dcp
+
+    model, tokenizer = model_and_tokenizer
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.25)
+    model(input_ids=torch.tensor([[1, 2, 3]])).logits.sum().backward()
+    optimizer.step()
+    path = checkpoints.save(tmp_path / "run", 3, model, tokenizer,
+                            checkpoints.trainer_state(model, optimizer, None), {"step": 3})
+    saved = {k: v.full_tensor().clone() for k, v in model.state_dict().items()}
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    optimizer.param_groups[0]["lr"] = 1.0
+    assert checkpoints.restore(path, model, optimizer, None) == {"step": 3}      # as saved: it loads
+    assert all(torch.equal(v.full_tensor(), saved[k]) for k, v in model.state_dict().items())
+    assert optimizer.param_groups[0]["lr"] == 0.25 and optimizer.state
+
+    marker = tmp_path / "payload_ran"
+    metadata_file = path / "trainer" / ".metadata"
+    original = metadata_file.read_bytes()
+    metadata = pickle.loads(original)
+    metadata.planner_data["payload"] = RunsCode(marker)     # a full pickle.load would run it, then load on
+    metadata_file.write_bytes(pickle.dumps(metadata))
+    redigest(path)
+    assert checkpoints.resume_point(tmp_path / "run") == path                     # the digests match
+    state = checkpoints.trainer_state(model, optimizer, None)
+    with pytest.raises(SystemExit) as refused:
+        checkpoints.load(path, state)
+    assert str(refused.value) == (f"{metadata_file}: not torch.distributed.checkpoint metadata (it names "
+                                  "builtins.exec, which is not checkpoint metadata); refused, nothing in it was run")
+    assert not marker.exists()
+
+    # a non-tensor value of the trainer state: DCP stores it as torch.save bytes in a .distcp file
+    metadata_file.write_bytes(original)
+    crafted = checkpoints.trainer_state(model, optimizer, None)
+    crafted["optim"]["param_groups"][0]["lr"] = RunsCode(marker)
+    shutil.rmtree(path / "trainer")
+    dcp.save(crafted, checkpoint_id=str(path / "trainer"))
+    redigest(path)
+    with pytest.raises(SystemExit, match=rf"^{re.escape(str(path / 'trainer'))}: cannot be loaded \(UnpicklingError: "
+                                         r"Weights only load failed[^\n]*\)$"):
+        checkpoints.load(path, checkpoints.trainer_state(model, optimizer, None))
+    assert not marker.exists()
+
+
+# ---------------------------------------------------------------- where a run ends
+def final_weights(run, step):
+    return (run / f"step_{step:06d}" / "model.safetensors").read_bytes()
+
+
+def test_a_completion_record_naming_a_damaged_checkpoint_is_ignored(tiny_model_dir, toy_sft_file, tmp_path):
+    """complete.json counts only with its checkpoint intact: step 4's files no longer match their digests, so the
+    same command resumes from step 2 (saying why) and ends as the first run did, instead of 'complete'."""
+    flags = ["--max_steps", "4", "--save_every", "2"]
+    run_sft(tiny_model_dir, toy_sft_file, tmp_path, *flags)
+    weights, log = final_weights(tmp_path, 4), untimed_log(tmp_path)
+    shard = next((tmp_path / "step_000004" / "trainer").glob("*.distcp"))
+    raw = bytearray(shard.read_bytes())
+    raw[len(raw) // 2] ^= 0x40
+    shard.write_bytes(bytes(raw))
+    proc = run_sft(tiny_model_dir, toy_sft_file, tmp_path, *flags)
+    assert "nothing to train" not in proc.stdout
+    assert (f"{tmp_path / 'complete.json'}: names step 4, but the newest intact checkpoint is "
+            f"{tmp_path / 'step_000002'}: ignored and removed") in proc.stdout, proc.stdout[-2000:]
+    assert f"resumed from {tmp_path / 'step_000002'} at step 2" in proc.stdout
+    assert final_weights(tmp_path, 4) == weights and untimed_log(tmp_path) == log
+    assert json.loads((tmp_path / "complete.json").read_text()) == {"step": 4}
+
+
+def test_a_finished_run_asked_for_more_steps_goes_on_as_one_run_or_refuses(tiny_model_dir, toy_sft_file, tmp_path):
+    """--max_steps 2, then 4: the same log and weights as one run to 4 (the schedule spans every epoch, the data
+    plan is the step's), though the first part also ran with the other settings a resume may change (sft.py's
+    MAY_CHANGE_ON_RESUME). Asked for fewer steps than it ran, or more after an end inside a data batch (the next
+    run would skip the rest of it): one line refuses, and nothing is reported complete."""
+    whole, on, mid = tmp_path / "whole", tmp_path / "on", tmp_path / "mid"
+    run_sft(tiny_model_dir, toy_sft_file, whole, "--max_steps", "4")
+    run_sft(tiny_model_dir, toy_sft_file, on, "--max_steps", "2", "--save_every", "1", "--keep_last", "1",
+            "--log_every", "2", "--grad_ckpt", "--log_line", "full", "--dist_timeout_min", "5")
+    proc = run_sft(tiny_model_dir, toy_sft_file, on, "--max_steps", "4")
+    assert f"{on}: complete at step 2; going on to step 4 (--max_steps)" in proc.stdout, proc.stdout[-2000:]
+    assert final_weights(on, 4) == final_weights(whole, 4)
+    assert untimed_log(on) == [r for r in untimed_log(whole) if r["step"] != 2]     # --log_every 2: not step 2
+    assert json.loads((on / "complete.json").read_text()) == {"step": 4}
+    proc = run_sft(tiny_model_dir, toy_sft_file, on, "--max_steps", "3", check=False)
+    assert proc.returncode == 1 and proc.stderr == (f"{on}: the run there is at step 4, past the 3 asked for "
+                                                    "(--max_steps): ask for 4 or more, or choose another --out_dir\n")
+    split = ["--updates_per_batch", "2", "--token_budget", "96"]          # two updates per data batch
+    run_sft(tiny_model_dir, toy_sft_file, mid, "--max_steps", "3", *split)
+    proc = run_sft(tiny_model_dir, toy_sft_file, mid, "--max_steps", "4", *split, check=False)
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "step 3 is inside a data batch (--updates_per_batch 2), whose remaining updates would be skipped" \
+        in proc.stderr and "complete" not in proc.stdout
+    assert json.loads((mid / "complete.json").read_text()) == {"step": 3}     # the run as it was
+
+
+def test_gen_batch_size_changes_no_sample_in_a_fresh_run_or_on_resume(checkpoint, toy_sft_file, tmp_path):
+    """rl.py's samples draw from a seed per prompt and sample: runs with --gen_batch_size 8 (one generate call a
+    step) and 1 (eight) give the same rollouts.jsonl, log and weights; so does a run finished at step 1 with 1
+    and asked for 3 with 8 (it goes on: the learning rate is constant, prompts and seeds follow the step), its
+    first step run with other settings a resume may change too (rl.py's MAY_CHANGE_ON_RESUME)."""
+    flags = ["config/rl_tiny.py", "--model", str(checkpoint), "--train_file", str(toy_sft_file), "--rollouts", "2",
+             "--max_response_len", "8", "--grader_workers", "1", "--save_every", "0", "--log_rollouts", "8"]
+    toy = {**ONE_THREAD, "TOY_GRADE": "1"}
+    runs = {name: tmp_path / name for name in ("eight", "one", "on")}
+    stop_at(0, "rl.py", runs["eight"], *flags, "--steps", "3", "--gen_batch_size", "8", env=toy, exit_status=0)
+    stop_at(0, "rl.py", runs["one"], *flags, "--steps", "3", "--gen_batch_size", "1", env=toy, exit_status=0)
+    stop_at(0, "rl.py", runs["on"], *flags, "--steps", "1", "--gen_batch_size", "1", "--save_every", "1",
+            "--keep_last", "1", "--grad_ckpt", "--log_line", "full", "--sync_bucket_mb", "1", env=toy, exit_status=0)
+    stop_at(0, "rl.py", runs["on"], *flags, "--steps", "3", "--gen_batch_size", "8", env=toy, exit_status=0)
+    rollouts = {name: (run / "rollouts.jsonl").read_text() for name, run in runs.items()}
+    assert len(rollouts["eight"].splitlines()) == 3 * 8
+    assert rollouts["one"] == rollouts["eight"] and rollouts["on"] == rollouts["eight"]
+    assert untimed_log(runs["one"]) == untimed_log(runs["eight"]) == untimed_log(runs["on"])
+    assert final_weights(runs["one"], 3) == final_weights(runs["eight"], 3) == final_weights(runs["on"], 3)

@@ -427,6 +427,34 @@ def test_vllm_sleeps_whenever_the_trainer_works(checkpoint, toy_sft_file, world_
     assert all(torch.equal(vllm.engines[-1].loads[0][k], want[k]) for k in want)
 
 
+def test_vllm_settings_a_resume_may_change_change_no_request(checkpoint, toy_sft_file, world_of_one, tmp_path,
+                                                             monkeypatch):
+    """--vllm_sleep and --gpu_memory_utilization are in rl.py's MAY_CHANGE_ON_RESUME: with either changed the
+    (fake) engine gets the same requests, each with its own seed, and the same trainer weights before each
+    step's rollouts, so the run ends alike. What vLLM itself does with a smaller KV cache (other batches) is
+    not covered here: its per-request seeds keep each sample's draws its own, its batched kernels' rounding
+    is vLLM's."""
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(rl, "grade", lambda texts, *args: ([float(len(t) % 2) for t in texts], 0))
+    seen = {}
+    for sleep, share in ((True, 0.6), (False, 0.9)):
+        vllm = fake_vllm.install(monkeypatch)
+        out = tmp_path / f"{sleep}"
+        args = rl.Args(model=str(checkpoint), train_file=str(toy_sft_file), out_dir=str(out), steps=2,
+                       prompts_per_step=2, rollouts=4, mini_batch=1, micro_batch=8, max_prompt_len=512,
+                       max_response_len=6, bf16=False, grad_ckpt=False, loss_chunk=512, engine="vllm",
+                       save_every=0, seed=0, vllm_sleep=sleep, gpu_memory_utilization=share, log_rollouts=2)
+        rl.train(args, world_of_one)
+        llm = vllm.engines[-1]
+        assert llm.kwargs["gpu_memory_utilization"] == share and llm.kwargs["enable_sleep_mode"] == sleep
+        seen[sleep] = ([(p.kwargs["seed"], p.kwargs["n"]) for p in vllm.sampling_params],
+                       (out / "rollouts.jsonl").read_text(), (out / "step_000002" / "model.safetensors").read_bytes(),
+                       llm.loads[-1])                  # step 2's sync (one bucket): the weights after step 1
+    assert seen[True][:3] == seen[False][:3]
+    assert seen[True][3].keys() == seen[False][3].keys()
+    assert all(torch.equal(seen[True][3][k], seen[False][3][k]) for k in seen[True][3])
+
+
 VLLM_SYNC_SCRIPT = r"""
 import sys, torch
 sys.path.insert(0, {repo!r})

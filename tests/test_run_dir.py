@@ -49,6 +49,56 @@ def test_stale_partial_checkpoints_are_removed(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith("step_")) == ["step_000002"]
 
 
+def checkpoint_dirs(out, *steps):
+    """Complete checkpoint directories as checkpoints.complete sees them (digests are check_end's caller's)."""
+    for step in steps:
+        (out / f"step_{step:06d}").mkdir(parents=True)
+        (out / f"step_{step:06d}" / "state.json").write_text(json.dumps({"step": step}))
+    return out / f"step_{steps[-1]:06d}" if steps else None
+
+
+@pytest.mark.parametrize("record", ['{"step": 24}', '{"step": 12', '{"step": true}', "[]", '{"step": 6}'])
+def test_a_completion_record_without_its_checkpoint_is_ignored(tmp_path, capsys, record):
+    """The probe's case: complete.json says 24 (by hand, a truncated copy, two machines' files), the newest intact
+    checkpoint is step 12: not complete; the record is dropped with one line and the run resumes."""
+    newest = checkpoint_dirs(tmp_path, 6, 12)
+    (tmp_path / "complete.json").write_text(record)
+    assert run_dir.completed(tmp_path) is None                       # the demo's check: not a finished stage
+    assert not run_dir.check_end(tmp_path, newest, 24, "--max_steps")
+    said = capsys.readouterr().out
+    assert f"{tmp_path / 'complete.json'}: names step " in said and f"newest intact checkpoint is {newest}" in said
+    assert "complete at" not in said and not (tmp_path / "complete.json").exists()
+    (tmp_path / "complete.json").write_text('{"step": 12}')         # named by nothing intact: resume_point's None
+    assert not run_dir.check_end(tmp_path, None, 24, "--max_steps")
+    assert "newest intact checkpoint is none" in capsys.readouterr().out
+
+
+def odd(step):
+    return f"step {step} is odd"
+
+
+def test_a_run_ends_only_at_the_step_it_is_asked_for(tmp_path, capsys):
+    """Complete at its step: True, and the record written if it was lost. Asked for more: it goes on (the record
+    removed until the new end), unless why_not_on objects; asked for fewer than it ran: refused. Never 'complete'
+    at an old end."""
+    newest = checkpoint_dirs(tmp_path, 2, 4)
+    assert run_dir.check_end(tmp_path, newest, 4, "--steps")
+    assert json.loads((tmp_path / "complete.json").read_text()) == {"step": 4}
+    assert run_dir.completed(tmp_path) == 4
+    assert f"{tmp_path}: complete at step 4 of 4; nothing to train" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match=rf"^{tmp_path}: the run there is at step 4, past the 3 asked for "
+                                         r"\(--steps\): ask for 4 or more, or choose another --out_dir$"):
+        run_dir.check_end(tmp_path, newest, 3, "--steps")
+    with pytest.raises(SystemExit, match=r"ended at step 4; going on to step 6 \(--steps\) would not give what one "
+                                         r"run to it gives: step 4 is odd; choose another --out_dir$"):
+        run_dir.check_end(tmp_path, newest, 6, "--steps", odd)
+    assert (tmp_path / "complete.json").exists()                     # a refusal changes nothing
+    assert not run_dir.check_end(tmp_path, newest, 6, "--steps", lambda step: None)
+    assert f"{tmp_path}: complete at step 4; going on to step 6 (--steps)" in capsys.readouterr().out
+    assert not (tmp_path / "complete.json").exists()
+    assert not run_dir.check_end(tmp_path, None, 6, "--steps", odd)      # a new run: nothing to object to
+
+
 def test_log_is_cut_back_to_the_resumed_step(tmp_path, capsys):
     log = run_dir.RunLog(tmp_path, 0, 6, "sft")
     for step in range(1, 6):

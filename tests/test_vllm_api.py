@@ -155,6 +155,8 @@ def project_calls(checkpoint, world_of_one, monkeypatch):
 def test_every_vllm_call_the_project_makes_is_accepted_by_the_pinned_wheel(vllm_api, project_calls):
     what = {w for w, _ in project_calls}
     assert {"LLM", "SamplingParams", *(f"LLM.{m}" for m in METHODS)} <= what, what     # every kind was exercised
+    # each request carries its own seed (samples independent of batching), a field the wheel must accept
+    assert all("seed" in names for w, names in project_calls if w == "SamplingParams")
     assert not unaccepted(project_calls, vllm_api)
     # the fields the project reads of the outputs: the recording fake's, which the project's tests run against
     read = [("RequestOutput", set(fake_vllm.RequestOutput.__dataclass_fields__)),
