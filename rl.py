@@ -485,13 +485,15 @@ def step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norm
              "rollouts": rewards.numel(), "zero_std": zero_std.sum().item(), "groups": len(samples),
              "length": sum(len(s.token_ids) for s in flat),
              "truncated": sum(s.finish_reason == "length" for s in flat),
-             "entropy": entropy.double().sum().item(), "failures": failures,
+             "failures": failures,
              "own_reward": own.sum().item(), "own_correct": (own == 1).sum().item(),
              "own_rollouts": own.numel(),
              **dict(zip(["loss", "clip_low", "clip_high", "kl", "tokens"], stats.tolist()))}
-    summed = torch.tensor(list(local.values()), dtype=torch.float64, device=device)
+    # on the device, with the entropy's sum (there already): the record's one host read, below
+    summed = torch.cat([torch.tensor(list(local.values()), dtype=torch.float64).to(device),
+                        entropy.double().sum().view(1)])
     dist.all_reduce(summed)
-    g = dict(zip(local, summed.tolist()))
+    g = dict(zip([*local, "entropy"], summed.cpu().tolist()))
     t0, t_sync, t_gen, t_reward, t_train = times
     hybrid_fields = {}
     if args.hybrid != "none":

@@ -5,7 +5,7 @@
     python sft.py config/sft_tiny.py --model DIR --train_file data.jsonl
     torchrun --nproc_per_node 8 sft.py config/sft_paper.py --model DIR --train_file train.parquet
 
-Read the loop at the end of `main` (Alg. 1 lines 2-17): per micro-batch it calls
+Read the loop in `train` (Alg. 1 lines 2-17): per micro-batch it calls
 `curio_micro_batch_loss` (lines 4-13), which calls curio_loss.curio_sft_loss (Eq. 6). The
 ablation without a separate teacher and the Table 2 baselines take one call into baselines.py
 (`variant_micro_batch_loss`, through its VARIANT_LOSSES). The recipe (learning-rate schedule,
@@ -370,13 +370,14 @@ def shard_models(student, args, device, bf16):
     return model, (other if second == "teacher" else None), (other if second == "base" else None)
 
 
-def main():
-    args, user_loss_cfg = parse_config(Args, cl.LossConfig)
+def train(args, user_loss_cfg, device):
+    """Alg. 1 in an initialised process group: the data, the run directory, the models, then one
+    optimiser step per iteration of the loop, checkpoints and the log. user_loss_cfg: the loss
+    settings as given (cl.LossConfig; recorded with the run's settings)."""
     cfg = baselines.config_for(args.loss, user_loss_cfg)
-    rank, world, device = setup_distributed(args.dist_timeout_min)
+    rank, world = dist.get_rank(), dist.get_world_size()
     check_world(args, world)
     stop = StopSignal()                      # SIGTERM / Ctrl-C: finish the data batch, save, leave
-    args.model = resolve_model(args.model, weights=not args.scratch)   # org/name: the hub's copy
     bf16 = args.bf16 and device.type == "cuda"
     out_dir = Path(args.out_dir)
     torch.manual_seed(args.seed)
@@ -394,7 +395,7 @@ def main():
     resume_from = checkpoints.resume_point(out_dir)                # the newest intact checkpoint
     if run_dir.check_end(out_dir, resume_from, last_steps, "--max_steps", ends_mid_batch(args)):
         run_dir.release()                                          # complete: nothing is loaded
-        shutdown()
+        return
     model, teacher, base = load_models(args, device, bf16)
     optimizer = make_optimizer(model, args.lr, args.weight_decay, args.adam_beta2, device,
                                args.offload)
@@ -493,6 +494,14 @@ def main():
     if log is not None:
         log.close()
     run_dir.release()
+
+
+def main():
+    args, user_loss_cfg = parse_config(Args, cl.LossConfig)
+    _, world, device = setup_distributed(args.dist_timeout_min)
+    check_world(args, world)                      # before a hub download
+    args.model = resolve_model(args.model, weights=not args.scratch)   # org/name: the hub's copy
+    train(args, user_loss_cfg, device)
     shutdown()
 
 

@@ -14,24 +14,28 @@ model: 7B, or 1.5B with the small presets.
 
 One process plays one rank (rank 1 of --gpus; rank 0 only adds reading the weights and writing
 logs) on torch's fake tensors (shapes, dtypes and devices, no data) on `cuda`, with the fake
-process group: what bench/sim_gpu.py sets up. It runs what that rank runs, with the trainers' own
-functions: the model built from its config.json and sharded by sft.shard_models /
-plumbing.models.shard_model (FSDP2, bf16 compute over float32 master weights, activation
-checkpointing, the teacher or base model), the optimiser from plumbing.models.make_optimizer,
-then two optimiser steps of two micro-batches each (the longest sequences the preset admits, every
-response token trained, one micro-batch padded), each a logging step: for SFT the loop's
-micro-batch losses, sft.micro_batch_backward, clipping (PSFT's old log-probs first),
-sft.read_step, optimizer.step and sft.update_teacher; for GRPO rl.micro_batches, the old
-log-probs (chunked_logits.token_log_probs) and rl.policy_update. It fails, in one line naming the
-place, unless:
+process group: what bench/sim_gpu.py sets up. It runs the trainer itself, sft.train or rl.train,
+for two optimiser steps of two micro-batches each, on a model directory with the preset's
+config.json and a train file of the longest rows the preset admits (the longest sequence, as many
+of its tokens trained as --max_response_len allows, one micro-batch padded), read by the trainer's
+own data path. The flags are the preset's but for what makes both steps run all of the loop's
+schedule (a new data batch each step, so PSFT's old log-probs; the teacher's update and a log
+record after each; GRPO: one mini-batch a step) and the run's files (a temporary directory). Where
+a rank cannot run the trainer's code on fake tensors, a named seam (SEAMS) stands in: rank 0's
+weight broadcast, object collectives, checkpoint writing, host work on real values, the rollout
+engine and the reward. Everything else runs as users run it: loading and sharding the models
+(FSDP2, bf16 compute over float32 master weights, activation checkpointing, the teacher or base
+model), the optimiser, the micro-batch losses and backward, clipping, the all-reduce, the step's
+read, the finiteness guard, the optimiser step, the teacher's schedule, the log step and the
+stop-signal check. It fails, in one line naming the place, unless:
   sharding   every parameter is a sharded DTensor on cuda in float32, computed in bf16 (the
              preset's), the teacher (or base) sharded alike; the optimiser is the fused AdamW
              with its states on cuda
   float32    the per-token losses' diagnostics (log-probs, entropies, temperatures) are float32
              or wider
   devices    no CPU tensor meets a CUDA tensor in the step
-  syncs      at most one value read back to the host (a GPU sync) per optimiser step: the
-             step's own
+  syncs      no value read back to the host (a GPU sync) in step 2 but the loop's own
+             (SYNC_BUDGET: the step's read; GRPO's log record), each line that asks named
   attention  every attention call runs flash or memory-efficient attention, never the math
              fallback
   memory     the step-2 peak of torch's own tracker (FSDPMemTracker) is within 10% of
@@ -59,6 +63,7 @@ import tempfile
 import time
 import traceback
 from pathlib import Path
+from unittest import mock
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "bench")]
@@ -92,8 +97,8 @@ SMALL_PRESETS = ("sft_small.py", "rl_small.py")       # layered on a paper prese
 NOT_COVERED = [
     "rank 0's reading of the weights and their broadcast to the shards "
     "(plumbing.models.broadcast_weights)",
-    "the stop-signal check (an all-reduce and a read at the end of each data batch)",
-    "rank 0's gathering and summary of the logged diagnostics (gather_object, .item())",
+    "rank 0's own work: its run-directory checks, gathering and summary of the logged diagnostics, "
+    "log.jsonl (the object collectives carry nothing here)",
     "checkpoint writing and resuming (torch.distributed.checkpoint, safetensors)",
     "kernel speed, NCCL and its buffers, the CUDA context and the allocator's fragmentation",
     "numerics on a GPU (fake tensors hold no values: bf16 rounding, NaN, the loss's values)",
@@ -185,7 +190,7 @@ def stage_settings(stage: str, presets: list[str], rest: list[str], model: str):
         import sft
 
         args, user_cfg = parse_config(sft.Args, cl.LossConfig, argv=argv, prog="bench/dryrun.py")
-        return sft, args, baselines.config_for(args.loss, user_cfg)
+        return sft, args, user_cfg
     import rl
 
     (args,) = parse_config(rl.Args, argv=argv, prog="bench/dryrun.py")
@@ -213,10 +218,13 @@ def project_site() -> str:
     return OUTSIDE
 
 
-def stand_in(func, args):
+def stand_in(func, args, site: str):
     """What a read-back a fake tensor cannot answer (it holds no value) returns instead: a plausible
-    value of the right type and shape (1, True, every element nonzero), so that the step runs on and
-    every read is counted."""
+    value of the right type and shape (1, True, every element nonzero; ANSWERS by the function that
+    reads), so that the step runs on and every read is counted."""
+    answer = ANSWERS.get(site.rpartition("(")[2].rstrip(")"))
+    if answer is not None:
+        return answer
     if str(func) == "aten.nonzero.default":
         return torch.empty(args[0].numel(), args[0].dim(), dtype=torch.long, device=args[0].device)
     dtype = args[0].dtype
@@ -240,14 +248,15 @@ class HostWatch(TorchDispatchMode):
         watched = name in HOST_READS or name in COPIES
         on_gpu = watched and any(isinstance(t, torch.Tensor) and t.device.type == "cuda"
                                  for t in tree_flatten((args, kwargs))[0])
+        site = project_site() if name in HOST_READS else OUTSIDE
         if on_gpu and name in HOST_READS:
-            self.reads[project_site()] += 1
+            self.reads[site] += 1
         try:
             out = func(*args, **(kwargs or {}))
         except (DataDependentOutputException, DynamicOutputShapeException):
             if name not in HOST_READS:
                 raise
-            out = stand_in(func, args)
+            out = stand_in(func, args, site)
         if on_gpu and name in COPIES and any(isinstance(t, torch.Tensor) and t.device.type == "cpu"
                                              for t in tree_flatten((out, args[:1]))[0]):
             site = project_site()
@@ -333,84 +342,216 @@ def gpu_shard_bytes(module) -> int:
 
 
 # ------------------------------------------------------------------------------------------------
-# One rank's steps
+# The inputs: a model directory and a train file of the longest rows, read by the trainer itself
 # ------------------------------------------------------------------------------------------------
-def sft_steps(sft, model, teacher, base, optimizer, args, cfg, device, roof):
-    """What sft.py's loop runs for STEPS optimiser steps of MICRO_BATCHES micro-batches each, at
-    the longest sequences the preset admits, each step a logging step. Yields the micro-batches'
-    shape after each step."""
+FILLER = "x"           # one token each: the tokenizer learns no merges
+
+
+def synthetic_tokenizer():
+    """A byte-level tokenizer without merges (FILLER is one token a character) that holds Table 7's
+    prompt around a question as two added tokens: every prompt length from 3 tokens up is then
+    reachable exactly, through the trainers' own prompt building and tokenization."""
+    import data
+    from plumbing.synthetic import build_toy_tokenizer
+    from tokenizers import AddedToken
+
+    tokenizer = build_toy_tokenizer([FILLER], vocab_size=0)
+    before, after = data.build_prompt("\0", tokenizer).split("\0")
+    tokenizer.add_tokens([AddedToken(text, normalized=False) for text in (before, after)])
+    return tokenizer
+
+
+def write_inputs(tmp: Path, config, stage: str, args, gpus: int):
+    """tmp/model (the preset's config.json, the synthetic tokenizer, no weights: an empty
+    model.safetensors, as rank 1 builds the model on the meta device and reads none) and
+    tmp/train.jsonl: rows whose prompt and response are the longest the settings admit, a token
+    short here and there so that a micro-batch is padded. Returns the dry run's settings of the
+    trainer (`run_settings`) and the micro-batch shape."""
+    import data
+    from safetensors.torch import save_file
+
+    model_dir = tmp / "model"
+    config.save_pretrained(model_dir)
+    tokenizer = synthetic_tokenizer()
+    tokenizer.save_pretrained(model_dir)
+    save_file({}, model_dir / "model.safetensors")
+    # the prompt's tokens besides the question's: an example of one-token question and response
+    prompt_overhead = len(data.build_sft_data(
+        tokenizer, [data.Example(FILLER, "1", FILLER, "dry run", 0)], 10**6, 10**6)[0][0][0]) - 3
+    if stage == "sft":
+        seq = min(args.max_prompt_len + args.max_response_len, args.token_budget)
+        prompt = max(prompt_overhead + 1, seq - args.max_response_len)     # most trained tokens
+        per_mb = max(1, args.token_budget // seq)
+        n_rows = MICRO_BATCHES * per_mb * gpus                   # a data batch an epoch
+        # per_mb + 1 rows a token short: packed longest first and dealt in snake order, rank 1's
+        # second micro-batch has one of them beside full ones (padded), rank 0 the rest
+        short = [per_mb > 1 and i >= n_rows - per_mb - 1 for i in range(n_rows)]
+        responses = [seq - prompt - s for s in short]             # with its EOS
+    else:
+        prompt = args.max_prompt_len
+        prompts = max(1, -(-MICRO_BATCHES * args.micro_batch // args.rollouts))  # per rank, step
+        n_rows = prompts * gpus
+        responses = [args.max_response_len] * n_rows              # the hybrids' expert's too
+    if prompt > args.max_prompt_len:
+        raise SystemExit(f"--max_prompt_len {args.max_prompt_len}: the dry run's shortest prompt "
+                         f"has {prompt_overhead + 1} tokens")
+    rows = [{"data_source": "dry run", "reward_model": {"ground_truth": "1"},
+             "prompt": [{"role": "user", "content": FILLER * (prompt - prompt_overhead)}],
+             "target": [{"role": "assistant", "content": FILLER * (n - 1)}]} for n in responses]
+    train_file = data.write_jsonl(rows, tmp / "train.jsonl")
+    common = dict(model=str(model_dir), train_file=str(train_file), out_dir=str(tmp / "out"),
+                  save_every=0, loggers=[], system_prompt="paper")     # (the same shapes)
+    if stage == "sft":
+        # the schedule's flags set so that both steps run all of it: a new data batch each step
+        # (PSFT's old log-probs), the teacher's update after each, a log record each
+        run_args = dataclasses.replace(
+            args, **common, global_batch=MICRO_BATCHES * per_mb * gpus, updates_per_batch=1,
+            epochs=STEPS, max_steps=-1, teacher_every=1, log_every=1)
+        return run_args, sft_shape(run_args, [prompt + n for n in responses], prompt, gpus)
+    run_args = dataclasses.replace(args, **common, steps=STEPS, prompts_per_step=prompts * gpus,
+                                   mini_batch=prompts * gpus, log_rollouts=0)
+    sequences = prompts * args.rollouts
+    return run_args, {"sequences": args.micro_batch, "seq_len": prompt + args.max_response_len,
+                      "trained": args.micro_batch * args.max_response_len,
+                      "micro_batches": -(-sequences // args.micro_batch),
+                      "tokens_per_step": sequences * (prompt + args.max_response_len)
+                      - min(args.micro_batch - 1, sequences)}
+
+
+def sft_shape(args, lengths: list[int], prompt: int, gpus: int) -> dict:
+    """The micro-batches rank 1 trains in step 2, from sft.py's own plan of the rows."""
+    import sft
+
+    rank = 1 if gpus > 1 else 0
+    *_, batch, step_mbs = list(sft.plan_steps(lengths, gpus, args, 0, 0))[STEPS - 1]
+    mine = [batch[rank][k] for k in step_mbs]
+    widest = max(mine, key=len)
+    return {"sequences": len(widest), "seq_len": max(lengths),
+            "trained": sum(lengths[i] - prompt for i in widest), "micro_batches": len(mine),
+            "tokens_per_step": sum(lengths[i] for mb in mine for i in mb)}
+
+
+# ------------------------------------------------------------------------------------------------
+# The seams: where one rank cannot run the trainers' own code on fake tensors, and why
+# ------------------------------------------------------------------------------------------------
+SEAMS = {
+    "rank 0's weights": "plumbing.models.broadcast_weights: rank 0's weights into every rank's "
+                        "shards; tensors without data have none to send (the shards stay "
+                        "allocated as shard_model leaves them)",
+    "object collectives": "torch.distributed.gather_object, broadcast_object_list: the fake "
+                          "process group moves no objects and fake tensors cannot be pickled; "
+                          "rank 1's objects go nowhere, rank 0's answer is the list as rank 1 "
+                          "passed it ([None]: run_dir.claim's 'no error')",
+    "checkpoint writing": "plumbing.checkpoints.save: torch.distributed.checkpoint cannot pickle "
+                          "fake tensors; the call is recorded, nothing is written",
+    "host work": "sft.load_sft_data, sft.plan_steps, sft.token_weights, rl.step_prompts run "
+                 "outside fake mode, on real values: the data's tensors and the CPU generators "
+                 "of the data order are the host's (rl.py's other host tensors are fake, their "
+                 "reads answered by stand-ins)",
+    "rollout engine": "plumbing.generation.rollout_engine, wake, generate, sleep (GRPO): vLLM "
+                      "cannot run on fake tensors; generate returns the longest responses, a "
+                      "token short here and there",
+    "reward": "rl.train's reward_fn (GRPO): rewards 0, 1, 0, 1, ... (the grader reads text)",
+    "stop signal's value": "plumbing.distributed.StopSignal.requested runs (all-reduce, read); "
+                           "the read, which a fake tensor cannot answer, answers 'no signal'",
+}
+ANSWERS = {"requested": 0}          # function of the read: the value a fake tensor stands in for
+
+
+class Seams:
+    """The SEAMS installed (put back on close), and what the trainer built: its student, the other
+    model, its optimiser (`built`); `on_step` is called where each step of the loop begins."""
+
+    def __init__(self, trainer, stage: str, args, shape: dict, offload: bool, on_step):
+        import torch.distributed as dist
+
+        from plumbing import checkpoints, generation
+
+        self.stack, self.built, self.saved = contextlib.ExitStack(), {}, []
+        patch = self.patch
+        patch(models, "broadcast_weights", allocate_shards(offload))
+        patch(dist, "gather_object", lambda obj, object_gather_list=None, dst=0, group=None: None)
+        patch(dist, "broadcast_object_list", lambda object_list, src=0, group=None: None)
+        patch(checkpoints, "save", lambda out_dir, step, *a, **k: self.saved.append(step)
+              or Path(out_dir) / f"step_{step:06d}")
+        shard_model, make_optimizer = trainer.shard_model, trainer.make_optimizer
+
+        def sharded(model, device, bf16, grad_ckpt, trainable=True, offload=False):
+            out = shard_model(model, device, bf16, grad_ckpt, trainable, offload)
+            self.built.setdefault("student" if trainable else "other", out)
+            return out
+
+        def optimizer(*a, **k):
+            self.built["optimizer"] = make_optimizer(*a, **k)
+            return self.built["optimizer"]
+
+        patch(trainer, "shard_model", sharded)
+        patch(trainer, "make_optimizer", optimizer)
+        if stage == "sft":
+            plan_steps = trainer.plan_steps
+            for name in ("load_sft_data", "token_weights"):
+                patch(trainer, name, on_host(getattr(trainer, name)))
+
+            def marked_steps(*a, **k):                  # each step begins with its next()
+                planned = plan_steps(*a, **k)
+                while (planned_step := on_host(next)(planned, None)) is not None:
+                    on_step()
+                    yield planned_step
+
+            patch(trainer, "plan_steps", marked_steps)
+            read_step = trainer.read_step
+
+            def checked_read(loss, grad_norm, diag):
+                check_float32([diag])
+                return read_step(loss, grad_norm, diag)
+
+            patch(trainer, "read_step", checked_read)
+        else:
+            patch(trainer, "step_prompts", on_host(trainer.step_prompts))
+            self.rollouts(generation, args, shape, on_step)
+
+    def patch(self, owner, name, value):
+        self.stack.enter_context(mock.patch.object(owner, name, value))
+
+    def rollouts(self, generation, args, shape, on_step):
+        def rollout_engine(*a, **k):
+            return generation.Engine("dry run", None, logprobs=False), None
+
+        def wake(engine, model, bucket_bytes):                    # each GRPO step begins here
+            on_step()
+
+        def generate(engine, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed,
+                     **k):
+            (x,) = tokenizer.encode(FILLER, add_special_tokens=False)
+            lengths = [max_new_tokens - (i < args.micro_batch - 1) for i in range(len(prompts) * n)]
+            flat = [generation.Sample([x] * m, FILLER * m, None, None, "length") for m in lengths]
+            return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+        self.patch(generation, "rollout_engine", rollout_engine)
+        self.patch(generation, "wake", wake)
+        self.patch(generation, "generate", generate)
+        self.patch(generation, "sleep", lambda engine: None)
+
+    def close(self):
+        self.stack.close()
+
+
+def on_host(fn):
+    """fn run outside fake mode: host work on real values."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
 
-    seq = min(args.max_prompt_len + args.max_response_len, args.token_budget)
-    per_mb = max(1, args.token_budget // seq)
-    n = per_mb * MICRO_BATCHES
-    lengths = [seq - (i == n - 1 and per_mb > 1) for i in range(n)]  # the last micro-batch padded
-    items = [(list(range(length)), [0] + [1] * (length - 1)) for length in lengths]
-    n_targets = [length - 1 for length in lengths]
-    micro = [list(range(k * per_mb, (k + 1) * per_mb)) for k in range(MICRO_BATCHES)]
-    shape = {"sequences": per_mb, "seq_len": seq, "trained": per_mb * (seq - 1),
-             "micro_batches": MICRO_BATCHES, "tokens_per_step": sum(lengths)}
-    for step in range(STEPS):
-        batches = [sft.collate_on(ids, items, 0, device) for ids in micro]
-        old_logp = [None] * len(batches)
-        # at the start of a data batch in sft.py: here every step
-        if args.loss == "psft":
-            with roof.region("old log-probs"):
-                old_logp = [sft.token_log_probs(model, b, args.loss_chunk)[0] for b in batches]
-        with unset_fake_temporarily():                  # host work in sft.py too (a CPU generator)
-            weight = sft.token_weights(list(range(len(items))), n_targets, args, step)
-        weights = [sft.per_token(weight, ids, n_targets, device) for ids in micro]
-        # sft.py's loop, Alg. 1 lines 4-13: its micro-batch losses, backward, clipping, all-reduce
-        loss, diags = torch.zeros((), dtype=torch.float64, device=device), []
-        for batch, w, old in zip(batches, weights, old_logp):
-            total, diag = sft.micro_batch_loss(model, teacher, base, batch, old, args, cfg, True, w)
-            sft.micro_batch_backward(total, base)
-            loss += total.detach()
-            diags.append(diag)
-        grad_norm = models.clip_grad_norm(model, args.grad_clip)
-        torch.distributed.all_reduce(loss)
-        check_float32(diags)
-        sft.read_step(loss, grad_norm, sft.cat_diags(diags))
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        if teacher is not None:         # every teacher_every steps in sft.py: here every step
-            with roof.region("teacher update"):
-                sft.update_teacher(teacher, model, args.teacher_mu)
-        yield shape
+    def host(*args, **kwargs):
+        with unset_fake_temporarily():
+            return fn(*args, **kwargs)
+    return host
 
 
-def rl_steps(rl, model, optimizer, args, device, gpus, roof):
-    """What rl.py's loop runs after generation, for STEPS optimiser steps of MICRO_BATCHES
-    micro-batches each: synthetic rollouts of the longest responses, their old log-probs, the
-    clipped update."""
-    from chunked_logits import token_log_probs
-    from plumbing.generation import Sample
-
-    prompts = max(1, -(-MICRO_BATCHES * args.micro_batch // args.rollouts))  # per rank, per step
-    args = dataclasses.replace(args, mini_batch=prompts * gpus)              # one mini-batch a step
-    prompt_ids = [list(range(args.max_prompt_len))] * prompts
-    # the longest responses, micro_batch - 1 of them a token shorter: the last micro-batch is padded
-    lengths = [[args.max_response_len - (i * args.rollouts + j < args.micro_batch - 1)
-                for j in range(args.rollouts)] for i in range(prompts)]
-    samples = [[Sample(list(range(n)), "", None, None, "length") for n in row] for row in lengths]
-    adv = [[(j % 2) * 2.0 - 1 for j in range(args.rollouts)]] * prompts   # host floats, as rl.py's
-    shape = {"sequences": args.micro_batch, "seq_len": args.max_prompt_len + args.max_response_len,
-             "trained": args.micro_batch * args.max_response_len,
-             "tokens_per_step": sum(args.max_prompt_len + n for row in lengths for n in row)}
-    for step in range(STEPS):
-        (mbs,) = rl.micro_batches(prompt_ids, samples, adv, args, 0, device)
-        with roof.region("old log-probs"):
-            for mb in mbs:
-                mb.old_lp, mb.entropy = token_log_probs(model, mb.batch, args.loss_chunk,
-                                                        args.temperature)
-        model.reshard()
-        rl.policy_update(model, optimizer, mbs, args, device)
-        yield shape | {"micro_batches": len(mbs)}
+def reward_fn(samples, examples):
+    return [float(i % 2) for i in range(len(samples))], 0
 
 
 def allocate_shards(offload: bool):
-    """The one seam: plumbing.models.broadcast_weights, rank 0's weights into every rank's shards,
-    cannot run on tensors without data. In its place: nothing on ranks other than 0, whose shards
+    """plumbing.models.broadcast_weights' stand-in: nothing on ranks other than 0, whose shards
     shard_model allocated; on rank 0 (one GPU) the shards where its loaded weights would be, the
     buffers on the GPU as broadcast_weights puts them."""
     def broadcast_weights(model, full, device):
@@ -421,6 +562,38 @@ def allocate_shards(offload: bool):
     return broadcast_weights
 
 
+class StepWindows:
+    """What watches each step of the trainer's loop: `begin` (where a step begins) closes the last
+    step's watchers and opens the next step's, `windows[k]()` giving step k's context managers;
+    `close` at the end of the run. Watchers are dispatch modes: opened and closed in stack
+    order."""
+
+    def __init__(self, first, windows):
+        self.first, self.windows, self.count = first, windows, 0
+        self.run, self.step = contextlib.ExitStack(), None
+
+    def begin(self):
+        if self.count == 0:
+            for cm in self.first():                  # once the trainer has built its models
+                self.run.enter_context(cm)
+        if self.step is not None:
+            self.step.close()
+        self.step = None
+        if self.count < len(self.windows):
+            self.step = contextlib.ExitStack()
+            for cm in self.windows[self.count]():
+                self.step.enter_context(cm)
+        self.count += 1
+
+    def close(self):
+        if self.step is not None:
+            self.step.close()
+        self.run.close()
+
+
+# ------------------------------------------------------------------------------------------------
+# One rank's run
+# ------------------------------------------------------------------------------------------------
 def simulate(argv) -> dict:
     own, rest = parse(argv)
     import rl
@@ -429,12 +602,11 @@ def simulate(argv) -> dict:
     presets, rest = split_presets(rest, [sft.Args, rl.Args, cl.LossConfig])
     stage = stage_of(presets, own.stage)
     model_name, config = model_config(own.model, presets)
-    trainer, args, cfg = stage_settings(stage, presets, rest, model_name)
+    trainer, args, user_cfg = stage_settings(stage, presets, rest, model_name)
     trainer.check_world(args, own.gpus)
 
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.utils.flop_counter import FlopCounterMode
-    from transformers import AutoModelForCausalLM
 
     kernels = collections.Counter()
     sim_gpu.install_cuda_shims()
@@ -442,49 +614,61 @@ def simulate(argv) -> dict:
     sim_gpu.fake_pinned_memory()
     sim_gpu.route_attention_like_cuda(kernels)
     sim_gpu.fake_process_group(own.gpus, rank=1 if own.gpus > 1 else 0)
-    models.broadcast_weights = allocate_shards(args.offload)
     device = torch.device("cuda", 0)
-    bf16 = args.bf16
     config._attn_implementation = "sdpa"
     roof = roofline.Roofline(roofline.GPU(bf16_tflops=own.peak_tflops, hbm_tbs=own.hbm_tbs,
                                           link_gbs=own.link_gbs))
     first, watch, flops = HostWatch(), HostWatch(), FlopCounterMode(display=False)
     t0 = time.perf_counter()
-    with FakeTensorMode(allow_non_fake_inputs=True):
-        with torch.device("meta"):           # what load_full_model gives every rank but rank 0
-            student = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-        if stage == "sft":
-            model, teacher, base = trainer.shard_models(student, args, device, bf16)
-        else:
-            model = models.shard_model(student, device, bf16, args.grad_ckpt, offload=args.offload)
-            teacher = base = None
-        others = {k: v for k, v in (("teacher", teacher), ("base", base)) if v is not None}
-        home = "cpu" if args.offload else "cuda"
-        check_sharding(model, others, bf16, home)
-        optimizer = models.make_optimizer(model, args.lr, args.weight_decay,
-                                          getattr(args, "adam_beta2", 0.999), device, args.offload)
-        steps = (sft_steps(trainer, model, teacher, base, optimizer, args, cfg, device, roof)
-                 if stage == "sft"
-                 else rl_steps(trainer, model, optimizer, args, device, own.gpus, roof))
-        tracker = step_peak_tracker(model, optimizer)
+    with tempfile.TemporaryDirectory() as tmp:
+        args, shape = write_inputs(Path(tmp), config, stage, args, own.gpus)
+        found = {}
+
+        def started():
+            """The models are built: check them, charge the roofline's regions to them."""
+            model, other = seams.built["student"], seams.built.get("other")
+            label = cl.second_model(args.loss) if stage == "sft" else None
+            found.update(model=model, optimizer=seams.built["optimizer"],
+                         others={label: other} if other is not None else {})
+            check_sharding(model, found["others"], args.bf16, "cpu" if args.offload else "cuda")
+            others = found["others"]
+            return [charged_regions(roof, trainer, found["optimizer"], others.get("teacher"),
+                                    others.get("base"))]
+
+        def step_2():
+            found["tracker"] = step_peak_tracker(found["model"], found["optimizer"])
+            return [found["tracker"], watch]
+
+        # step 1: FLOPs and the roofline (FlopCounterMode's module hooks keep what activation
+        # checkpointing frees: not under the tracker); step 2: memory (the tracker's own step 1
+        # reports a bogus peak) and host reads
+        windows = StepWindows(started, [lambda: [first, flops, roof], step_2])
+        seams = Seams(trainer, stage, args, shape, args.offload, windows.begin)
         try:
-            with charged_regions(roof, trainer, optimizer, teacher, base):
-                # step 1: FLOPs and the roofline (FlopCounterMode's module hooks keep what
-                # activation checkpointing frees: not under the tracker); step 2: memory (the
-                # tracker's own step 1 reports a bogus peak) and host reads
-                with first, flops, roof:
-                    next(steps)
-                with tracker, watch:
-                    shape = next(steps)
+            with FakeTensorMode(allow_non_fake_inputs=True):
+                try:
+                    if stage == "sft":
+                        trainer.train(args, user_cfg, device)
+                    else:
+                        trainer.train(args, device, reward_fn)
+                finally:
+                    windows.close()
+        except SystemExit as e:
+            raise DryRunFailure(f"the trainer stopped: {e}") from e
         except Exception as e:               # what made a mismatch of devices, if a move did
             moves = first.moves + watch.moves
             if moves:
                 raise DryRunFailure(f"devices: a tensor moved to the host in the step "
                                     f"({next(iter(moves))}), then {type(e).__name__}") from e
             raise
-        peak_snapshot = tracker.get_tracker_snapshot("peak")[device]
+        finally:
+            seams.close()
+        if windows.count != STEPS:
+            raise DryRunFailure(f"the trainer ran {windows.count} steps, not {STEPS}")
+        model, optimizer, others = found["model"], found["optimizer"], found["others"]
+        peak_snapshot = found["tracker"].get_tracker_snapshot("peak")[device]
         resident_others = sum(gpu_shard_bytes(m) for m in others.values())
-        check_optimizer(optimizer, home)
+        check_optimizer(optimizer, "cpu" if args.offload else "cuda")
         weights = sum(p.numel() for n, p in model.named_parameters() if "embed_tokens" not in n)
     if not kernels or kernels["math"]:
         raise DryRunFailure(f"attention: {dict(kernels) or 'no SDPA call'}: the math fallback "
@@ -495,7 +679,8 @@ def simulate(argv) -> dict:
               "loss": (args.loss if stage == "sft"
                        else args.policy_loss if args.hybrid == "none" else args.hybrid),
               "micro_batch": shape,
-              "micro_batches_per_step": shape["micro_batches"], "steps_run": STEPS}
+              "micro_batches_per_step": shape["micro_batches"], "steps_run": STEPS,
+              "checkpoints_written": seams.saved, "seams": SEAMS}
     result |= memory_result(config, stage, args, shape, own, measured, peak_snapshot)
     result["attention_kernel"], result["attention_calls"] = "+".join(sorted(kernels)), dict(kernels)
     result |= speed_result(roof, flops.get_total_flops(), weights, shape, config, watch)
@@ -514,7 +699,8 @@ def simulate(argv) -> dict:
 @contextlib.contextmanager
 def charged_regions(roof, trainer, optimizer, teacher, base):
     """The roofline's regions: the teacher's (or the base model's) forward and head, the
-    optimiser's step; the functions are put back on exit."""
+    optimiser's step, the old log-probs, the teacher's update; the functions are put back on
+    exit."""
     def charged(fn, label):
         def wrapper(*args, **kwargs):
             with roof.region(label):
@@ -527,11 +713,16 @@ def charged_regions(roof, trainer, optimizer, teacher, base):
         if m is not None:
             roof.watch_module(m, label)
     heads_of = [m for m in (trainer, baselines) if hasattr(m, "no_grad_logits")]  # sft.py's too
-    saved = [(cl, "teacher_log_prob"), (optimizer, "step")]
-    saved = [(owner, name, getattr(owner, name))
-             for owner, name in saved + [(m, "no_grad_logits") for m in heads_of]]
+    old_lp_of = [m for m in (trainer, baselines) if hasattr(m, "token_log_probs")]  # PSFT's too
+    saved = [(cl, "teacher_log_prob"), (optimizer, "step"), (trainer, "update_teacher")]
+    saved += [(m, "no_grad_logits") for m in heads_of] + [(m, "token_log_probs") for m in old_lp_of]
+    saved = [(owner, name, getattr(owner, name)) for owner, name in saved if hasattr(owner, name)]
     cl.teacher_log_prob = charged(cl.teacher_log_prob, "teacher loss")
     optimizer.step = charged(optimizer.step, "optimizer")
+    for owner in old_lp_of:
+        owner.token_log_probs = charged(owner.token_log_probs, "old log-probs")
+    if hasattr(trainer, "update_teacher"):
+        trainer.update_teacher = charged(trainer.update_teacher, "teacher update")
     for owner in heads_of:
         owner.no_grad_logits = functools.partial(
             lambda fn, head, h: charged(fn, heads.get(id(head), "student"))(head, h),
@@ -596,12 +787,25 @@ def check_memory(r: dict) -> str | None:
     return None
 
 
+# the host reads a step of the loop may make, by the function that makes them: the optimiser
+# step's own, and GRPO's log record (the step's sums over ranks; here a GRPO step has one
+# optimiser step)
+SYNC_BUDGET = {"read_step": 1, "policy_update": 1, "step_record": 1}
+
+
 def check_syncs(r: dict) -> str | None:
-    """At most one host read per optimiser step: the step's own (sft.read_step,
-    rl.policy_update)."""
-    if r["syncs_per_step"] > 1:
-        sites = ", ".join(f"{n}x {site}" for site, n in r["sync_sites"].items())
-        return f"syncs: {r['syncs_per_step']} host reads in one optimiser step (at most 1): {sites}"
+    """The host reads of step 2 are the loop's own (SYNC_BUDGET), at most as many, and none from
+    anywhere else: a read elsewhere is named by its line."""
+    by_function = collections.Counter()
+    for site, n in r["sync_sites"].items():
+        by_function[site.rpartition("(")[2].rstrip(")")] += n
+    over = {f for f, n in by_function.items() if n > SYNC_BUDGET.get(f, 0)}
+    if over:
+        sites = ", ".join(f"{n}x {site}" for site, n in r["sync_sites"].items()
+                          if site.rpartition("(")[2].rstrip(")") in over)
+        allowed = ", ".join(f"{f} {n}" for f, n in SYNC_BUDGET.items())
+        return (f"syncs: {r['syncs_per_step']} host reads in one step of the loop (allowed: "
+                f"{allowed}): {sites}")
     return None
 
 

@@ -75,6 +75,6 @@ class StopSignal:
               "stops after this step, once it is saved", file=sys.stderr, flush=True)
 
     def requested(self, device) -> bool:
-        flag = torch.tensor([0.0 if self.name is None else 1.0], device=device)
+        flag = torch.full((1,), 0.0 if self.name is None else 1.0, device=device)  # no host copy
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
