@@ -396,6 +396,21 @@ def collate(batch: list[tuple[list[int], list[int]]], pad_id: int, device=None) 
     return tensors | {"padded": any(len(ids) < T for ids, _ in batch)}
 
 
+def collate_ids(example_ids: list[int], dataset, pad_id: int, device=None) -> dict:
+    """collate of the examples dataset[i] for i in example_ids: one micro-batch of a plan."""
+    return collate([dataset[i] for i in example_ids], pad_id, device)
+
+
+def examples_of(batch: list[list[list[int]]], micro_batches: list[int]) -> list[int]:
+    """The example ids of micro-batches `micro_batches` (indices) on every rank of a planned data
+    batch (batch[rank][k]: example ids): the examples one optimiser step trains."""
+    ids = []
+    for rank_mbs in batch:
+        for k in micro_batches:
+            ids += rank_mbs[k]
+    return ids
+
+
 def padding_efficiency(lengths: list[int], micro_batches: list[list[int]]) -> float:
     """Real tokens / padded tokens over the micro-batches (1.0 = no padding), for logging."""
     real = sum(lengths[i] for mb in micro_batches for i in mb)

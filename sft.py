@@ -28,7 +28,7 @@ import data
 from chunked_logits import cat_diags, chunked_sum, no_grad_logits, normed_hidden, select_targets
 from plumbing import checkpoints, run_dir
 from plumbing.cli import check_settings, parse_config, run_script
-from plumbing.distributed import StopSignal, print0, setup_distributed, shutdown
+from plumbing.distributed import StopSignal, print0, read_step, setup_distributed, shutdown
 from plumbing.models import (check_model_dir, clip_grad_norm, cpu_threads_per_rank, load_full_model,
                              load_tokenizer, make_optimizer, resolve_model, shard_model)
 
@@ -253,15 +253,6 @@ def plan_steps(lengths, world, args, epoch, batch_idx):
                 yield e, b, update, batches[b], part.tolist()
 
 
-def examples_in(batch, step_mbs):
-    """The example ids of micro-batches step_mbs on every rank: the step's examples."""
-    ids = []
-    for rank_mbs in batch:
-        for k in step_mbs:
-            ids += rank_mbs[k]
-    return ids
-
-
 def per_token(weight, examples, n_targets, device):
     """[N] the weight of each response token of `examples`, in select_targets order."""
     w = []
@@ -282,11 +273,6 @@ def ends_mid_batch(args):
     return why
 
 
-def collate_on(example_ids, dataset, pad_id, device):
-    """One micro-batch of examples, padded (data.collate), on the device."""
-    return data.collate([dataset[i] for i in example_ids], pad_id, device)
-
-
 def micro_batch_backward(total, base):
     """Backward of a micro-batch's loss. FSDP averages gradients over ranks, hence * world for the
     gradient of the step's loss. Each micro-batch's backward reduce-scatters its gradient into the
@@ -295,19 +281,6 @@ def micro_batch_backward(total, base):
     (total * dist.get_world_size()).backward()
     if base is not None:
         base.reshard()                                       # its head was gathered for backward
-
-
-def read_step(loss, grad_norm, diag):
-    """The optimiser step's one device-to-host read (a GPU sync): the loss, the gradient norm and
-    the per-token diagnostics {name: [N]} (empty when the step logs nothing) in one tensor.
-    Returns the two floats and the diagnostics as float32 host tensors."""
-    keys = list(diag)
-    parts = [torch.stack([loss.double(), grad_norm.double()])]
-    parts += [diag[k].double().flatten() for k in keys]
-    host = torch.cat(parts).cpu()
-    loss, grad_norm = host[:2].tolist()
-    values = host[2:].split([diag[k].numel() for k in keys])
-    return loss, grad_norm, {k: v.float() for k, v in zip(keys, values)}
 
 
 def gather_diags(diag):
@@ -429,9 +402,10 @@ def train(args, user_loss_cfg, device):
     # ---- ALGO LOGIC: one optimiser step per iteration (Alg. 1 lines 2-17)
     for epoch, batch_idx, update, batch, step_mbs in steps:
         if update == 0:                 # a new data batch: this rank's micro-batches, on the device
-            mine = [collate_on(mb, dataset, tokenizer.pad_token_id, device) for mb in batch[rank]]
+            mine = [data.collate_ids(mb, dataset, tokenizer.pad_token_id, device)
+                    for mb in batch[rank]]
             old_logp = baselines.old_log_probs(model, mine, args)     # PSFT's ratio; else None
-        step_examples = examples_in(batch, step_mbs)                   # every rank's, this step
+        step_examples = data.examples_of(batch, step_mbs)                # every rank's, this step
         weight = token_weights(step_examples, n_targets, args, step)   # loss: sum_t w_t loss_t
         want_log = step % args.log_every == 0
         for g in optimizer.param_groups:

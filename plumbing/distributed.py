@@ -78,3 +78,16 @@ class StopSignal:
         flag = torch.full((1,), 0.0 if self.name is None else 1.0, device=device)  # no host copy
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         return bool(flag.item())
+
+
+def read_step(loss, grad_norm, diag):
+    """The optimiser step's one device-to-host read (a GPU sync): the loss, the gradient norm and
+    the per-token diagnostics {name: [N]} (empty when the step logs nothing) in one tensor.
+    Returns the two floats and the diagnostics as float32 host tensors."""
+    keys = list(diag)
+    parts = [torch.stack([loss.double(), grad_norm.double()])]
+    parts += [diag[k].double().flatten() for k in keys]
+    host = torch.cat(parts).cpu()
+    loss, grad_norm = host[:2].tolist()
+    values = host[2:].split([diag[k].numel() for k in keys])
+    return loss, grad_norm, {k: v.float() for k, v in zip(keys, values)}
