@@ -166,7 +166,7 @@ def prefix_ratio(args, step: int, draws: np.ndarray) -> np.ndarray:
 def prefix_length(ratio: float, demo_len: int, max_response_len: int) -> int:
     """Prefix tokens for a ratio of a demo_len-token response: int(ratio x demo_len), at most
     demo_len - 1 (rl_dataset.py lines 287-303) and max_response_len - 1 (here: the continuation
-    gets a token at least). 0: the rollout is unprefixed, as theirs is (its prefix_uid, line 378)."""
+    gets a token at least). 0: the rollout is unprefixed, as theirs is (prefix_uid, line 378)."""
     return max(0, min(int(ratio * demo_len), demo_len - 1, max_response_len - 1))
 
 
@@ -219,6 +219,14 @@ def demo_tokens(hybrid: str, j: int, s: Sample) -> list[bool]:
         return [j == 0] * len(s.token_ids)
     n = getattr(s, "prefix_len", 0) if hybrid == "prefix_rft" else 0
     return [True] * n + [False] * (len(s.token_ids) - n)
+
+
+def prefixed(samples) -> torch.Tensor:
+    """[G, n] bool: which rollouts continue a prefix of at least one token."""
+    rows = []
+    for group in samples:
+        rows.append([getattr(s, "prefix_len", 0) > 0 for s in group])
+    return torch.tensor(rows)
 
 
 def own_rollouts(hybrid: str, rollouts: int, prefix_rollouts: int) -> slice:

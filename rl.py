@@ -462,14 +462,14 @@ def micro_batches(prompt_ids, samples, adv, args, pad_id, device,
     per_mini = args.mini_batch // dist.get_world_size()          # prompts per mini-batch, this rank
     minis = []
     for start in range(0, len(prompt_ids), per_mini):
-        seqs = []                   # (ids, loss mask, then per response token: advantage, expert's?)
+        seqs = []                 # (ids, loss mask, then per response token: advantage, expert's?)
         for i in range(start, start + per_mini):
             for j, s in enumerate(samples[i]):
                 mask = [0] * len(prompt_ids[i]) + [1] * len(s.token_ids)
                 expert = hybrid.demo_tokens(args.hybrid, j, s)           # --hybrid: its tokens
                 a, a_expert = float(adv[i][j]), float(demo_adv[i][j])
-                seqs.append((prompt_ids[i] + s.token_ids, mask, [a_expert if e else a for e in expert],
-                             expert))
+                seqs.append((prompt_ids[i] + s.token_ids, mask,
+                             [a_expert if e else a for e in expert], expert))
         seqs.sort(key=lambda t: -len(t[0]))
         groups = -(-len(seqs) // args.micro_batch)
         cap = args.micro_batch * max(args.max_prompt_len + args.max_response_len, len(seqs[0][0]))
@@ -619,15 +619,15 @@ def train(args, device, reward_fn=None):
         examples = [prompts[i].example for i in mine]
         seed = rollout_seed(args, step, rank, world, len(mine))
         texts = [prompts[i].text for i in mine]
-        sampled = args.rollouts - (args.hybrid in hybrid.SHAPED)  # luffy, rl_plus: the expert's
         if args.hybrid == "prefix_rft":   # some continue prefixes of the expert's response
             samples = hybrid.prefix_rollouts(engine, tokenizer, [prompts[i].ids for i in mine],
                                              examples, args, step, seed)
         else:
+            sampled = args.rollouts - (args.hybrid in hybrid.SHAPED)     # the expert's takes one
             samples = generation.generate(engine, tokenizer, texts, sampled, args.temperature,
                                           args.top_p, args.max_response_len, seed,
                                           batch_size=args.gen_batch_size, logprobs=False)  # [G][n]
-        if args.hybrid in hybrid.SHAPED:  # Table 3's hybrids: the expert's response joins each group
+        if args.hybrid in hybrid.SHAPED:      # luffy, rl_plus: the expert's response leads a group
             expert = hybrid.demonstrations(examples, tokenizer, args.max_response_len)
             samples = [[demo, *group] for demo, group in zip(expert, samples)]
         generation.sleep(engine)                                      # the trainer has the GPU
@@ -641,7 +641,7 @@ def train(args, device, reward_fn=None):
         adv, zero_std = group_advantages(rewards, use_std=args.adv_std)      # [G, n], [G]
         demo_adv = None
         if args.hybrid == "prefix_rft":   # its own tokens' and its prefix tokens' advantages
-            prefixed = torch.tensor([[s.prefix_len > 0 for s in group] for group in samples])
+            prefixed = hybrid.prefixed(samples)                                       # [G, n]
             adv, demo_adv, zero_std = hybrid.prefix_rft_advantages(rewards, prefixed)
             demo_adv = demo_adv.tolist()
         t_reward = time.perf_counter()

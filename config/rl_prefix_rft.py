@@ -6,7 +6,7 @@
 # the reason; where the three hybrids' papers share a setup, LUFFY's script (config/rl_luffy.py).
 # torchrun --nproc_per_node 8 rl.py config/rl_prefix_rft.py --train_file openr1.parquet
 model = "Elliott/Qwen2.5-Math-7B-16k-think"   # chosen here: LUFFY's model (same base, 8192 tokens)
-hybrid = "prefix_rft"
+hybrid = "prefix_rft"        # code and paper: the method (hybrid.py cites its functions)
 prefix_rollouts = 1          # chosen here: 1 of 8 continues a prefix, as LUFFY's 1 expert trace
 prefix_schedule = "cosine_decay"              # paper: a cosine decay (global_step.py 148-186)
 prefix_low_start = 0.95      # paper: from 95%; both bounds (chosen here: the ratio is the schedule)
@@ -44,8 +44,8 @@ bf16 = True                  # code: yaml line 101, bf16 rollouts
 grad_ckpt = True             # code: yaml line 30
 micro_batch = 1              # chosen here (theirs is unset): one sequence per micro-batch makes
 #   agg_loss "dr_grpo" Dr. GRPO's mean over sequences, and the entropy rule rank each prefix alone
-loss_chunk = 4096
+loss_chunk = 4096            # chosen here: memory only, the same result
 engine = "vllm"              # code: yaml line 91
 gpu_memory_utilization = 0.7  # chosen here: one engine per GPU (yaml: 0.5 over 2 GPUs, 102, 107)
-grader_workers = 8
+grader_workers = 8           # chosen here: host processes, the same result
 save_every = 50              # chosen here: LUFFY's (yaml line 234: -1, never)

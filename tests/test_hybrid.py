@@ -378,7 +378,8 @@ def test_prefix_advantages_equal_the_authors(rewards):
     lengths, prefix = random_prefix_groups(g, groups, n)
     lengths[1, -2:], lengths[3, -1] = 5, 5
     prefix[0, -1], prefix[1, -2:], prefix[3, -1] = 0, 3, 2   # a prefixed slot of 0 tokens; real ones
-    r = (torch.rand(groups, n, generator=g) > 0.5).float() if rewards == "binary" else torch.rand(groups, n, generator=g)
+    r = torch.rand(groups, n, generator=g)
+    r = (r > 0.5).float() if rewards == "binary" else r
     r[2], r[3] = 0.0, 1.0        # all wrong: no signal; all right: a prefixed continuation's r = 1
     adv, demo_adv, zero = hybrid.prefix_rft_advantages(r, prefix > 0)
 
@@ -618,3 +619,28 @@ def test_prefix_rft_runs_end_to_end_and_resumes_exactly_after_sigterm(checkpoint
     assert any(len(set(g["rewards"])) > 1 for g in groups)            # the updates have a signal
     weights = [(out / "step_000003" / "model.safetensors").read_bytes() for out in (whole, stopped)]
     assert weights[0] == weights[1]
+
+
+def test_the_prefix_rft_preset_says_where_each_value_comes_from():
+    """config/rl_prefix_rft.py: every value names its source class (code, paper, chosen here), and
+    it sets the same run whether or not config/rl_paper.py comes first (what rl_paper.py sets and the
+    method needs otherwise, top_p 0.95, clip-higher 0.28, no dual clip, is overridden)."""
+    from dataclasses import fields
+    from pathlib import Path
+
+    from plumbing import cli
+
+    preset = Path(rl.__file__).parent / "config" / "rl_prefix_rft.py"
+    for line in preset.read_text().splitlines():
+        if line and not line.startswith(("#", " ")):
+            assert any(f"# {c}" in line for c in ("code", "paper", "chosen here")), line
+    runs = [cli.parse_config(rl.Args, argv=[*first, str(preset), "--train_file", "x"])[0]
+            for first in ([], [str(preset.parent / "rl_paper.py")])]
+    alone, after_paper = ({f.name: getattr(a, f.name) for f in fields(a)} for a in runs)
+    assert alone == after_paper
+    assert {k: alone[k] for k in ("hybrid", "clip_low", "clip_high", "clip_ratio_c", "loss_agg", "top_p",
+                                  "prefix_rollouts", "prefix_schedule", "prefix_high_start", "prefix_high_end",
+                                  "prefix_entropy_mask", "micro_batch", "entropy_coef")} == dict(
+        hybrid="prefix_rft", clip_low=0.2, clip_high=0.2, clip_ratio_c=3.0, loss_agg="seq_sum_over_max_len",
+        top_p=1.0, prefix_rollouts=1, prefix_schedule="cosine_decay", prefix_high_start=0.95,
+        prefix_high_end=0.05, prefix_entropy_mask=0.8, micro_batch=1, entropy_coef=0.0)
