@@ -372,9 +372,10 @@ def random_prefix_groups(g, groups=6, n=8, k=2, length=7):
 
 
 @pytest.mark.parametrize("rewards", ["binary", "real"])
-def test_prefix_advantages_equal_the_authors(rewards):
+@pytest.mark.parametrize("n", [8, 3])                  # 3: some groups have one unprefixed rollout
+def test_prefix_advantages_equal_the_authors(rewards, n):
     g = torch.Generator().manual_seed(1)
-    groups, n, length = 6, 8, 7
+    groups, length = 6, 7
     lengths, prefix = random_prefix_groups(g, groups, n)
     lengths[1, -2:], lengths[3, -1] = 5, 5
     prefix[0, -1], prefix[1, -2:], prefix[3, -1] = 0, 3, 2   # a prefixed slot of 0 tokens; real ones
@@ -395,6 +396,8 @@ def test_prefix_advantages_equal_the_authors(rewards):
     torch.testing.assert_close(ours, want, rtol=0, atol=0)
     assert zero.tolist() == [bool((want[i * n:(i + 1) * n] == 0).all()) for i in range(groups)]
     assert zero[2] and not zero[3] and adv[3, -1] == 1       # their mean of a group of one is 0
+    if n == 3:                                               # one unprefixed: its own mean is 0 too
+        assert torch.equal(adv[1, 0], r[1, 0]) and torch.equal(demo_adv[1, 1:], r[1, 1:])
     # not the _v2 estimator: a prefix whose continuation is right is pushed up, one that fails down
     right = (prefix > 0) & (r == 1)
     assert (demo_adv[right] >= 0).all() and (demo_adv[(prefix > 0) & (r == 0)] <= 0).all()
