@@ -12,20 +12,38 @@ config/rl_luffy.py and config/rl_plus.py cite each setting's file and line):
 - a micro-batch's loss is its token sum / max_response_len minus 0.001 x its token-mean entropy,
   averaged over their 8 GPUs (rl.py --loss_agg rank_sum_over_max_len --entropy_coef 0.001).
 
-RL-PLUS's code base is a copy of LUFFY's: the two differ only in `demonstration_loss`. Prefix-RFT
-(arXiv:2507.01679) is not here: its repository ships no training configuration (its run script
-reads a $TRAIN_CONFIG defined nowhere), so the settings behind its Table 3 row cannot be read
-from its code. Per-token tensors below are [n], one chunk of response tokens.
+RL-PLUS's code base is a copy of LUFFY's: the two differ only in `demonstration_loss`.
+
+Prefix-RFT (arXiv:2507.01679) keeps GRPO's clipped update and changes what is sampled
+(`rl.py --hybrid prefix_rft`; config/rl_prefix_rft.py says which settings are its code's, its
+paper's, or chosen here, as its repository ships no training configuration):
+
+- each group has --rollouts - --prefix_rollouts unprefixed rollouts and --prefix_rollouts that
+  continue a prefix of the expert's response, one continuation each (`prefix_rollouts`); the
+  prefix is a fraction `prefix_ratio` of it, drawn between two scheduled bounds (`prefix_bound`);
+- its tokens are the demonstration's (`demo_tokens`) and take their own advantage
+  (`prefix_rft_advantages`), zeroed on all but the highest-entropy 20% of a micro-batch's prefix
+  tokens (`entropy_reshaped_advantages`); every token takes the dual clip (rl.dual_clip_loss).
+Per-token tensors below are [n], one chunk of response tokens.
 """
+import math
+from dataclasses import dataclass
+
+import numpy as np
 import torch
 
 import data
+from curio_loss import entropy
+from plumbing import generation
 from plumbing.generation import Sample
 
-HYBRIDS = ("none", "luffy", "rl_plus")
+HYBRIDS = ("none", "luffy", "rl_plus", "prefix_rft")
+SHAPED = ("luffy", "rl_plus")      # the expert's whole response leads each group, with its own loss
+PREFIX_SCHEDULES = ("const", "linear_decay", "cosine_decay")
 
 # Where the authors' code is cited: LUFFY at github.com/ElliottYan/LUFFY 01f4ae0, paths under
-# luffy/verl/verl/; RL-PLUS at github.com/YihongDong/RL-PLUS eb4aa4d, under rl_plus/verl/verl/.
+# luffy/verl/verl/; RL-PLUS at github.com/YihongDong/RL-PLUS eb4aa4d, under rl_plus/verl/verl/;
+# Prefix-RFT at github.com/ZeroYuHuang/prefix_rft 5f5d2a1, under recipe/prefix_rft/.
 
 
 def demonstrations(examples, tokenizer, max_response_len: int) -> list[Sample]:
@@ -79,3 +97,182 @@ def demonstration_loss(hybrid: str, lp, old_lp, adv):
         ratio = 2 * torch.exp(lp) / (torch.exp(old_lp) + omega)
         return -ratio * (adv * (1 - torch.exp(lp.detach())) ** 0.5)
     raise ValueError(f"hybrid {hybrid!r}: expected one of {', '.join(HYBRIDS[1:])}")
+
+
+# ================================================================================================
+# Prefix-RFT: prefixes of the expert's response, continued by the rollout engine
+# ================================================================================================
+@dataclass
+class PrefixedSample(Sample):
+    prefix_len: int = 0   # its first prefix_len tokens are the expert's, the rest the engine's
+
+
+def check_prefix_settings(args):
+    """--hybrid prefix_rft's settings, each refused in one line: a group needs an unprefixed and a
+    prefixed rollout; ratios are fractions; a decay must decay as their controllers assert
+    (global_step.py lines 27, 156)."""
+    unprefixed = args.rollouts - args.prefix_rollouts
+    if args.prefix_rollouts < 1 or unprefixed < 1:
+        raise SystemExit(f"--prefix_rollouts {args.prefix_rollouts}: must be >= 1 and leave one "
+                         f"of --rollouts {args.rollouts} unprefixed (the prefixes' baseline)")
+    for name in ("prefix_low_start", "prefix_low_end", "prefix_high_start", "prefix_high_end",
+                 "prefix_entropy_mask", "prefix_warmup_ratio"):
+        if not 0 <= getattr(args, name) <= 1:
+            raise SystemExit(f"--{name} {getattr(args, name)!r}: must be in [0, 1]")
+    for bound in ("low", "high"):
+        start, end = getattr(args, f"prefix_{bound}_start"), getattr(args, f"prefix_{bound}_end")
+        if args.prefix_schedule == "linear_decay" and not start > end:
+            raise SystemExit(f"--prefix_schedule linear_decay: --prefix_{bound}_start {start} "
+                             f"must be above --prefix_{bound}_end {end}")
+        if args.prefix_schedule == "cosine_decay" and start == end:
+            raise SystemExit(f"--prefix_schedule cosine_decay: --prefix_{bound}_start {start} "
+                             f"must differ from --prefix_{bound}_end {end}")
+
+
+def prefix_bound(schedule: str, start: float, end: float, step: int, n_steps: int,
+                 warmup_ratio: float = 0.0) -> float:
+    """One bound of the prefix ratio at `step` (scheduler/global_step.py): const: `start` (lines
+    5-14); linear_decay: start to end over n_steps (lines 20-50); cosine_decay: start to end along
+    half a cosine, or up along it if end > start (lines 148-186). The decays first rise linearly
+    from 0 to start over warmup_ratio x n_steps steps."""
+    if schedule == "const":
+        return start
+    warmup = int(n_steps * warmup_ratio)
+    if step < warmup:
+        return step / warmup * start
+    after = step - warmup
+    if schedule == "linear_decay":
+        return end if after >= n_steps else end + (1.0 - after / n_steps) * (start - end)
+    if schedule == "cosine_decay":
+        if after > n_steps:
+            return end
+        decay = 0.5 * (1 + math.cos(math.pi * after / n_steps))            # 1 -> 0
+        return end + decay * (start - end) if start > end else start + (1 - decay) * (end - start)
+    raise ValueError(f"prefix schedule {schedule!r}: expected one of {', '.join(PREFIX_SCHEDULES)}")
+
+
+def prefix_ratio(args, step: int, draws: np.ndarray) -> np.ndarray:
+    """The fraction of the expert's response each prefixed rollout starts from: lower + (upper -
+    lower) x Beta(1, 1), between the two scheduled bounds (global_step.py lines 256-275, the
+    BetaSampler's default alpha = beta = 1); draws: the Beta(1, 1) samples."""
+    n_steps = args.prefix_schedule_steps or args.steps
+    low, high = (prefix_bound(args.prefix_schedule, start, end, step, n_steps,
+                              args.prefix_warmup_ratio)
+                 for start, end in ((args.prefix_low_start, args.prefix_low_end),
+                                    (args.prefix_high_start, args.prefix_high_end)))
+    return min(low, high) + (max(low, high) - min(low, high)) * draws
+
+
+def prefix_length(ratio: float, demo_len: int, max_response_len: int) -> int:
+    """Prefix tokens for a ratio of a demo_len-token response: int(ratio x demo_len), at most
+    demo_len - 1 (rl_dataset.py lines 287-303) and max_response_len - 1 (here: the continuation
+    gets a token at least). 0: the rollout is unprefixed, as theirs is (prefix_uid, line 378)."""
+    return max(0, min(int(ratio * demo_len), demo_len - 1, max_response_len - 1))
+
+
+def prefix_rollouts(engine, tokenizer, prompt_ids, examples, args, step: int, seed: int):
+    """Each prompt's group, [G][rollouts] PrefixedSample: rollouts - prefix_rollouts unprefixed
+    samples, then prefix_rollouts that continue a prefix of the expert's response (their slot
+    order, rl_dataset.py lines 336-340). The engine continues prompt + prefix token ids, one
+    sample each (their rollout.n = 1: core_algos.py lines 294-296); the response is prefix +
+    continuation cut to max_response_len (ray_trainer.py line 298). The prefix is the expert's
+    response as SFT trains it (`demonstrations`), its token ids as they are, not re-tokenised."""
+    k, unprefixed = args.prefix_rollouts, args.rollouts - args.prefix_rollouts
+    draws = np.random.default_rng(seed).beta(1.0, 1.0, size=(len(examples), k))
+    ratios = prefix_ratio(args, step, draws)
+    inputs, prefixes = [], []
+    for i, ex in enumerate(examples):
+        demo = data.tokenize_sft(tokenizer, "", ex.response)[0]       # as `demonstrations`
+        demo = demo[:-1] if demo[-1] == tokenizer.eos_token_id else demo    # their demo_len: no EOS
+        for j in range(args.rollouts):
+            n = 0 if j < unprefixed else prefix_length(ratios[i, j - unprefixed], len(demo),
+                                                       args.max_response_len)
+            inputs.append(prompt_ids[i] + demo[:n])
+            prefixes.append(demo[:n])
+    flat = generation.generate(engine, tokenizer, inputs, 1, args.temperature, args.top_p,
+                               args.max_response_len, seed,
+                               batch_size=args.gen_batch_size * args.rollouts, logprobs=False)
+    samples = []
+    for prefix, (s,) in zip(prefixes, flat):
+        samples.append(with_prefix(prefix, s, tokenizer, args.max_response_len))
+    return [samples[i : i + args.rollouts] for i in range(0, len(samples), args.rollouts)]
+
+
+def with_prefix(prefix: list[int], s: Sample, tokenizer, max_response_len: int) -> PrefixedSample:
+    """prefix + the engine's continuation as one response, cut to max_response_len (a cut response
+    keeps no EOS and finishes by "length")."""
+    if not prefix:
+        return PrefixedSample(s.token_ids, s.text, None, None, s.finish_reason, s.stop_text, 0)
+    ids = prefix + s.token_ids
+    stopped = s.finish_reason == "stop" and len(ids) <= max_response_len
+    ids = ids[:max_response_len]
+    body = ids[:-1] if stopped and s.stop_text else ids
+    text = tokenizer.decode(body, skip_special_tokens=False)
+    return PrefixedSample(ids, text, None, None, s.finish_reason if stopped else "length",
+                          s.stop_text if stopped else "", len(prefix))
+
+
+def demo_tokens(hybrid: str, j: int, s: Sample) -> list[bool]:
+    """Per response token of the group's j-th sample: is it the expert's? luffy, rl_plus: the whole
+    first sample; prefix_rft: its prefix."""
+    if hybrid in SHAPED:
+        return [j == 0] * len(s.token_ids)
+    n = getattr(s, "prefix_len", 0) if hybrid == "prefix_rft" else 0
+    return [True] * n + [False] * (len(s.token_ids) - n)
+
+
+def prefixed(samples) -> torch.Tensor:
+    """[G, n] bool: which rollouts continue a prefix of at least one token."""
+    rows = []
+    for group in samples:
+        rows.append([getattr(s, "prefix_len", 0) > 0 for s in group])
+    return torch.tensor(rows)
+
+
+def own_rollouts(hybrid: str, rollouts: int, prefix_rollouts: int) -> slice:
+    """The columns of a [G, rollouts] reward table that are the model's samples alone (logged as
+    own_reward_mean): all but the expert's (luffy, rl_plus) or the unprefixed ones (prefix_rft)."""
+    if hybrid in SHAPED:
+        return slice(1, rollouts)
+    return slice(0, rollouts - prefix_rollouts if hybrid == "prefix_rft" else rollouts)
+
+
+# ================================================================================================
+# ALGO LOGIC: Prefix-RFT's advantages and the entropy rule
+# ================================================================================================
+def prefix_rft_advantages(rewards, prefixed):
+    """Dr. GRPO's advantages with prefixes (core_algos.py lines 262-308,
+    compute_dr_grpo_prefix_outcome_advantage, one continuation per prefix): each rollout's own
+    tokens get r - mean(r) over the rollouts with its prefix, i.e. r - mean(unprefixed r) for an
+    unprefixed one (mean 0 if it is alone) and r itself for a prefixed one, the only continuation
+    of its prefix; its prefix tokens get (r - mean(unprefixed r)) / 1. Not the _v2 variant (lines
+    310-353), whose prefixed rollouts get r - r = 0 and prefixes -mean(unprefixed r) whatever their
+    reward: the demonstration would be pushed down even when its continuation is right.
+    rewards [G, n] float32, prefixed [G, n] bool -> (adv [G, n] own tokens, demo_adv [G, n] prefix
+    tokens, zero [G]: groups whose every advantage is 0)."""
+    adv, demo_adv = rewards.clone(), torch.zeros_like(rewards)
+    for g in range(len(rewards)):        # float32 means, one group at a time, as theirs
+        base = rewards[g][~prefixed[g]]
+        mean = torch.mean(base) if len(base) > 1 else torch.tensor(0.0)
+        adv[g][~prefixed[g]] = base - mean
+        demo_adv[g][prefixed[g]] = rewards[g][prefixed[g]] - mean
+    zero = (adv == 0).all(-1) & (demo_adv == 0).all(-1)
+    return adv, demo_adv, zero
+
+
+def entropy_reshaped_advantages(lm_head, h, mb, args):
+    """The `entropy` reshaper (dp_actor.py lines 132-157): in each micro-batch, the advantage of
+    the prefix tokens whose entropy is in the lowest --prefix_entropy_mask share (0.8: all but the
+    top 20%) is set to 0. The entropy is the current policy's at the rollout temperature, as theirs
+    takes it from the update's own forward: here from the hidden states h [N, H] the update already
+    has, one chunk of logits at a time, without gradient. No host read: the count of prefix tokens
+    stays on the device. Returns the micro-batch's advantages [N]."""
+    with torch.no_grad():
+        ent = torch.cat([entropy(lm_head(h[i : i + args.loss_chunk]).float() / args.temperature)
+                         for i in range(0, len(h), args.loss_chunk)])                     # [N]
+        ent = ent.masked_fill(~mb.demo, math.inf)            # the prefix tokens sort first
+        order = torch.sort(ent, stable=True).indices
+        rank = torch.empty_like(order)
+        rank[order] = torch.arange(len(order), device=order.device)
+        cut = torch.floor(mb.demo.sum().double() * args.prefix_entropy_mask)  # int(n x ratio)
+        return torch.where(mb.demo & (rank < cut), torch.zeros_like(mb.adv), mb.adv)

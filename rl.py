@@ -26,7 +26,7 @@ import torch.distributed as dist
 import curio_loss as cl
 import data
 import hybrid
-from hybrid import HYBRIDS
+from hybrid import HYBRIDS, PREFIX_SCHEDULES
 from chunked_logits import chunked_sum, normed_hidden, select_targets, token_log_probs
 from plumbing import checkpoints, generation, run_dir
 from plumbing.cli import check_settings, parse_config, run_script
@@ -87,8 +87,28 @@ class Args:
     """--entropy_coef: the tokens per micro-batch the bonus counts as the authors' GPUs pack them
     (their ppo_max_token_len_per_gpu), which sets how many token means it sums"""
     hybrid: Literal[HYBRIDS] = "none"
-    """Table 3's hybrids (hybrid.py): the expert's response is one of each group's --rollouts; the
-    clip settings do not apply"""
+    """Table 3's hybrids (hybrid.py): luffy, rl_plus: the expert's response is one of each group's
+    --rollouts, the clip settings do not apply | prefix_rft: rollouts continue its prefixes"""
+    prefix_rollouts: int = 1
+    """prefix_rft: rollouts per group that continue a prefix of the expert's response"""
+    prefix_schedule: Literal[PREFIX_SCHEDULES] = "cosine_decay"
+    """prefix_rft: how both bounds of the prefix ratio move from their start to their end"""
+    prefix_low_start: float = 0.95
+    """prefix_rft: the lower bound of the prefix ratio at step 0 (ratio: lower + (upper - lower) x
+    Beta(1, 1))"""
+    prefix_low_end: float = 0.05
+    """prefix_rft: the lower bound after --prefix_schedule_steps"""
+    prefix_high_start: float = 0.95
+    """prefix_rft: the upper bound at step 0"""
+    prefix_high_end: float = 0.05
+    """prefix_rft: the upper bound after --prefix_schedule_steps"""
+    prefix_warmup_ratio: float = 0.0
+    """prefix_rft: the decays first rise from 0 over this share of --prefix_schedule_steps"""
+    prefix_schedule_steps: int = 0
+    """prefix_rft: the steps the bounds take from start to end (0: --steps)"""
+    prefix_entropy_mask: float = 0.8
+    """prefix_rft: the lowest-entropy share of a micro-batch's prefix tokens whose advantage is 0
+    (0.8: the top fifth keep theirs)"""
     reward: Literal[GRADING_MODES] = "paper"
     """paper: App. E's rule | authors_rl: the authors' RL reward | authors: their evaluation's"""
     temperature: float = 1.0
@@ -144,7 +164,8 @@ class Args:
         check_settings(
             self, positive=["lr", "grad_clip", "temperature", "grader_timeout", "dist_timeout_min"],
             fraction=["clip_low", "top_p", "gpu_memory_utilization"],
-            non_negative=["weight_decay", "clip_high", "save_every", "keep_last", "log_rollouts"],
+            non_negative=["weight_decay", "clip_high", "save_every", "keep_last", "log_rollouts",
+                          "prefix_warmup_ratio", "prefix_schedule_steps"],
             at_least_one=["steps", "prompts_per_step", "rollouts", "mini_batch", "micro_batch",
                           "max_prompt_len", "max_response_len", "loss_chunk", "sync_bucket_mb",
                           "gen_batch_size", "grader_workers", "loss_agg_ranks",
@@ -154,12 +175,14 @@ class Args:
         if self.entropy_coef and self.loss_agg != "rank_sum_over_max_len":
             raise SystemExit(f"--entropy_coef {self.entropy_coef}: needs --loss_agg "
                              f"rank_sum_over_max_len (the scripts that set it aggregate so)")
-        if self.hybrid != "none" and (self.policy_loss != "ppo_clip" or self.clip_ratio_c):
+        if self.hybrid in hybrid.SHAPED and (self.policy_loss != "ppo_clip" or self.clip_ratio_c):
             raise SystemExit(f"--hybrid {self.hybrid}: its own tokens' loss is unclipped -A r; "
                              f"--policy_loss and --clip_ratio_c do not apply")
-        if self.hybrid != "none" and self.rollouts < 2:
+        if self.hybrid in hybrid.SHAPED and self.rollouts < 2:
             raise SystemExit(f"--hybrid {self.hybrid}: needs --rollouts >= 2 (the expert's "
                              f"response takes one place in each group)")
+        if self.hybrid == "prefix_rft":
+            hybrid.check_prefix_settings(self)
         if self.clip_ratio_c is not None:
             if not self.clip_ratio_c > 1:                   # verl asserts it too
                 raise SystemExit(f"--clip_ratio_c {self.clip_ratio_c!r}: must be > 1 (or none)")
@@ -265,7 +288,7 @@ def policy_loss_fn(args):
     if args.policy_loss not in POLICY_LOSSES:
         raise ValueError(f"policy_loss {args.policy_loss!r}: expected one of "
                          f"{', '.join(POLICY_LOSSES)}")
-    if args.hybrid != "none":
+    if args.hybrid in hybrid.SHAPED:
         return hybrid.unclipped_loss               # their scripts: loss_remove_clip=True
     if args.policy_loss == "custom_loss_rl":
         return custom_loss_rl
@@ -310,8 +333,10 @@ def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
     for mb in mbs:             # FSDP reduce-scatters each micro-batch: no full gradient is kept
         h, y = select_targets(normed_hidden(model, mb.batch), mb.batch)          # [N, H], [N]
         bonus = entropy_bonus_weights(mb, args, bonus_scale)
-        total, diag = chunked_sum(chunk_loss, args.loss_chunk, h, y, mb.old_lp, mb.adv, mb.demo,
-                                  bonus)
+        adv, demo = mb.adv, mb.demo if args.hybrid in hybrid.SHAPED else None
+        if args.hybrid == "prefix_rft":       # the prefix tokens' top-20% entropy rule
+            adv = hybrid.entropy_reshaped_advantages(model.lm_head, h.detach(), mb, args)
+        total, diag = chunked_sum(chunk_loss, args.loss_chunk, h, y, mb.old_lp, adv, demo, bonus)
         del h, y                  # the graph keeps them for backward; not into the next forward
         # FSDP averages gradients over ranks, hence * world: the mini-batch's loss over all ranks
         (total * world / denominator).backward()
@@ -426,21 +451,27 @@ def rollout_seed(args, step, rank, world, n_prompts):
     return (args.seed * 1_000_003 + step * world + rank) * n_prompts * args.rollouts % 2**31
 
 
-def micro_batches(prompt_ids, samples, adv, args, pad_id, device) -> list[list[MicroBatch]]:
+def micro_batches(prompt_ids, samples, adv, args, pad_id, device,
+                  demo_adv=None) -> list[list[MicroBatch]]:
     """Sequences prompt + response (the response, its EOS included when it stopped, is trained),
     grouped into mini-batches (one per optimiser step) of micro-batches: as many as micro-batches of
     `micro_batch` sequences would make (every rank the same count, as FSDP's collectives require),
     none over micro_batch longest sequences' tokens, sized by length to pad least
-    (data.least_padded_split). Returns minis[m] = [MicroBatch], without old log-probs yet."""
+    (data.least_padded_split). adv[i][j]: the advantage of group i's sample j, demo_adv[i][j] that
+    of its expert's tokens (--hybrid prefix_rft; else adv). Returns minis[m] = [MicroBatch],
+    without old log-probs yet."""
+    demo_adv = adv if demo_adv is None else demo_adv
     per_mini = args.mini_batch // dist.get_world_size()          # prompts per mini-batch, this rank
     minis = []
     for start in range(0, len(prompt_ids), per_mini):
-        seqs = []                                   # (ids, loss mask, advantage, the expert's?)
+        seqs = []                 # (ids, loss mask, then per response token: advantage, expert's?)
         for i in range(start, start + per_mini):
             for j, s in enumerate(samples[i]):
                 mask = [0] * len(prompt_ids[i]) + [1] * len(s.token_ids)
-                expert = args.hybrid != "none" and j == 0           # --hybrid: first in its group
-                seqs.append((prompt_ids[i] + s.token_ids, mask, float(adv[i][j]), expert))
+                expert = hybrid.demo_tokens(args.hybrid, j, s)           # --hybrid: its tokens
+                a, a_expert = float(adv[i][j]), float(demo_adv[i][j])
+                seqs.append((prompt_ids[i] + s.token_ids, mask,
+                             [a_expert if e else a for e in expert], expert))
         seqs.sort(key=lambda t: -len(t[0]))
         groups = -(-len(seqs) // args.micro_batch)
         cap = args.micro_batch * max(args.max_prompt_len + args.max_response_len, len(seqs[0][0]))
@@ -449,10 +480,10 @@ def micro_batches(prompt_ids, samples, adv, args, pad_id, device) -> list[list[M
         for size in sizes:
             part, first = seqs[first : first + size], first + size
             batch = data.collate([(ids, mask) for ids, mask, _, _ in part], pad_id, device)
-            adv_tok = torch.tensor([a for _, mask, a, _ in part for _ in range(sum(mask))])  # [N]
+            adv_tok = torch.tensor(list(itertools.chain.from_iterable(t[2] for t in part)))  # [N]
             mb = MicroBatch(batch, adv_tok.to(device))
             if args.hybrid != "none":
-                demo = torch.tensor([e for _, mask, _, e in part for _ in range(sum(mask))])
+                demo = torch.tensor(list(itertools.chain.from_iterable(t[3] for t in part)))
                 mb.demo = demo.to(device)
             mbs.append(mb)
         minis.append(mbs)
@@ -464,14 +495,21 @@ def rollout_records(step, prompts: list[Prompt], samples, rewards, adv, groups: 
     """The first `groups` of this rank's GRPO groups at `step`, as rollouts.jsonl keeps them (what
     verl's rollout_data_dir and TRL's log_completions keep): each group's prompt, its responses with
     their rewards, advantages, finish reasons and lengths in tokens; under --hybrid (expert_first)
-    "expert_first": true says the first response is the expert's."""
+    "expert_first": true says the first response is the expert's; under --hybrid prefix_rft
+    "prefix_lengths" says how many of each response's first tokens are the expert's."""
     mark = {"expert_first": True} if expert_first else {}
-    return [{"step": step, "data_source": p.example.data_source, "prompt": p.text, **mark,
-             "ground_truth": p.example.ground_truth, "responses": [s.text for s in group],
-             "rewards": rewards[i].tolist(), "advantages": adv[i].tolist(),
-             "finish_reasons": [s.finish_reason for s in group],
-             "lengths": [len(s.token_ids) for s in group]}
-            for i, (p, group) in enumerate(zip(prompts[:groups], samples))]
+    records = []
+    for i, (p, group) in enumerate(zip(prompts[:groups], samples)):
+        prefixes = {}
+        if isinstance(group[0], hybrid.PrefixedSample):
+            prefixes = {"prefix_lengths": [s.prefix_len for s in group]}
+        records.append({"step": step, "data_source": p.example.data_source, "prompt": p.text,
+                        **mark, "ground_truth": p.example.ground_truth,
+                        "responses": [s.text for s in group], "rewards": rewards[i].tolist(),
+                        "advantages": adv[i].tolist(), **prefixes,
+                        "finish_reasons": [s.finish_reason for s in group],
+                        "lengths": [len(s.token_ids) for s in group]})
+    return records
 
 
 def step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norms, failures, times,
@@ -479,7 +517,7 @@ def step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norm
     """The step's log record: sums over ranks, then means. Under --hybrid the rollout fields count
     the expert's response too; own_reward_mean and own_accuracy are the model's samples alone."""
     flat = list(itertools.chain.from_iterable(samples))
-    own = rewards[:, 1:] if args.hybrid != "none" else rewards
+    own = rewards[:, hybrid.own_rollouts(args.hybrid, args.rollouts, args.prefix_rollouts)]
     entropy = torch.cat([mb.entropy for mb in itertools.chain.from_iterable(minis)])   # [tokens]
     local = {"reward": rewards.sum().item(), "correct": (rewards == 1).sum().item(),
              "rollouts": rewards.numel(), "zero_std": zero_std.sum().item(), "groups": len(samples),
@@ -584,11 +622,15 @@ def train(args, device, reward_fn=None):
         examples = [prompts[i].example for i in mine]
         seed = rollout_seed(args, step, rank, world, len(mine))
         texts = [prompts[i].text for i in mine]
-        sampled = args.rollouts - (args.hybrid != "none")     # --hybrid: the expert's takes one
-        samples = generation.generate(engine, tokenizer, texts, sampled, args.temperature,
-                                      args.top_p, args.max_response_len, seed,
-                                      batch_size=args.gen_batch_size, logprobs=False)   # [G][n]
-        if args.hybrid != "none":       # Table 3's hybrids: the expert's response joins each group
+        if args.hybrid == "prefix_rft":   # some continue prefixes of the expert's response
+            samples = hybrid.prefix_rollouts(engine, tokenizer, [prompts[i].ids for i in mine],
+                                             examples, args, step, seed)
+        else:
+            sampled = args.rollouts - (args.hybrid in hybrid.SHAPED)     # the expert's takes one
+            samples = generation.generate(engine, tokenizer, texts, sampled, args.temperature,
+                                          args.top_p, args.max_response_len, seed,
+                                          batch_size=args.gen_batch_size, logprobs=False)  # [G][n]
+        if args.hybrid in hybrid.SHAPED:      # luffy, rl_plus: the expert's response leads a group
             expert = hybrid.demonstrations(examples, tokenizer, args.max_response_len)
             samples = [[demo, *group] for demo, group in zip(expert, samples)]
         generation.sleep(engine)                                      # the trainer has the GPU
@@ -600,12 +642,17 @@ def train(args, device, reward_fn=None):
         scores, failures = reward_fn(flat_samples, flat_examples)
         rewards = torch.tensor(scores, dtype=torch.float32).view(len(mine), args.rollouts)  # [G,n]
         adv, zero_std = group_advantages(rewards, use_std=args.adv_std)      # [G, n], [G]
+        demo_adv = None
+        if args.hybrid == "prefix_rft":   # its own tokens' and its prefix tokens' advantages
+            prefixed = hybrid.prefixed(samples)                                       # [G, n]
+            adv, demo_adv, zero_std = hybrid.prefix_rft_advantages(rewards, prefixed)
+            demo_adv = demo_adv.tolist()
         t_reward = time.perf_counter()
 
         # ---- old log-probs and entropy at the rollout temperature, recomputed by the trainer, not
         # taken from the engine: the ratio compares two evaluations with the same numerics
         minis = micro_batches([prompts[i].ids for i in mine], samples, adv.tolist(), args,
-                              tokenizer.pad_token_id, device)
+                              tokenizer.pad_token_id, device, demo_adv)
         for mbs in minis:
             for mb in mbs:
                 mb.old_lp, mb.entropy = token_log_probs(model, mb.batch, args.loss_chunk,
@@ -633,7 +680,7 @@ def train(args, device, reward_fn=None):
         if log is not None:
             log.write(record)
             kept = rollout_records(step, [prompts[i] for i in mine], samples, rewards, adv,
-                                   args.log_rollouts, expert_first=args.hybrid != "none")
+                                   args.log_rollouts, expert_first=args.hybrid in hybrid.SHAPED)
             with open(rollouts_file, "a") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in kept))
         stopping = step < args.steps and stop.requested(device)        # every rank agrees

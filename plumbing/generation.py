@@ -57,8 +57,11 @@ class Engine:
 QWEN_EOS_TOKENS = ("<|im_end|>", "<|endoftext|>")
 
 
-def encode(tokenizer, text: str) -> list[int]:
-    """A prompt's token ids as both engines see them (no BOS or other added tokens)."""
+def encode(tokenizer, text: str | list[int]) -> list[int]:
+    """A prompt's token ids as both engines see them (no BOS or other added tokens); a prompt given
+    as token ids is taken as it is (rl.py's Prefix-RFT: a prompt and a prefix of a response)."""
+    if isinstance(text, list):
+        return list(text)
     return tokenizer(text, add_special_tokens=False)["input_ids"]
 
 
