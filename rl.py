@@ -115,6 +115,10 @@ class Args:
     """vLLM frees its weights and KV cache while the trainer works"""
     sync_bucket_mb: int = 1024
     """weight sync: MB of full tensors gathered from the FSDP shards per load into the engine"""
+    engine_logp_tol: float = 0.1
+    """stop before the update when the engine's log-probs of its samples differ from the trainer's
+    by more than this (mean over the step's tokens, in nats) beyond what top-p explains
+    (log(1/top_p)): a weight the sync missed (engine_logp_diff_mean, docs/metrics.md)"""
     gen_batch_size: int = 16
     """HF engine: prompts per generate call (vLLM schedules its own batches)"""
     grader_timeout: float = 10.0
@@ -141,7 +145,8 @@ class Args:
 
     def __post_init__(self):
         check_settings(
-            self, positive=["lr", "grad_clip", "temperature", "grader_timeout", "dist_timeout_min"],
+            self, positive=["lr", "grad_clip", "temperature", "grader_timeout", "dist_timeout_min",
+                            "engine_logp_tol"],
             fraction=["clip_low", "top_p", "gpu_memory_utilization"],
             non_negative=["weight_decay", "clip_high", "save_every", "keep_last", "log_rollouts"],
             at_least_one=["steps", "prompts_per_step", "rollouts", "mini_batch", "micro_batch",
@@ -170,7 +175,8 @@ class Args:
 # settings a resumed run may change: they change nothing it computes (run_dir.claim checks the rest)
 MAY_CHANGE_ON_RESUME = {"out_dir", "steps", "save_every", "keep_last", "loggers", "log_line",
                         "loss_chunk", "grad_ckpt", "offload", "dist_timeout_min", "engine",
-                        "gpu_memory_utilization", "vllm_sleep", "sync_bucket_mb", "gen_batch_size",
+                        "gpu_memory_utilization", "vllm_sleep", "sync_bucket_mb", "engine_logp_tol",
+                        "gen_batch_size",
                         "grader_timeout", "grader_workers", "log_rollouts"}
 
 
@@ -277,6 +283,7 @@ class MicroBatch:
     old_lp: torch.Tensor | None = None   # [N] log-probs of the sampling policy, at its temperature
     entropy: torch.Tensor | None = None  # [N] that policy's entropy there (logged)
     demo: torch.Tensor | None = None     # [N] bool, --hybrid: the token is the expert's
+    engine_lp: torch.Tensor | None = None  # [N] the engine's log-probs of its samples (NaN: none)
 
 
 def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
@@ -433,12 +440,14 @@ def micro_batches(prompt_ids, samples, adv, args, pad_id, device) -> list[list[M
     per_mini = args.mini_batch // dist.get_world_size()          # prompts per mini-batch, this rank
     minis = []
     for start in range(0, len(prompt_ids), per_mini):
-        seqs = []                                   # (ids, loss mask, advantage, the expert's?)
+        seqs = []            # (ids, loss mask, advantage, the expert's?, the engine's log-probs)
         for i in range(start, start + per_mini):
             for j, s in enumerate(samples[i]):
                 mask = [0] * len(prompt_ids[i]) + [1] * len(s.token_ids)
                 expert = args.hybrid != "none" and j == 0           # --hybrid: first in its group
-                seqs.append((prompt_ids[i] + s.token_ids, mask, float(adv[i][j]), expert))
+                engine_lp = s.logprobs or [math.nan] * len(s.token_ids)    # the expert's: none
+                seqs.append((prompt_ids[i] + s.token_ids, mask, float(adv[i][j]), expert,
+                             engine_lp))
         seqs.sort(key=lambda t: -len(t[0]))
         groups = -(-len(seqs) // args.micro_batch)
         cap = args.micro_batch * max(args.max_prompt_len + args.max_response_len, len(seqs[0][0]))
@@ -446,11 +455,12 @@ def micro_batches(prompt_ids, samples, adv, args, pad_id, device) -> list[list[M
         mbs, first = [], 0
         for size in sizes:
             part, first = seqs[first : first + size], first + size
-            batch = data.collate([(ids, mask) for ids, mask, _, _ in part], pad_id, device)
-            adv_tok = torch.tensor([a for _, mask, a, _ in part for _ in range(sum(mask))])  # [N]
-            mb = MicroBatch(batch, adv_tok.to(device))
+            batch = data.collate([(ids, mask) for ids, mask, *_ in part], pad_id, device)
+            adv_tok = torch.tensor([a for _, mask, a, *_ in part for _ in range(sum(mask))])  # [N]
+            engine_lp = torch.tensor(list(itertools.chain.from_iterable(t[4] for t in part)))  # [N]
+            mb = MicroBatch(batch, adv_tok.to(device), engine_lp=engine_lp.to(device))
             if args.hybrid != "none":
-                demo = torch.tensor([e for _, mask, _, e in part for _ in range(sum(mask))])
+                demo = torch.tensor([e for _, mask, _, e, _ in part for _ in range(sum(mask))])
                 mb.demo = demo.to(device)
             mbs.append(mb)
         minis.append(mbs)
@@ -473,7 +483,7 @@ def rollout_records(step, prompts: list[Prompt], samples, rewards, adv, groups: 
 
 
 def step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norms, failures, times,
-                args, device):
+                logp_diff, args, device):
     """The step's log record: sums over ranks, then means. Under --hybrid the rollout fields count
     the expert's response too; own_reward_mean and own_accuracy are the model's samples alone."""
     flat = list(itertools.chain.from_iterable(samples))
@@ -505,6 +515,7 @@ def step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norm
             "clip_frac_low": g["clip_low"] / g["tokens"],
             "clip_frac_high": g["clip_high"] / g["tokens"],
             "approx_kl": g["kl"] / g["tokens"], "grad_norm": sum(grad_norms) / len(grad_norms),
+            "engine_logp_diff_mean": logp_diff[0], "engine_logp_diff_max": logp_diff[1],
             "grader_failures": int(g["failures"]), "lr": args.lr, "sync_s": t_sync - t0,
             "gen_s": t_gen - t_sync, "reward_s": t_reward - t_gen, "train_s": t_train - t_reward}
 
@@ -512,6 +523,24 @@ def step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norm
 # ================================================================================================
 # The loop
 # ================================================================================================
+@torch.no_grad()
+def engine_logp_diff(minis, device) -> tuple[float, float]:
+    """(mean, max) over all ranks of |engine log-prob - trainer's old log-prob| per response token
+    the engine sampled: the same distribution (temperature, top-p: the engine's are after top-p,
+    the trainer's are not, which adds up to log(1/top_p) per token) from two implementations. With
+    the trainer's weights in the engine they differ by numerics only; (nan, nan) without tokens."""
+    mbs = list(itertools.chain.from_iterable(minis))
+    engine_lp, old_lp = torch.cat([mb.engine_lp for mb in mbs]), torch.cat([mb.old_lp for mb in mbs])
+    diff = (engine_lp - old_lp.float()).abs()[~engine_lp.isnan()]   # the expert's tokens: none
+    sums = torch.stack([diff.double().sum(), torch.tensor(float(len(diff)), device=device)])
+    dist.all_reduce(sums)
+    top = diff.max() if len(diff) else torch.tensor(-math.inf, device=device)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    if not sums[1]:
+        return math.nan, math.nan
+    return (sums[0] / sums[1]).item(), top.item()
+
+
 def check_world(args, world):
     """Refuses a GPU count that does not divide the mini-batch (or a mini-batch that does not divide
     the step's prompts)."""
@@ -574,7 +603,9 @@ def train(args, device, reward_fn=None):
     while step < args.steps:
         t0 = time.perf_counter()
         # ---- ALGO LOGIC. Rollouts: this rank's prompts x `rollouts` samples from the current
-        # policy, a seed per (step, rank) so that runs repeat; no log-probs (the trainer's, below)
+        # policy, a seed per (step, rank) so that runs repeat, with the engine's log-probs of them
+        # (only to check them against the trainer's, below)
+        synced = not engine.has_trainer_weights
         generation.wake(engine, model, args.sync_bucket_mb << 20)     # with the trainer's weights
         t_sync = time.perf_counter()
         mine, epoch = step_prompts(len(prompts), step, args, rank, world)
@@ -584,7 +615,7 @@ def train(args, device, reward_fn=None):
         sampled = args.rollouts - (args.hybrid != "none")     # --hybrid: the expert's takes one
         samples = generation.generate(engine, tokenizer, texts, sampled, args.temperature,
                                       args.top_p, args.max_response_len, seed,
-                                      batch_size=args.gen_batch_size, logprobs=False)   # [G][n]
+                                      batch_size=args.gen_batch_size, logprobs=True)    # [G][n]
         if args.hybrid != "none":       # Table 3's hybrids: the expert's response joins each group
             expert = hybrid.demonstrations(examples, tokenizer, args.max_response_len)
             samples = [[demo, *group] for demo, group in zip(expert, samples)]
@@ -608,6 +639,17 @@ def train(args, device, reward_fn=None):
                 mb.old_lp, mb.entropy = token_log_probs(model, mb.batch, args.loss_chunk,
                                                         args.temperature)
         model.reshard()                 # a no-grad forward leaves the FSDP root's weights gathered
+        # the engine sampled from the trainer's policy? A weight the sync missed shows here, as
+        # plausible losses would not: stop before training on stale rollouts
+        logp_diff = engine_logp_diff(minis, device)
+        if not logp_diff[0] <= args.engine_logp_tol + math.log(1 / args.top_p):   # nan stops too
+            cause = ("a weight the sync missed or left stale" if synced else
+                     "the engine does not run the trainer's model (dtype? checkpoint?)")
+            raise SystemExit(f"step {step + 1}: the engine's log-probs of its samples differ from "
+                             f"the trainer's by {logp_diff[0]:.4f} nats on average (max "
+                             f"{logp_diff[1]:.4f}; --engine_logp_tol {args.engine_logp_tol}): "
+                             f"{cause}; stopped before the update, nothing after step "
+                             f"{last_saved} is saved")
 
         # ---- one optimiser step per mini-batch (Table 6: 128 prompts, mini-batches of 64: 2);
         # the first mini-batch of a step is on-policy (ratio 1)
@@ -625,7 +667,8 @@ def train(args, device, reward_fn=None):
 
         # ---- log and save
         record = step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norms,
-                             failures, (t0, t_sync, t_gen, t_reward, t_train), args, device)
+                             failures, (t0, t_sync, t_gen, t_reward, t_train), logp_diff, args,
+                             device)
         records.append(record)
         if log is not None:
             log.write(record)
