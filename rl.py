@@ -606,7 +606,10 @@ def train(args, device, reward_fn=None):
         # policy, a seed per (step, rank) so that runs repeat, with the engine's log-probs of them
         # (only to check them against the trainer's, below)
         synced = not engine.has_trainer_weights
-        generation.wake(engine, model, args.sync_bucket_mb << 20)     # with the trainer's weights
+        try:
+            generation.wake(engine, model, args.sync_bucket_mb << 20)  # with the trainer's weights
+        except generation.SyncError as e:
+            raise SystemExit(f"step {step + 1}: {e}; nothing after step {last_saved} is saved") from None
         t_sync = time.perf_counter()
         mine, epoch = step_prompts(len(prompts), step, args, rank, world)
         examples = [prompts[i].example for i in mine]

