@@ -18,7 +18,7 @@ import curio_loss
 import data
 import fake_vllm
 import rl
-from plumbing import checkpoints, generation, models
+from plumbing import checkpoints, generation, models, run_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -427,6 +427,37 @@ def test_vllm_sleeps_whenever_the_trainer_works(checkpoint, toy_sft_file, world_
     assert calls() == ["LLM", "sleep:2", "build trainer"] + step
     want = load_file(tmp_path / "step_000002/model.safetensors")
     assert all(torch.equal(vllm.engines[-1].loads[0][k], want[k]) for k in want)
+
+
+def test_a_tensor_the_sync_leaves_out_stops_the_run_before_the_update(checkpoint, toy_sft_file, world_of_one, tmp_path,
+                                                                     monkeypatch):
+    """The (fake) engine's model loads every weight but one at the first sync (step 1's: the GPU engine sleeps, its
+    weights discarded): the sync's own check (generation._reload_weights, the parameters load_weights never
+    reported) stops the run with one line before any update or log record. vLLM itself would only log it and sample
+    from whatever the tensor's memory holds.
+    tests/test_vllm_cpu.py breaks the real engine's sync in a way no name check sees."""
+    vllm = fake_vllm.install(monkeypatch)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(rl, "grade", lambda texts, *a: ([float(i % 2) for i in range(len(texts))], 0))
+    updates = []
+    monkeypatch.setattr(rl, "policy_update", lambda *a: updates.append(1) or (torch.zeros(5, dtype=torch.float64), 0.0))
+    args = rl.Args(model=str(checkpoint), train_file=str(toy_sft_file), out_dir=str(tmp_path), steps=3,
+                   prompts_per_step=2, rollouts=2, mini_batch=1, micro_batch=8, max_prompt_len=512, max_response_len=6,
+                   bf16=False, grad_ckpt=False, loss_chunk=512, engine="vllm", save_every=0, seed=0)
+    real = generation.load_engine
+
+    def engine_that_skips(*a, **kw):
+        engine, tok = real(*a, **kw)
+        vllm.engines[-1].skip_on_load = "model.layers.1.mlp.down_proj.weight"
+        return engine, tok
+
+    monkeypatch.setattr(generation, "load_engine", engine_that_skips)
+    with pytest.raises(SystemExit) as stop:
+        rl.train(args, world_of_one)
+    assert str(stop.value) == ("step 1: weight sync: 1 engine parameters got no weight, e.g. "
+                               "'model.layers.1.mlp.down_proj.weight'; nothing after step 0 is saved")
+    assert not updates and not (tmp_path / "log.jsonl").read_text()
+    run_dir.release()                                # what the process's exit does (the next test's run_dir)
 
 
 VLLM_SYNC_SCRIPT = r"""

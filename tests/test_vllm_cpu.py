@@ -144,11 +144,12 @@ def test_rl_with_vllm_syncs_a_tied_model_exactly_and_resumes_after_sigterm(tied_
     assert [r["loss"] for r in untimed[0]] == [r["loss"] for r in untimed[1]]
 
 
-@pytest.mark.parametrize("broken", ["left_out", "stale_head"])
+@pytest.mark.parametrize("broken", ["stale_head"])       # "left_out": tests/test_rl.py, with the stand-in engine
 def test_a_broken_weight_sync_stops_the_run_before_the_update(broken, tied_checkpoint, toy_sft_file, tmp_path):
     """The first sync broken once: a tensor left out (the sync's own check names it) or the tied lm_head's packed
-    copy left stale (nothing raises; the engine's log-probs of its samples no longer match the trainer's): either
-    way the run stops at step 2 with one line, before step 2's update, and nothing of step 2 is saved or logged."""
+    copy left stale (nothing raises: the bug found on vLLM's CPU build; only the engine's log-probs of its samples,
+    no longer the trainer's, show it): either way the run stops at step 2 with one line, before step 2's update,
+    and nothing of step 2 is saved or logged."""
     script = tmp_path / "rl_toy.py"
     script.write_text(RL_SCRIPT.format(repo=str(REPO)))
     out = tmp_path / "o"
