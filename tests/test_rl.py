@@ -18,7 +18,7 @@ import curio_loss
 import data
 import fake_vllm
 import rl
-from plumbing import checkpoints, generation, models
+from plumbing import checkpoints, generation, models, run_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -333,8 +333,9 @@ def test_sync_weights_moves_the_trainers_weights_into_the_hf_engine(checkpoint, 
 
 
 def test_sync_weights_casts_to_the_engine_dtype_one_bucket_at_a_time(checkpoint, world_of_one, monkeypatch):
-    """Into a (fake) vLLM engine in bf16: every weight once, cast to bf16 before it is handed over, in buckets of at
-    least bucket_bytes, then the prefix cache reset. An engine parameter left without a weight stops the sync."""
+    """Into a (fake) vLLM engine in bf16: every weight once, cast to bf16 before it is gathered, in buckets of at
+    least bucket_bytes, all in one in-place reload (a layer split over two would be processed half loaded), then
+    the prefix cache reset. An engine parameter left without a weight stops the sync."""
     vllm = fake_vllm.install(monkeypatch)
     engine, _ = generation.load_engine(str(checkpoint), "vllm", "bfloat16", logprobs=False)
     llm = vllm.engines[-1]
@@ -342,11 +343,12 @@ def test_sync_weights_casts_to_the_engine_dtype_one_bucket_at_a_time(checkpoint,
     for p in model.parameters():                                     # stands in for an optimiser step
         p.data.add_(0.01)
     trainer = models.full_state_dict(model)
-    generation.sync_weights(model, engine, bucket_bytes=64 << 10)
-    sizes = [sum(t.nbytes for t in load.values()) for load in llm.loads]
+    sizes = [sum(t.nbytes for _, t in bucket)
+             for bucket in generation.full_weight_buckets(model, torch.bfloat16, 64 << 10)]
     assert len(sizes) >= 3 and min(sizes[:-1]) >= 64 << 10
     assert sum(sizes) == sum(t.nbytes for t in trainer.values()) // 2               # bf16: half of float32
-    assert vllm.events == ["LLM"] + ["load"] * len(sizes) + ["reset_prefix_cache"]
+    generation.sync_weights(model, engine, bucket_bytes=64 << 10)
+    assert vllm.events == ["LLM", "collective_rpc", "load", "reset_prefix_cache"]
     received = {name: t for load in llm.loads for name, t in load.items()}
     assert received.keys() == trainer.keys()
     assert all(t.dtype == torch.bfloat16 and torch.equal(t, trainer[k].to(torch.bfloat16)) for k, t in received.items())
@@ -401,8 +403,8 @@ def test_vllm_sleeps_whenever_the_trainer_works(checkpoint, toy_sft_file, world_
                    prompts_per_step=2, rollouts=4, mini_batch=1, micro_batch=8, max_prompt_len=512, max_response_len=6,
                    bf16=False, grad_ckpt=False, loss_chunk=512, engine="vllm", save_every=1, seed=0,
                    reward="authors_rl")
-    step = ["wake:weights", "load", "reset_prefix_cache", "wake:kv_cache", "generate", "sleep:2", "old log-probs",
-            "optimiser step"]
+    step = ["wake:weights", "collective_rpc", "load", "reset_prefix_cache", "wake:kv_cache", "generate", "sleep:2",
+            "old log-probs", "optimiser step"]
 
     def calls():
         return [e for i, e in enumerate(vllm.events) if i == 0 or vllm.events[i - 1] != e]   # repeats collapsed
@@ -412,8 +414,8 @@ def test_vllm_sleeps_whenever_the_trainer_works(checkpoint, toy_sft_file, world_
     assert gradings == ["authors_rl"] * 2                               # one grading per step, as --reward says
     llm = vllm.engines[-1]
     assert llm.kwargs["enable_sleep_mode"] and llm.kwargs["distributed_executor_backend"] == "external_launcher"
-    assert "logprobs_mode" not in llm.kwargs and llm.kwargs["max_model_len"] == 518
-    assert {p.kwargs["logprobs"] for p in vllm.sampling_params} == {None}     # rollouts ask for no log-probs
+    assert llm.kwargs["logprobs_mode"] == "processed_logprobs" and llm.kwargs["max_model_len"] == 518
+    assert {p.kwargs["logprobs"] for p in vllm.sampling_params} == {0}     # the sampled tokens' (engine_logp_diff)
     from safetensors.torch import load_file
     for load, weights in zip(llm.loads, [checkpoint, tmp_path / "step_000001"]):   # first sync: the checkpoint
         want = load_file(weights / "model.safetensors")
@@ -453,6 +455,37 @@ def test_vllm_settings_a_resume_may_change_change_no_request(checkpoint, toy_sft
     assert seen[True][:3] == seen[False][:3]
     assert seen[True][3].keys() == seen[False][3].keys()
     assert all(torch.equal(seen[True][3][k], seen[False][3][k]) for k in seen[True][3])
+
+
+def test_a_tensor_the_sync_leaves_out_stops_the_run_before_the_update(checkpoint, toy_sft_file, world_of_one, tmp_path,
+                                                                     monkeypatch):
+    """The (fake) engine's model loads every weight but one at the first sync (step 1's: the GPU engine sleeps, its
+    weights discarded): the sync's own check (generation._reload_weights, the parameters load_weights never
+    reported) stops the run with one line before any update or log record. vLLM itself would only log it and sample
+    from whatever the tensor's memory holds.
+    tests/test_vllm_cpu.py breaks the real engine's sync in a way no name check sees."""
+    vllm = fake_vllm.install(monkeypatch)
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setattr(rl, "grade", lambda texts, *a: ([float(i % 2) for i in range(len(texts))], 0))
+    updates = []
+    monkeypatch.setattr(rl, "policy_update", lambda *a: updates.append(1) or (torch.zeros(5, dtype=torch.float64), 0.0))
+    args = rl.Args(model=str(checkpoint), train_file=str(toy_sft_file), out_dir=str(tmp_path), steps=3,
+                   prompts_per_step=2, rollouts=2, mini_batch=1, micro_batch=8, max_prompt_len=512, max_response_len=6,
+                   bf16=False, grad_ckpt=False, loss_chunk=512, engine="vllm", save_every=0, seed=0)
+    real = generation.load_engine
+
+    def engine_that_skips(*a, **kw):
+        engine, tok = real(*a, **kw)
+        vllm.engines[-1].skip_on_load = "model.layers.1.mlp.down_proj.weight"
+        return engine, tok
+
+    monkeypatch.setattr(generation, "load_engine", engine_that_skips)
+    with pytest.raises(SystemExit) as stop:
+        rl.train(args, world_of_one)
+    assert str(stop.value) == ("step 1: weight sync: 1 engine parameters got no weight, e.g. "
+                               "'model.layers.1.mlp.down_proj.weight'; nothing after step 0 is saved")
+    assert not updates and not (tmp_path / "log.jsonl").read_text()
+    run_dir.release()                                # what the process's exit does (the next test's run_dir)
 
 
 VLLM_SYNC_SCRIPT = r"""

@@ -25,8 +25,10 @@ from plumbing import generation, models
 VERSION = "0.32.0"
 FILES = {"llm": "vllm/entrypoints/llm.py", "engine_args": "vllm/engine/arg_utils.py",
          "sampling": "vllm/sampling_params.py", "outputs": "vllm/outputs.py", "logprobs": "vllm/logprobs.py",
-         "qwen2": "vllm/model_executor/models/qwen2.py"}
-METHODS = ("sleep", "wake_up", "apply_model", "reset_prefix_cache", "generate")
+         "qwen2": "vllm/model_executor/models/qwen2.py", "worker": "vllm/v1/worker/gpu_worker.py",
+         "runner": "vllm/v1/worker/gpu_model_runner.py",
+         "embedding": "vllm/model_executor/layers/vocab_parallel_embedding.py"}
+METHODS = ("sleep", "wake_up", "apply_model", "reset_prefix_cache", "generate", "collective_rpc")
 
 
 def wheel_path() -> Path | str:
@@ -86,7 +88,12 @@ def vllm_api():
            "CompletionOutput": _fields(_class(trees["outputs"], "CompletionOutput")),
            "Logprob": _fields(_class(trees["logprobs"], "Logprob")),
            "Qwen2ForCausalLM": {n.name for n in _class(trees["qwen2"], "Qwen2ForCausalLM").body
-                                if isinstance(n, ast.FunctionDef)}}
+                                if isinstance(n, ast.FunctionDef)},
+           # sync_weights' worker side (generation._reload_weights)
+           "Worker": {n.name for n in _class(trees["worker"], "Worker").body if isinstance(n, ast.FunctionDef)},
+           "GPUModelRunner.reload_weights": _params(_class(trees["runner"], "GPUModelRunner"), "reload_weights")[0],
+           "UnquantizedEmbeddingMethod": {n.name for n in _class(trees["embedding"], "UnquantizedEmbeddingMethod").body
+                                          if isinstance(n, ast.FunctionDef)}}
     for method in METHODS:
         names, takes_kwargs = _params(llm, method)
         assert names or method == "reset_prefix_cache", f"vLLM {VERSION}: no LLM.{method}"
@@ -105,7 +112,7 @@ def record_methods(vllm, monkeypatch) -> list[tuple[str, set[str]]]:
     parameter names vLLM gives them)."""
     calls = []
     positional = {"generate": ["prompts", "sampling_params"], "apply_model": ["func"], "sleep": ["level"],
-                  "wake_up": ["tags"], "reset_prefix_cache": []}
+                  "wake_up": ["tags"], "reset_prefix_cache": [], "collective_rpc": ["method", "timeout", "args"]}
     for method in METHODS:
         original = getattr(vllm.LLM, method)
 
@@ -147,6 +154,10 @@ def project_calls(checkpoint, world_of_one, monkeypatch):
     args, kwargs = seen[0]
     engine, tokenizer = generation.load_engine(*args, **kwargs)
     generation.generate(engine, tokenizer, ["1+1="], n=2, max_new_tokens=4, logprobs=True)
+    # vLLM's CPU build (the tests' engine): its own settings, read here in the same version's EngineArgs
+    monkeypatch.setattr(generation, "vllm_device", lambda: "cpu")
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    generation.load_engine(str(checkpoint), "vllm", "float32", max_model_len=64, gpu_memory_utilization=0.5)
     calls += [("LLM", set(llm.kwargs) | {"model"}) for llm in vllm.engines]
     calls += [("SamplingParams", set(sp.kwargs)) for sp in vllm.sampling_params]
     return calls
@@ -162,7 +173,9 @@ def test_every_vllm_call_the_project_makes_is_accepted_by_the_pinned_wheel(vllm_
     read = [("RequestOutput", set(fake_vllm.RequestOutput.__dataclass_fields__)),
             ("CompletionOutput", set(fake_vllm.CompletionOutput.__dataclass_fields__)),
             ("Logprob", set(fake_vllm.Logprob.__dataclass_fields__)),
-            ("Qwen2ForCausalLM", {"load_weights"})]
+            ("Qwen2ForCausalLM", {"load_weights"}), ("Worker", {"get_model", "reload_weights"}),
+            ("GPUModelRunner.reload_weights", {"weights_iterator"}),
+            ("UnquantizedEmbeddingMethod", {"process_weights_after_loading"})]
     assert not unaccepted(read, vllm_api)
 
 
