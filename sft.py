@@ -262,15 +262,12 @@ def per_token(weight, examples, n_targets, device):
 
 
 def ends_mid_batch(args):
-    """Why a run that ended at `step` cannot go on to more (run_dir.check_end), or None: the
-    schedule spans every epoch (lr_at) and the data plan is max_steps' own, but a --max_steps end
-    inside a data batch moves the position to the next batch, skipping the rest of that one."""
-    def why(step):
-        if step % args.updates_per_batch:
-            return (f"step {step} is inside a data batch (--updates_per_batch "
-                    f"{args.updates_per_batch}), whose remaining updates would be skipped")
-        return None
-    return why
+    """run_dir.check_end's objection to going on from a --max_steps end inside a data batch: the
+    position moved to the next batch, whose rest would be skipped (the schedule spans every epoch
+    and the data plan is max_steps' own: any other end goes on exactly)."""
+    return lambda step: (f"step {step} is inside a data batch (--updates_per_batch "
+                         f"{args.updates_per_batch}), whose remaining updates would be skipped"
+                         if step % args.updates_per_batch else None)
 
 
 def micro_batch_backward(total, base):
@@ -325,14 +322,10 @@ def load_sft_data(args, tokenizer):
 
 
 def load_models(args, device, bf16):
-    """The student and, if the loss needs one, the second model (shard_models)."""
-    return shard_models(load_full_model(args.model, args.scratch, args.seed), args, device, bf16)
-
-
-def shard_models(student, args, device, bf16):
     """The student sharded and, if the loss needs one, the second model: CurioSFT's teacher, a copy
     of the student (Alg. 1 line 1: phi <- theta), or the kl baseline's frozen base, sharded alike.
     Returns (model, teacher, base), None for the model the loss does not use."""
+    student = load_full_model(args.model, args.scratch, args.seed)
     second = baselines.second_model(args.loss)
     initial = copy.deepcopy(student) if second else None
     model = shard_model(student, device, bf16, args.grad_ckpt, offload=args.offload)
