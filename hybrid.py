@@ -19,8 +19,9 @@ Prefix-RFT (arXiv:2507.01679) keeps GRPO's clipped update and changes what is sa
 paper's, or chosen here, as its repository ships no training configuration):
 
 - each group has --rollouts - --prefix_rollouts unprefixed rollouts and --prefix_rollouts that
-  continue a prefix of the expert's response, one continuation each (`prefix_rollouts`); the
-  prefix is a fraction `prefix_ratio` of it, drawn between two scheduled bounds (`prefix_bound`);
+  continue a prefix of the expert's response, one continuation each (`sample_prefixed_groups`);
+  the prefix is a fraction `prefix_ratio` of it, drawn between two scheduled bounds
+  (`prefix_bound`);
 - its tokens are the demonstration's (`demo_tokens`) and take their own advantage
   (`prefix_rft_advantages`), zeroed on all but the highest-entropy 20% of a micro-batch's prefix
   tokens (`entropy_reshaped_advantages`); every token takes the dual clip (rl.dual_clip_loss).
@@ -170,7 +171,7 @@ def prefix_length(ratio: float, demo_len: int, max_response_len: int) -> int:
     return max(0, min(int(ratio * demo_len), demo_len - 1, max_response_len - 1))
 
 
-def prefix_rollouts(engine, tokenizer, prompt_ids, examples, args, step: int, seed: int):
+def sample_prefixed_groups(engine, tokenizer, prompt_ids, examples, args, step: int, seed: int):
     """Each prompt's group, [G][rollouts] PrefixedSample: rollouts - prefix_rollouts unprefixed
     samples, then prefix_rollouts that continue a prefix of the expert's response (their slot
     order, rl_dataset.py lines 336-340). The engine continues prompt + prefix token ids, one

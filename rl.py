@@ -658,8 +658,9 @@ def train(args, device, reward_fn=None):
         seed = rollout_seed(args, step, rank, world, len(mine))
         texts = [prompts[i].text for i in mine]
         if args.hybrid == "prefix_rft":   # some continue prefixes of the expert's response
-            samples = hybrid.prefix_rollouts(engine, tokenizer, [prompts[i].ids for i in mine],
-                                             examples, args, step, seed)
+            samples = hybrid.sample_prefixed_groups(engine, tokenizer,
+                                                    [prompts[i].ids for i in mine], examples, args,
+                                                    step, seed)
         else:
             sampled = args.rollouts - (args.hybrid in hybrid.SHAPED)     # the expert's takes one
             samples = generation.generate(engine, tokenizer, texts, sampled, args.temperature,

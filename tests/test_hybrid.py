@@ -539,7 +539,7 @@ def test_prefix_tokens_and_their_advantage_follow_the_length_sort(world_of_one):
 
 
 def test_the_engine_continues_prompt_and_prefix_ids(checkpoint, toy_sft_file, world_of_one, monkeypatch):
-    """hybrid.prefix_rollouts: the engine (HF, then a fake vLLM) is given each prompt's ids, then for
+    """hybrid.sample_prefixed_groups: the engine (HF, then a fake vLLM) is given each prompt's ids, then for
     the prefixed slots the prompt's ids followed by the expert's first prefix_len token ids; the
     response is prefix + continuation, cut to max_response_len."""
     import fake_vllm
@@ -561,7 +561,7 @@ def test_the_engine_continues_prompt_and_prefix_ids(checkpoint, toy_sft_file, wo
             return real(engine, tokenizer, prompts, *a, **kw)
 
         monkeypatch.setattr(generation, "generate", spy)
-        groups = hybrid.prefix_rollouts(engine, tok, prompt_ids, examples, args, 1, seed=5)
+        groups = hybrid.sample_prefixed_groups(engine, tok, prompt_ids, examples, args, 1, seed=5)
         monkeypatch.setattr(generation, "generate", real)
         if kind == "vllm":
             assert vllm.events[-1] == "generate"
