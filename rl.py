@@ -198,7 +198,8 @@ class Args:
 
 # settings a resumed run may change: they change nothing it computes, bit for bit (run_dir.claim
 # checks the rest; tests/test_reliability.py, test_rl.py). Not --loss_chunk or --offload (they
-# reorder float sums), --engine (another sampler) or --grader_timeout (it decides overrunning rewards)
+# reorder float sums), --engine (another sampler) or --grader_timeout (it decides overrunning
+# rewards)
 MAY_CHANGE_ON_RESUME = {"out_dir", "steps", "save_every", "keep_last", "loggers", "log_line",
                         "grad_ckpt", "dist_timeout_min", "gpu_memory_utilization", "vllm_sleep",
                         "sync_bucket_mb", "engine_logp_tol", "gen_batch_size", "grader_workers",
@@ -651,7 +652,8 @@ def train(args, device, reward_fn=None):
         try:
             generation.wake(engine, model, args.sync_bucket_mb << 20)  # with the trainer's weights
         except generation.SyncError as e:
-            raise SystemExit(f"step {step + 1}: {e}; nothing after step {last_saved} is saved") from None
+            raise SystemExit(f"step {step + 1}: {e}; nothing after step {last_saved} is "
+                             f"saved") from None
         t_sync = time.perf_counter()
         mine, epoch = step_prompts(len(prompts), step, args, rank, world)
         examples = [prompts[i].example for i in mine]
