@@ -530,7 +530,8 @@ def engine_logp_diff(minis, device) -> tuple[float, float]:
     the trainer's are not, which adds up to log(1/top_p) per token) from two implementations. With
     the trainer's weights in the engine they differ by numerics only; (nan, nan) without tokens."""
     mbs = list(itertools.chain.from_iterable(minis))
-    engine_lp, old_lp = torch.cat([mb.engine_lp for mb in mbs]), torch.cat([mb.old_lp for mb in mbs])
+    engine_lp = torch.cat([mb.engine_lp for mb in mbs])                                   # [N]
+    old_lp = torch.cat([mb.old_lp for mb in mbs])                                         # [N]
     diff = (engine_lp - old_lp.float()).abs()[~engine_lp.isnan()]   # the expert's tokens: none
     sums = torch.stack([diff.double().sum(), torch.tensor(float(len(diff)), device=device)])
     dist.all_reduce(sums)
@@ -609,7 +610,8 @@ def train(args, device, reward_fn=None):
         try:
             generation.wake(engine, model, args.sync_bucket_mb << 20)  # with the trainer's weights
         except generation.SyncError as e:
-            raise SystemExit(f"step {step + 1}: {e}; nothing after step {last_saved} is saved") from None
+            raise SystemExit(f"step {step + 1}: {e}; nothing after step {last_saved} is "
+                             f"saved") from None
         t_sync = time.perf_counter()
         mine, epoch = step_prompts(len(prompts), step, args, rank, world)
         examples = [prompts[i].example for i in mine]
