@@ -83,7 +83,7 @@ def test_the_teachers_float32_logits_cut_the_bf16_error_of_lq():
 
 def cuda_sft_step_peak(config, loss, batch, chunk):
     """torch.cuda.max_memory_allocated of the second of two sft.py steps (the first creates AdamW's states) of a
-    world of one on nccl, bf16, activation checkpointing, models as sft.main builds them."""
+    world of one on nccl, bf16, activation checkpointing, models as sft.train builds them."""
     device = torch.device("cuda")
     torch.cuda.empty_cache()
     torch.manual_seed(0)

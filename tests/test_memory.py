@@ -81,7 +81,7 @@ def test_tracker_follows_views_frees_resizes_and_logsumexp():
 # ------------------------------------------------------------------------------------------------
 def measured_sft_peaks(config, loss, batch, chunk, grad_ckpt, bf16):
     """Peak live tensor bytes of a real sft.py optimiser step of two micro-batches (each reduce-scattered), after
-    a first step that creates the optimiser's states, by phase. Models and optimiser as sft.main builds them."""
+    a first step that creates the optimiser's states, by phase. Models and optimiser as sft.train builds them."""
     n_tok = int(batch["loss_mask"][:, 1:].sum())
     tracker = memory.LiveTensorBytes()
     with tracker:
