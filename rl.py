@@ -198,8 +198,7 @@ class Args:
 
 # settings a resumed run may change: they change nothing it computes, bit for bit (run_dir.claim
 # checks the rest; tests/test_reliability.py, test_rl.py). Not --loss_chunk or --offload (they
-# reorder float sums), --engine (another sampler) or --grader_timeout (it decides overrunning
-# rewards)
+# reorder float sums), --engine (another sampler), --grader_timeout (it sets overrunning rewards)
 MAY_CHANGE_ON_RESUME = {"out_dir", "steps", "save_every", "keep_last", "loggers", "log_line",
                         "grad_ckpt", "dist_timeout_min", "gpu_memory_utilization", "vllm_sleep",
                         "sync_bucket_mb", "engine_logp_tol", "gen_batch_size", "grader_workers",

@@ -137,7 +137,7 @@ def check_world(args, world):
 
 
 # settings a resumed run may change: they change nothing it computes, bit for bit (run_dir.claim
-# checks the rest; tests/test_reliability.py). Not --loss_chunk or --offload: they reorder float sums
+# checks the rest; tests/test_reliability.py). Not --loss_chunk or --offload (float sums' order)
 MAY_CHANGE_ON_RESUME = {"out_dir", "max_steps", "save_every", "keep_last", "log_every", "loggers",
                         "log_line", "grad_ckpt", "dist_timeout_min"}
 

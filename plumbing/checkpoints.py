@@ -315,10 +315,10 @@ def verify_model_dir(path: str, rank0: bool = True) -> None:
                          f"({', '.join(bad[:5])}): the checkpoint is damaged")
 
 
-# What torch 2.13's torch.distributed.checkpoint pickles into .metadata (metadata.py, filesystem.py
-# _StorageInfo, torch.Size, a dtype and a layout per tensor, the save's directory as a path): the only
-# globals trainer/.metadata may name. Found by listing a saved checkpoint's (tests/test_reliability.py
-# loads one of every kind the project writes).
+# What torch 2.13's torch.distributed.checkpoint pickles into .metadata (metadata.py,
+# filesystem.py _StorageInfo, torch.Size, a dtype and a layout per tensor, the save's directory as a
+# path): the only globals trainer/.metadata may name. Found by listing a saved checkpoint's; the
+# resume tests (tests/test_reliability.py) load sft.py's, with a teacher, and rl.py's.
 METADATA_GLOBALS = {("torch.distributed.checkpoint.metadata", name) for name in (
     "Metadata", "MetadataIndex", "StorageMeta", "TensorStorageMetadata", "BytesStorageMetadata",
     "ChunkStorageMetadata", "TensorProperties", "_MEM_FORMAT_ENCODING")} | {

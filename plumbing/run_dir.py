@@ -172,8 +172,8 @@ def check_end(out_dir: Path, resume_from: Path | None, last_step: int, flag: str
     step = 0 if resume_from is None else int(resume_from.name.removeprefix("step_"))
     record, rank0 = _record(out_dir), dist.get_rank() == 0
     if (out_dir / "complete.json").exists() and record != step:
-        print0(f"{out_dir / 'complete.json'}: names step {record}, but the newest intact checkpoint "
-               f"is {resume_from or 'none'}: ignored and removed")
+        print0(f"{out_dir / 'complete.json'}: names step {record}, but the newest intact "
+               f"checkpoint is {resume_from or 'none'}: ignored and removed")
         if rank0:
             (out_dir / "complete.json").unlink(missing_ok=True)
         record = None
