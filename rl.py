@@ -532,14 +532,14 @@ def engine_logp_diff(minis, device) -> tuple[float, float]:
     mbs = list(itertools.chain.from_iterable(minis))
     engine_lp = torch.cat([mb.engine_lp for mb in mbs])                                   # [N]
     old_lp = torch.cat([mb.old_lp for mb in mbs])                                         # [N]
-    diff = (engine_lp - old_lp.float()).abs()[~engine_lp.isnan()]   # the expert's tokens: none
-    sums = torch.stack([diff.double().sum(), torch.tensor(float(len(diff)), device=device)])
+    sampled = ~engine_lp.isnan()                                    # the expert's tokens: none
+    diff = torch.where(sampled, (engine_lp - old_lp.float()).abs(), 0.0)
+    sums = torch.stack([diff.double().sum(), sampled.double().sum()])
     dist.all_reduce(sums)
-    top = diff.max() if len(diff) else torch.tensor(-math.inf, device=device)
+    top = diff.max() if len(diff) else torch.zeros((), device=device)
     dist.all_reduce(top, op=dist.ReduceOp.MAX)
-    if not sums[1]:
-        return math.nan, math.nan
-    return (sums[0] / sums[1]).item(), top.item()
+    total, count, top = torch.cat([sums, top.double().view(1)]).tolist()      # one host read
+    return (total / count, top) if count else (math.nan, math.nan)
 
 
 def check_world(args, world):
