@@ -580,8 +580,9 @@ def engine_logp_diff(minis, device) -> tuple[float, float]:
     top = torch.cat([diff, diff.new_zeros(1)]).amax().double()
     dist.all_reduce(sums)
     dist.all_reduce(top, op=dist.ReduceOp.MAX)
-    total, count, top = torch.cat([sums, top.view(1)]).cpu().tolist()        # the host read
-    return (total / count, top) if count else (math.nan, math.nan)
+    read = torch.stack([sums[0] / sums[1].clamp(min=1), top, (sums[1] == 0).double()])
+    mean, top, none = read.cpu().tolist()                                     # the host read
+    return (math.nan, math.nan) if none else (mean, top)
 
 
 def check_world(args, world):
@@ -698,7 +699,7 @@ def train(args, device, reward_fn=None):
         # the engine sampled from the trainer's policy? A weight the sync missed shows here, as
         # plausible losses would not: stop before training on stale rollouts
         logp_diff = engine_logp_diff(minis, device)
-        if logp_diff[0] > args.engine_logp_tol + math.log(1 / args.top_p):   # nan: none sampled
+        if not logp_diff[0] <= args.engine_logp_tol + math.log(1 / args.top_p):   # nan stops too
             cause = ("a weight the sync missed or left stale" if synced else
                      "the engine does not run the trainer's model (dtype? checkpoint?)")
             raise SystemExit(f"step {step + 1}: the engine's log-probs of its samples differ from "

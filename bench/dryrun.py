@@ -456,7 +456,7 @@ SEAMS = {
     "stop signal's value": "plumbing.distributed.StopSignal.requested runs (all-reduce, read); "
                            "the read, which a fake tensor cannot answer, answers 'no signal'",
 }
-# function of the read: the value a fake tensor stands in for (the engine check: no tokens to check)
+# function of the read: the value a fake tensor stands in for (the engine check: no difference)
 ANSWERS = {"requested": 0, "engine_logp_diff": 0}
 
 

@@ -257,7 +257,8 @@ def test_evaluation_drops_and_counts_prompts_over_max_prompt_len(chat_checkpoint
     assert sorted({r["question"] for r in records}) == sorted(QUESTIONS[:2])
 
 
-def test_vllm_evaluation_needs_room_for_the_longest_prompt_and_response(chat_checkpoint, tmp_path):
+def test_vllm_evaluation_needs_room_for_the_longest_prompt_and_response(chat_checkpoint, tmp_path, monkeypatch):
+    monkeypatch.setattr(generation, "vllm_device", lambda: None)   # also where vLLM's CPU build is installed
     bench = write_benchmark(tmp_path, [("math", QUESTIONS[0])])
     argv = ["--model", chat_checkpoint, "--data", str(bench), "--out", str(tmp_path / "o"), "--engine", "vllm",
             "--max-prompt-len", "1024", "--max-new-tokens", "8192"]

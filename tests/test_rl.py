@@ -457,6 +457,19 @@ def test_vllm_settings_a_resume_may_change_change_no_request(checkpoint, toy_sft
     assert all(torch.equal(seen[True][3][k], seen[False][3][k]) for k in seen[True][3])
 
 
+def test_engine_logp_diff_counts_only_the_tokens_the_engine_sampled(world_of_one):
+    """Mean and max of |engine - trainer| over the engine's tokens; an expert's (NaN: no engine log-prob) are left
+    out; a step without any is (nan, nan), which stops a run as an excess would."""
+    def mb(old, engine):
+        return rl.MicroBatch({}, torch.zeros(len(old)), old_lp=torch.tensor(old), engine_lp=torch.tensor(engine))
+
+    minis = [[mb([-1.0, -2.0, -3.0], [-1.5, float("nan"), -3.0])], [mb([-0.1], [-0.4])]]
+    mean, top = rl.engine_logp_diff(minis, torch.device("cpu"))
+    assert mean == pytest.approx((0.5 + 0.0 + 0.3) / 3) and top == pytest.approx(0.5)
+    nothing = rl.engine_logp_diff([[mb([-1.0], [float("nan")])]], torch.device("cpu"))
+    assert all(x != x for x in nothing)
+
+
 def test_a_tensor_the_sync_leaves_out_stops_the_run_before_the_update(checkpoint, toy_sft_file, world_of_one, tmp_path,
                                                                      monkeypatch):
     """The (fake) engine's model loads every weight but one at the first sync (step 1's: the GPU engine sleeps, its
