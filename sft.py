@@ -28,7 +28,8 @@ import data
 from chunked_logits import cat_diags, chunked_sum, no_grad_logits, normed_hidden, select_targets
 from plumbing import checkpoints, run_dir
 from plumbing.cli import check_settings, parse_config, run_script
-from plumbing.distributed import StopSignal, print0, read_step, setup_distributed, shutdown
+from plumbing.distributed import (StopSignal, gather_diags, print0, read_step, setup_distributed,
+                                  shutdown)
 from plumbing.models import (check_model_dir, clip_grad_norm, cpu_threads_per_rank, load_full_model,
                              load_tokenizer, make_optimizer, resolve_model, shard_model)
 
@@ -278,14 +279,6 @@ def micro_batch_backward(total, base):
     (total * dist.get_world_size()).backward()
     if base is not None:
         base.reshard()                                       # its head was gathered for backward
-
-
-def gather_diags(diag):
-    """Per-token diagnostics (host tensors) of every rank on rank 0; None elsewhere."""
-    local = {k: v.float().cpu() for k, v in diag.items()}
-    all_ranks = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(local, all_ranks, dst=0)
-    return None if all_ranks is None else cat_diags(all_ranks)
 
 
 def why_not_finite(model, teacher, base, micro_batches, old_logp, args, cfg) -> str:

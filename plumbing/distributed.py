@@ -91,3 +91,12 @@ def read_step(loss, grad_norm, diag):
     loss, grad_norm = host[:2].tolist()
     values = host[2:].split([diag[k].numel() for k in keys])
     return loss, grad_norm, {k: v.float() for k, v in zip(keys, values)}
+
+
+def gather_diags(diag):
+    """Per-token diagnostics {name: [N]} of every rank, concatenated on rank 0 (host tensors); None
+    elsewhere."""
+    local = {k: v.float().cpu() for k, v in diag.items()}
+    all_ranks = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(local, all_ranks, dst=0)
+    return None if all_ranks is None else {k: torch.cat([d[k] for d in all_ranks]) for k in local}
