@@ -551,7 +551,7 @@ def test_the_engine_continues_prompt_and_prefix_ids(checkpoint, toy_sft_file, wo
     for kind in ("hf", "vllm"):
         if kind == "vllm":
             vllm = fake_vllm.install(monkeypatch)
-        engine, tok = generation.load_engine(str(checkpoint), kind, "float32", logprobs=False)
+        engine, tok = generation.load_engine(str(checkpoint), kind, "float32", logprobs=True)   # as rl.py's
         prompt_ids = [tok.encode(f"Question {i}?", add_special_tokens=False) for i in range(3)]
         seen = []
         real = generation.generate
@@ -573,6 +573,9 @@ def test_the_engine_continues_prompt_and_prefix_ids(checkpoint, toy_sft_file, wo
                 n = s.prefix_len
                 assert seen[3 * i + j] == prompt_ids[i] + demo[:n]
                 assert s.token_ids[:n] == demo[:n] and len(s.token_ids) <= 24
+                # the engine's log-probs for the engine check (rl.engine_logp_diff): none for the prefix
+                assert len(s.logprobs) == len(s.token_ids) and all(math.isnan(x) for x in s.logprobs[:n])
+                assert all(x <= 0 for x in s.logprobs[n:])
                 stopped = s.finish_reason == "stop"
                 assert s.text == tok.decode(s.token_ids[:-1] if stopped else s.token_ids)
             assert all(0 < s.prefix_len < 24 for s in group[1:])
