@@ -629,7 +629,7 @@ def simulate(argv) -> dict:
         def started():
             """The models are built: check them, charge the roofline's regions to them."""
             model, other = seams.built["student"], seams.built.get("other")
-            label = cl.second_model(args.loss) if stage == "sft" else None
+            label = baselines.second_model(args.loss) if stage == "sft" else None
             found.update(model=model, optimizer=seams.built["optimizer"],
                          others={label: other} if other is not None else {})
             check_sharding(model, found["others"], args.bf16, "cpu" if args.offload else "cuda")

@@ -58,6 +58,7 @@ def test_paper_presets_run_on_8_simulated_gpus_within_10_percent_of_the_plan(lib
 
 
 
+@pytest.mark.slow   # 4-5 min on 2 cores: CI runs the paper's presets' dry runs, this adds the hybrids' update
 def test_table_3_hybrids_run_on_8_simulated_gpus_within_10_percent_of_the_plan(library, tmp_path):
     """LUFFY and RL-PLUS at 7B on 8 simulated GPUs with their presets: the expert's tokens and the
     entropy bonus with gradient (an extra pass over each chunk's logits) are in the planner's trace
