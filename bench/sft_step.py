@@ -7,29 +7,20 @@ step-time ratios.
     torchrun --standalone --nproc_per_node 1 bench/sft_step.py --shape qwen2.5-1.5b
                                         # one GPU: bf16, 8k tokens
 
-No step is retyped here: every figure comes from `sft.train` itself. The bench writes a model
-directory (a random Qwen2 of the chosen shape, saved in bf16, with a byte tokenizer without merges)
-and a train.jsonl of one micro-batch's sequences, the longest first, each next one seq / 8 shorter,
-its prompt an eighth of it (untrained); the trainer reads both through its own data path. Random
-weights give near-uniform logits, which a real model's are not: the final norm's weight is scaled
-before saving so that the median entropy of the logits is a trained model's, about 0.2 nats
-(--entropy), and the authors' low-entropy rule then takes its pass over the vocabulary for the share
-of tokens it would see.
-
-Each run trains one variant for 1 + teacher_every steps of that micro-batch (one data batch an
-epoch; the presets' logging, every step), in rounds that alternate the variants, sft, curio,
-curio_self_teacher, sft, ... (a slow spell of the machine slows the variants of a round alike).
-Times are the log's step_time_s; a run's first step (AdamW's states are created) is left out. The
-other teacher_every steps span one period of the teacher's schedule, so curio's mean over them holds
-its EMA update (Alg. 1 line 17) as the loop runs it: that update is not timed apart. A variant's
-step time is the median over rounds of its runs' means. On CUDA a logged step ends before its
-queued GPU work does; the next step's host read waits for it, so consecutive steps count it once.
-Checkpoint writing is the one part of sft.train left out (plumbing.checkpoints' save and
-trainer_state are stand-ins: the end-of-run save is no step). Peak memory (CUDA):
-torch.cuda.max_memory_allocated over the whole sft.train call, less what was allocated before it:
-the models' weights (curio's teacher only where it exists), gradients, AdamW's states and the
-steps' transients; loading holds less than a step. CPU has no allocator statistics, so no memory
-figures there.
+Every step is sft.train's own, none retyped here. The bench writes a model directory (a random
+Qwen2 of the shape, in bf16, a byte tokenizer without merges) and a train.jsonl of one micro-batch:
+sequences the longest first, each next seq / 8 shorter, an eighth of each an untrained prompt. The
+final norm is scaled first so that the logits' median entropy is a trained model's (--entropy, 0.2
+nats), not a random model's near-uniform one: the authors' low-entropy rule then takes its pass for
+the share of tokens it would see. Rounds alternate one run per variant (a slow spell of the machine
+slows a round alike); a run trains 1 + teacher_every steps, the first untimed (AdamW's states are
+created), the others one period of the teacher's schedule, so curio's mean holds its EMA update
+(Alg. 1 line 17) as the loop runs it. Step time: the median over rounds of a run's mean step_time_s
+(its log.jsonl; on CUDA the next step's host read waits for a step's queued work). Checkpoint
+writing is stubbed out (plumbing.checkpoints.save, trainer_state). Peak memory (CUDA):
+max_memory_allocated over the sft.train call less what was allocated before it: weights (curio's
+teacher only where it exists), gradients, AdamW's states, the steps' transients (loading holds less
+than a step); none on CPU, which has no allocator statistics.
 
 Model FLOPs of one step (forward + backward; recomputation from activation checkpointing and chunked
 logits is not counted, as MFU's definition asks, nor the padding), for sequences of T_i real tokens,
@@ -49,6 +40,7 @@ the step really computes beyond them, on the padded tokens: the layers' forward 
 (activation checkpointing), lm_head's forward again per chunk, and for curio the teacher's forward.
 """
 import argparse
+import dataclasses
 import gc
 import json
 import random
@@ -71,7 +63,6 @@ import sft  # noqa: E402
 from chunked_logits import normed_hidden, select_targets  # noqa: E402
 from plumbing import checkpoints  # noqa: E402
 from plumbing.distributed import setup_distributed, shutdown  # noqa: E402
-from plumbing.models import load_tokenizer  # noqa: E402
 from plumbing.synthetic import build_toy_tokenizer  # noqa: E402
 
 # Real shapes (the models' HF config.json); "smoke" and "cpu" are small stand-ins for tests and CPU
@@ -219,48 +210,37 @@ def sync(device):
 LETTERS = string.ascii_letters + string.digits     # one token each: the tokenizer has no merges
 
 
-def letters(g: random.Random, n: int) -> str:
-    return "".join(g.choices(LETTERS, k=n))
-
-
-def write_inputs(tmp: Path, shape: dict, run: dict, entropy: float, device, bf16: bool) -> dict:
-    """tmp/model (the random Qwen2 of `shape`, its final norm scaled to `entropy`, and a byte
-    tokenizer without merges) and tmp/train.jsonl (one row per sequence of sequence_lengths(run),
-    random letters, the prompt an eighth of it), read back through sft.py's data path. Returns the
-    paths, the parameter count and the logits' entropy (scale_to_entropy)."""
+def write_inputs(args, shape: dict, run: dict, entropy: float, device) -> dict:
+    """args.model (the random Qwen2 of `shape`, its final norm scaled to `entropy`, a byte tokenizer
+    without merges) and args.train_file (a row of random letters per sequence_lengths(run), an
+    eighth of it the prompt), read back through sft.py's data path."""
     from transformers import Qwen2ForCausalLM
 
-    model_dir, config = tmp / "model", qwen2_config(shape, run["seq"])
+    model_dir, config = Path(args.model), qwen2_config(shape, run["seq"])
     tokenizer = build_toy_tokenizer([LETTERS], vocab_size=0)
     config.eos_token_id = config.pad_token_id = tokenizer.eos_token_id
     config.save_pretrained(model_dir)
     tokenizer.save_pretrained(model_dir)
-    tokenizer = load_tokenizer(str(model_dir))                      # as the trainer will load it
     overhead = len(tokenizer(data.chat_prompt([{"role": "user", "content": ""}], tokenizer),
                              add_special_tokens=False)["input_ids"])
     g, rows, lengths = random.Random(0), [], sequence_lengths(run)
     for length in lengths:
-        if length // 8 <= overhead:
-            raise SystemExit(f"--seq {run['seq']}: a prompt of an eighth of {length} tokens is no "
-                             f"longer than the chat template's {overhead}")
-        question, response = length // 8 - overhead, length - length // 8 - 1     # + EOS
+        text, prompt = "".join(g.choices(LETTERS, k=length)), length // 8    # prompt + response
         rows.append({"data_source": "bench", "reward_model": {"ground_truth": "0"},
-                     "prompt": [{"role": "user", "content": letters(g, question)}],
-                     "target": [{"role": "assistant", "content": letters(g, response)}]})
-    train_file = data.write_jsonl(rows, tmp / "train.jsonl")
-    args = train_args(model_dir, train_file, tmp / "unused", "sft", run, bf16, True)
+                     "prompt": [{"role": "user", "content": text[: prompt - overhead]}],
+                     "target": [{"role": "assistant", "content": text[prompt + 1 :]}]})  # + EOS
+    data.write_jsonl(rows, args.train_file)
     dataset, loaded, n_targets, _ = sft.load_sft_data(args, tokenizer)
     if loaded != lengths:
-        raise SystemExit(f"{train_file}: the data path made sequences of {loaded} tokens, not "
-                         f"{lengths}")
+        raise SystemExit(f"--seq {run['seq']}: sequences of {loaded} tokens, not {lengths} (an "
+                         f"eighth of each must hold the chat template's {overhead} tokens)")
     torch.manual_seed(0)
     model = Qwen2ForCausalLM(config).to(torch.bfloat16).float()      # the weights bf16 can hold
     batch = data.collate_ids(list(range(len(dataset))), dataset, tokenizer.pad_token_id, device)
-    logits = scale_to_entropy(model.to(device), batch, entropy, bf16)
+    logits = scale_to_entropy(model.to(device), batch, entropy, args.bf16)
     model.to(torch.bfloat16).save_pretrained(model_dir)
-    return {"model_dir": model_dir, "train_file": train_file, "logits": logits,
-            "params": sum(p.numel() for p in model.parameters()), "trained": sum(n_targets),
-            "padded": batch["input_ids"].numel()}
+    return {"logits": logits, "params": sum(p.numel() for p in model.parameters()),
+            "trained_tokens": sum(n_targets), "padded_tokens": batch["input_ids"].numel()}
 
 
 @torch.no_grad()
@@ -282,26 +262,14 @@ def scale_to_entropy(model, batch, median_entropy: float, bf16: bool) -> dict:
             "share_at_most_0.03": (h_scaled <= 0.03).float().mean().item()}
 
 
-def train_args(model_dir, train_file, out_dir, variant, run, bf16, grad_ckpt):
-    """sft.py's settings for one run: its defaults (the presets' optimiser, teacher schedule and
-    logging every step), one micro-batch of the bench's sequences a step, 1 + teacher_every
-    steps."""
-    return sft.Args(model=str(model_dir), train_file=str(train_file), out_dir=str(out_dir),
-                    loss=variant, epochs=1 + TEACHER_EVERY, global_batch=run["batch"],
-                    token_budget=run["batch"] * run["seq"], max_prompt_len=run["seq"],
-                    max_response_len=run["seq"], system_prompt="messages",
-                    loss_chunk=run["loss_chunk"], bf16=bf16, grad_ckpt=grad_ckpt, log_every=1)
-
-
 def train_once(args, device) -> tuple[list[dict], int | None]:
-    """sft.train(args), its checkpoint writing left out: the log's records and, on CUDA, the peak
-    bytes allocated during the call beyond what was allocated before it."""
+    """sft.train(args), checkpoint writing stubbed out: its log records and, on CUDA, the peak bytes
+    allocated during the call beyond those allocated before it."""
     gc.collect()                                     # the previous run's models, before counting
-    before = 0
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
-        before = torch.cuda.memory_allocated(device)
+    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
     with mock.patch.object(checkpoints, "save", lambda *a, **k: "nothing (bench/sft_step.py)"), \
             mock.patch.object(checkpoints, "trainer_state", lambda *a: None):
         sft.train(args, cl.LossConfig(), device)
@@ -312,16 +280,19 @@ def train_once(args, device) -> tuple[list[dict], int | None]:
 
 def measure(tmp: Path, shape: dict, run: dict, rounds: int, bf16: bool, grad_ckpt: bool,
             entropy: float, device) -> dict:
-    """Rounds of one sft.train run per variant: every timed step's time, each run's mean, and on
-    CUDA each variant's peak allocated bytes (the largest of its runs)."""
-    inputs = write_inputs(tmp, shape, run, entropy, device, bf16)
-    tokens = sum(sequence_lengths(run))
-    times = {v: [] for v in VARIANTS}
-    means, peaks = {v: [] for v in VARIANTS}, {v: 0 for v in VARIANTS}
+    """Rounds of an sft.train run per variant: step times, runs' means, CUDA peaks (the largest)."""
+    # sft.py's defaults (the presets' optimiser, teacher schedule, a log record every step) for
+    # 1 + teacher_every steps, each of one micro-batch: the bench's sequences
+    base = sft.Args(model=str(tmp / "model"), train_file=str(tmp / "train.jsonl"),
+                    epochs=1 + TEACHER_EVERY, global_batch=run["batch"],
+                    token_budget=run["batch"] * run["seq"], max_prompt_len=run["seq"],
+                    max_response_len=run["seq"], system_prompt="messages",
+                    loss_chunk=run["loss_chunk"], bf16=bf16, grad_ckpt=grad_ckpt, log_every=1)
+    inputs, tokens = write_inputs(base, shape, run, entropy, device), sum(sequence_lengths(run))
+    times, means, peaks = {v: [] for v in VARIANTS}, {v: [] for v in VARIANTS}, {}
     for r in range(rounds):
         for v in VARIANTS:
-            args = train_args(inputs["model_dir"], inputs["train_file"], tmp / f"run{r}_{v}", v,
-                              run, bf16, grad_ckpt)
+            args = dataclasses.replace(base, loss=v, out_dir=str(tmp / f"run{r}_{v}"))
             records, peak = train_once(args, device)
             timed = records[1:]                      # step 1 creates AdamW's states
             if any(round(x["tokens_per_s"] * x["step_time_s"]) != tokens for x in timed):
@@ -329,11 +300,9 @@ def measure(tmp: Path, shape: dict, run: dict, rounds: int, bf16: bool, grad_ckp
                                  f"{tokens} tokens")
             times[v] += [x["step_time_s"] for x in timed]
             means[v].append(statistics.fmean(x["step_time_s"] for x in timed))
-            peaks[v] = max(peaks[v], peak or 0)
-    return {"times": times, "run_means": means,
-            "peak_bytes": peaks if device.type == "cuda" else None, "params": inputs["params"],
-            "trained_tokens": inputs["trained"], "padded_tokens": inputs["padded"],
-            "logits": inputs["logits"], "config_json": inputs["model_dir"] / "config.json"}
+            peaks[v] = max(peaks.get(v, 0), peak or 0)
+    return {**inputs, "times": times, "run_means": means,
+            "peak_bytes": peaks if device.type == "cuda" else None}
 
 
 def summarize(m: dict, shape: dict, run: dict, plans: dict, peak: float, grad_ckpt: bool) -> dict:
@@ -397,8 +366,7 @@ def main():
                         help="median entropy of the logits, nats")
     parser.add_argument("--loss_chunk", type=int, default=0,
                         help="tokens per logits chunk (default: 4096)")
-    parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds of one sft.train run per variant, alternating")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of a run per variant")
     parser.add_argument("--grad_ckpt", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                         help="CUDA only, as in sft.py")
@@ -418,7 +386,8 @@ def main():
     with tempfile.TemporaryDirectory() as tmp:
         m = measure(Path(tmp), shape, run, a.rounds, bf16, a.grad_ckpt, a.entropy, device)
         sizes = (run["batch"] * run["seq"], run["seq"], m["trained_tokens"], run["loss_chunk"])
-        plans = {v: planner_prediction(Path(a.planner), m["config_json"], v, *sizes,
+        config_json = Path(tmp, "model", "config.json")
+        plans = {v: planner_prediction(Path(a.planner), config_json, v, *sizes,
                                        {"bf16": bf16, "grad_ckpt": a.grad_ckpt}) for v in VARIANTS}
     peak, peak_source = peak_tflops(device, torch.bfloat16 if bf16 else torch.float32,
                                     a.peak_tflops)
@@ -427,8 +396,7 @@ def main():
               "model": shape, **run, "trained_tokens": m["trained_tokens"], "params": m["params"],
               "bf16": bf16, "grad_ckpt": a.grad_ckpt, "rounds": a.rounds,
               "teacher_every": TEACHER_EVERY, "peak_tflops": peak, "peak_source": peak_source,
-              "logits": m["logits"],
-              **summarize(m, shape, run, plans, peak, a.grad_ckpt)}
+              "logits": m["logits"], **summarize(m, shape, run, plans, peak, a.grad_ckpt)}
     report(result)
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)
