@@ -565,7 +565,7 @@ def step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norm
 # The loop
 # ================================================================================================
 @torch.no_grad()
-def engine_logp_diff(minis, device) -> tuple[float, float]:
+def engine_logp_diff(minis) -> tuple[float, float]:
     """(mean, max) over all ranks of |engine log-prob - trainer's old log-prob| per response token
     the engine sampled: the same distribution (temperature, top-p: the engine's are after top-p,
     the trainer's are not, which adds up to log(1/top_p) per token) from two implementations. With
@@ -698,7 +698,7 @@ def train(args, device, reward_fn=None):
         model.reshard()                 # a no-grad forward leaves the FSDP root's weights gathered
         # the engine sampled from the trainer's policy? A weight the sync missed shows here, as
         # plausible losses would not: stop before training on stale rollouts
-        logp_diff = engine_logp_diff(minis, device)
+        logp_diff = engine_logp_diff(minis)
         if not logp_diff[0] <= args.engine_logp_tol + math.log(1 / args.top_p):   # nan stops too
             cause = ("a weight the sync missed or left stale" if synced else
                      "the engine does not run the trainer's model (dtype? checkpoint?)")

@@ -15,9 +15,9 @@ skipped, and says so.
 
 1. SFT steps of sft, curio and curio_self_teacher on random weights with a real model's shapes, one
    padded micro-batch of 8k-token sequences, bf16, activation checkpointing, the presets' logging,
-   logits scaled to a real model's entropy, under torchrun (nccl): bench/sft_step.py. Tokens/s, MFU
-   and HFU, peak memory next to the memory planner's prediction, and the CurioSFT / SFT step-time
-   ratios.
+   logits scaled to a real model's entropy, sft.train's own runs under torchrun (nccl):
+   bench/sft_step.py. Tokens/s, MFU and HFU, peak memory next to the memory planner's prediction,
+   and the CurioSFT / SFT step-time ratios.
 2. The teacher side of the loss (curio_loss.teacher_log_prob) against one logsumexp pass over the
    same logits, 4096 x 151936, bf16 on CUDA.
 3. The bf16 error of lp, lq and w_t: a bf16 head against a float32 one on the same hidden states,
@@ -123,15 +123,16 @@ class Summary:
 
 
 def stage(cmd: list, log: Path, summary: Summary, section: str, figures: list,
-          timeout_s: float) -> float | None:
-    """Run one command from the repository root, its output to `log`, killed with its whole process
-    group after timeout_s; its wall seconds, or None after recording a crash or a timeout."""
+          timeout_s: float, env: dict | None = None) -> float | None:
+    """Run one command from the repository root (in `env` if given), its output to `log`, killed
+    with its whole process group after timeout_s; its wall seconds, or None after recording a crash
+    or a timeout."""
     print("$ " + " ".join(map(str, cmd)), flush=True)
     t0 = time.perf_counter()
     log.parent.mkdir(parents=True, exist_ok=True)
     with open(log, "w") as f:
         proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, stdout=f, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+                                start_new_session=True, env=env)
         try:
             rc = proc.wait(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -154,7 +155,7 @@ SFT_FIGURES = [(f"{v} {what}", unit) for v in sft_step.VARIANTS
                for what, unit in (("step time", "s"), ("tokens/s", "tokens/s"), ("MFU", "%"),
                                   ("HFU", "%"))]
 SFT_FIGURES += [("curio / sft step time", "x"), ("curio_self_teacher / sft step time", "x"),
-                ("teacher EMA update", "ms"), ("logits' median entropy", "nats")]
+                ("logits' median entropy", "nats")]
 SFT_FIGURES += [(f"{v} {what}", unit) for v in sft_step.VARIANTS
                 for what, unit in (("peak memory", "GiB"), ("planner prediction", "GiB"),
                                    ("measured / planned", "x"))]
@@ -163,16 +164,22 @@ SFT_FIGURES += [(f"{v} {what}", unit) for v in sft_step.VARIANTS
 def sft_steps(a, scratch: Path, summary: Summary, timeout_s: float):
     result_file = scratch / "sft_step.json"
     cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
-           "bench/sft_step.py", "--shape", a.shape, "--steps", str(a.steps), "--json", result_file]
+           "bench/sft_step.py", "--shape", a.shape, "--rounds", str(a.rounds), "--json",
+           result_file]
     cmd += ["--layers", str(a.layers)] if a.layers else []
     cmd += ["--peak_tflops", str(a.peak_tflops)] if a.peak_tflops else []
+    # smoke: one thread, as this process takes (tiny models on a shared CPU: more only spin-wait)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"} if a.smoke else None
     if stage(cmd, scratch / "logs" / "sft_step.log", summary, "SFT step", SFT_FIGURES,
-             timeout_s) is None:
+             timeout_s, env) is None:
         return
     r = json.loads(result_file.read_text())
     sec = "SFT step"
     for v, m in r["variants"].items():
-        summary.add(sec, f"{v} step time", m["step_s"], "s", note=f"median of {r['steps']}")
+        summary.add(sec, f"{v} step time", m["step_s"], "s",
+                    note=f"median of {r['rounds']} sft.train runs' means of "
+                         f"{r['teacher_every']} steps" + (", the EMA update among them"
+                                                         if v == "curio" else ""))
         summary.add(sec, f"{v} tokens/s", m["tokens_per_s"], "tokens/s")
         target = f">= {TARGETS['mfu']:.0%}" if v == "sft" else ""
         peak = f"{r['peak_tflops']:.3g} TFLOP/s: {r['peak_source']}"
@@ -186,8 +193,6 @@ def sft_steps(a, scratch: Path, summary: Summary, timeout_s: float):
         summary.add(sec, f"{v} / sft step time", ratio, "x", f"<= {TARGETS[v]}",
                     ratio <= TARGETS[v],
                     note="separate EMA teacher" if v == "curio" else "the student's own logits")
-    summary.add(sec, "teacher EMA update", r["ema_update_s"] * 1e3, "ms",
-                note=f"every {sft_step.TEACHER_EVERY} steps, a fifth of it in curio's step time")
     lg = r["logits"]
     summary.add(sec, "logits' median entropy", lg["median_entropy"], "nats",
                 note=f"{lg['share_at_most_0.03']:.0%} of positions <= 0.03 nats; sequences "
@@ -196,7 +201,8 @@ def sft_steps(a, scratch: Path, summary: Summary, timeout_s: float):
         peak, plan, ratio = m["peak_bytes"], m["planner_bytes"], m["measured_over_planned"]
         summary.add(sec, f"{v} peak memory", peak and peak / GIB, "GiB",
                     status=None if peak else "n/a",
-                    note="max_memory_allocated" if peak else "CPU: no allocator statistics")
+                    note="max_memory_allocated during its sft.train runs" if peak
+                    else "CPU: no allocator statistics")
         summary.add(sec, f"{v} planner prediction", plan and plan / GIB, "GiB",
                     note=m["planner_note"])
         summary.add(sec, f"{v} measured / planned", ratio, "x", f"within {TARGETS['planner']:.0%}",
@@ -421,13 +427,13 @@ def main():
     parser.add_argument("--shape", default="", choices=["", *sft_step.SHAPES],
                         help="SFT step model shape (default qwen2.5-1.5b; smoke with --smoke)")
     parser.add_argument("--layers", type=int, default=0, help="override the shape's layer count")
-    parser.add_argument("--steps", type=int, default=0,
-                        help="timed SFT steps per variant (default 5; 2 with --smoke)")
+    parser.add_argument("--rounds", type=int, default=0,
+                        help="rounds of sft.train runs per SFT variant (default 2; 1 with --smoke)")
     parser.add_argument("--peak_tflops", type=float, default=0.0,
                         help="the device's dense bf16 peak for MFU")
     a = parser.parse_args()
     a.shape = a.shape or ("smoke" if a.smoke else "qwen2.5-1.5b")
-    a.steps = a.steps or (2 if a.smoke else 5)
+    a.rounds = a.rounds or (1 if a.smoke else 2)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(a.scratch or tempfile.mkdtemp(prefix="gpu_check."))

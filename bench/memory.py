@@ -415,7 +415,8 @@ class NoStep:
 
 @contextlib.contextmanager
 def one_rank_world():
-    """A process group of one rank (gloo) unless one exists: rl.policy_update all-reduces."""
+    """A process group of one rank (gloo) unless one exists: rl.policy_update all-reduces,
+    sft.micro_batch_backward asks the world size."""
     if dist.is_initialized():
         yield
         return
@@ -481,7 +482,7 @@ def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy:
         base = other if second == "base" else None
         if teacher is not None:
             teacher.lm_head.register_forward_pre_hook(lambda m, a: tracker.set_phase("teacher"))
-        with tracker:
+        with tracker, one_rank_world():
             if old_logp:
                 tracker.set_phase("old_logp")
             old_lp = chunked_logits.token_log_probs(model, batch, n)[0] if old_logp else None
@@ -490,7 +491,7 @@ def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy:
                                             log_entropy)
             in_backward = True
             tracker.set_phase("backward")
-            total.backward()
+            sft.micro_batch_backward(total, base)
     return {k: v / n for k, v in tracker.phase_peak.items()}
 
 

@@ -1,26 +1,26 @@
 """Benchmark (not a test): SFT optimiser steps of vanilla SFT, CurioSFT with a separate teacher, and
-CurioSFT without one (the student's own detached logits), on one random Qwen2 model, micro-batch and
-machine: step time, tokens/s, MFU, peak memory next to the memory planner's prediction
-(bench/memory.py), and the CurioSFT / SFT step-time ratios.
+CurioSFT without one (the student's own detached logits), as sft.py takes them: step time, tokens/s,
+MFU, peak memory next to the memory planner's prediction (bench/memory.py), and the CurioSFT / SFT
+step-time ratios.
 
     python bench/sft_step.py            # CPU-sized default (Qwen vocabulary, small trunk)
     torchrun --standalone --nproc_per_node 1 bench/sft_step.py --shape qwen2.5-1.5b
                                         # one GPU: bf16, 8k tokens
 
-One process, one student and its optimiser shared by the three variants, whose steps interleave (a
-slow spell of the machine slows all three alike; a step of one variant moves the weights the next
-starts from, which does not change its cost). The separate teacher is a frozen copy of the student,
-resident for the whole run: the peak memory of the variants that do not use it has its resident
-bytes subtracted. A step is what sft.py runs on a logging step of the presets (they log every step):
-sft.micro_batch_loss on one padded micro-batch of sequences of different lengths (attention then
-runs with a padding mask, as in sft.py), weighted by sft.token_weights, with the student's entropy
-measured and the diagnostics gathered and summarized; backward, gradient clipping, AdamW (fused on
-CUDA). CurioSFT's EMA update (Alg. 1 line 17, every 5 steps) is timed apart (best of 3) and a fifth
-of it added to curio's step. Random weights give near-uniform logits, which a real model's are not:
-the final norm's weight is scaled so that the median entropy of the logits is a trained model's,
-about 0.2 nats (--entropy), and the authors' low-entropy rule then takes its pass over the
-vocabulary for the share of tokens it would see. Peak memory: torch.cuda.max_memory_allocated, reset
-before each step; CPU has no allocator statistics, so no memory figures there.
+Every step is sft.train's own, none retyped here. The bench writes a model directory (a random
+Qwen2 of the shape, in bf16, a byte tokenizer without merges) and a train.jsonl of one micro-batch:
+sequences the longest first, each next seq / 8 shorter, an eighth of each an untrained prompt. The
+final norm is scaled first so that the logits' median entropy is a trained model's (--entropy, 0.2
+nats), not a random model's near-uniform one: the authors' low-entropy rule then takes its pass for
+the share of tokens it would see. Rounds alternate one run per variant (a slow spell of the machine
+slows a round alike); a run trains 1 + teacher_every steps, the first untimed (AdamW's states are
+created), the others one period of the teacher's schedule, so curio's mean holds its EMA update
+(Alg. 1 line 17) as the loop runs it. Step time: the median over rounds of a run's mean step_time_s
+(its log.jsonl; on CUDA the next step's host read waits for a step's queued work). Checkpoint
+writing is stubbed out (plumbing.checkpoints.save, trainer_state). Peak memory (CUDA):
+max_memory_allocated over the sft.train call less what was allocated before it: weights (curio's
+teacher only where it exists), gradients, AdamW's states, the steps' transients (loading holds less
+than a step); none on CPU, which has no allocator statistics.
 
 Model FLOPs of one step (forward + backward; recomputation from activation checkpointing and chunked
 logits is not counted, as MFU's definition asks, nor the padding), for sequences of T_i real tokens,
@@ -40,17 +40,20 @@ the step really computes beyond them, on the padded tokens: the layers' forward 
 (activation checkpointing), lm_head's forward again per chunk, and for curio the teacher's forward.
 """
 import argparse
-import copy
+import dataclasses
+import gc
 import json
+import random
 import statistics
+import string
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
-from torch.distributed.tensor import DTensor
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -58,8 +61,9 @@ import curio_loss as cl  # noqa: E402
 import data  # noqa: E402
 import sft  # noqa: E402
 from chunked_logits import normed_hidden, select_targets  # noqa: E402
+from plumbing import checkpoints  # noqa: E402
 from plumbing.distributed import setup_distributed, shutdown  # noqa: E402
-from plumbing.models import clip_grad_norm, shard_model  # noqa: E402
+from plumbing.synthetic import build_toy_tokenizer  # noqa: E402
 
 # Real shapes (the models' HF config.json); "smoke" and "cpu" are small stand-ins for tests and CPU
 # runs.
@@ -203,120 +207,117 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
-def local_bytes(module) -> int:
-    """Bytes this rank holds for a module's parameters and buffers (FSDP2 shards: the local
-    part)."""
-    tensors = [*module.parameters(), *module.buffers()]
-    return sum((t.to_local() if isinstance(t, DTensor) else t).untyped_storage().nbytes()
-               for t in tensors)
+LETTERS = string.ascii_letters + string.digits     # one token each: the tokenizer has no merges
 
 
-def build(shape: dict, run: dict, device, bf16: bool, grad_ckpt: bool):
-    """Student, its frozen teacher copy (both FSDP2, as sft.py builds them), the optimiser and one
-    padded micro-batch (data.collate: a prompt of an eighth of each sequence, untrained)."""
+def write_inputs(args, shape: dict, run: dict, entropy: float, device) -> dict:
+    """args.model (the random Qwen2 of `shape`, its final norm scaled to `entropy`, a byte tokenizer
+    without merges) and args.train_file (a row of random letters per sequence_lengths(run), an
+    eighth of it the prompt), read back through sft.py's data path."""
     from transformers import Qwen2ForCausalLM
 
+    model_dir, config = Path(args.model), qwen2_config(shape, run["seq"])
+    tokenizer = build_toy_tokenizer([LETTERS], vocab_size=0)
+    config.eos_token_id = config.pad_token_id = tokenizer.eos_token_id
+    config.save_pretrained(model_dir)
+    tokenizer.save_pretrained(model_dir)
+    overhead = len(tokenizer(data.chat_prompt([{"role": "user", "content": ""}], tokenizer),
+                             add_special_tokens=False)["input_ids"])
+    g, rows, lengths = random.Random(0), [], sequence_lengths(run)
+    for length in lengths:
+        text, prompt = "".join(g.choices(LETTERS, k=length)), length // 8    # prompt + response
+        rows.append({"data_source": "bench", "reward_model": {"ground_truth": "0"},
+                     "prompt": [{"role": "user", "content": text[: prompt - overhead]}],
+                     "target": [{"role": "assistant", "content": text[prompt + 1 :]}]})  # + EOS
+    data.write_jsonl(rows, args.train_file)
+    dataset, loaded, n_targets, _ = sft.load_sft_data(args, tokenizer)
+    if loaded != lengths:
+        raise SystemExit(f"--seq {run['seq']}: sequences of {loaded} tokens, not {lengths} (an "
+                         f"eighth of each must hold the chat template's {overhead} tokens)")
     torch.manual_seed(0)
-    full = Qwen2ForCausalLM(qwen2_config(shape, run["seq"]))
-    teacher = shard_model(copy.deepcopy(full), device, bf16, grad_ckpt=False, trainable=False)
-    model = shard_model(full, device, bf16, grad_ckpt)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.01,
-                            fused=device.type == "cuda")
-    g = torch.Generator().manual_seed(0)
-    items = []
-    for length in sequence_lengths(run):
-        ids = torch.randint(0, shape["vocab"], (length,), generator=g).tolist()
-        items.append((ids, [0] * (length // 8) + [1] * (length - length // 8)))
-    return model, teacher, opt, data.collate(items, pad_id=0, device=device)
+    model = Qwen2ForCausalLM(config).to(torch.bfloat16).float()      # the weights bf16 can hold
+    batch = data.collate_ids(list(range(len(dataset))), dataset, tokenizer.pad_token_id, device)
+    logits = scale_to_entropy(model.to(device), batch, entropy, args.bf16)
+    model.to(torch.bfloat16).save_pretrained(model_dir)
+    return {"logits": logits, "params": sum(p.numel() for p in model.parameters()),
+            "trained_tokens": sum(n_targets), "padded_tokens": batch["input_ids"].numel()}
 
 
 @torch.no_grad()
-def scale_to_entropy(models, batch, median_entropy: float) -> dict:
-    """Scale the final norm's weight of every model by one factor, so that the median entropy of the
-    student's logits at the trained positions is `median_entropy` (logits scale linearly with it).
-    Returns that entropy's median and the share of positions at or below the authors' 0.03 nats,
-    after."""
-    h, _ = select_targets(normed_hidden(models[0], batch), batch)
-    z = models[0].lm_head(h[:2048]).float()                               # [n, V]
-    models[0].reshard()
+def scale_to_entropy(model, batch, median_entropy: float, bf16: bool) -> dict:
+    """Scale the final norm's weight by one factor (bf16-exact), so that the median entropy of the
+    logits at the trained positions is `median_entropy` (logits scale linearly with it). Returns
+    that entropy's median and the share of positions at or below the authors' 0.03 nats, after."""
+    with torch.autocast(batch["input_ids"].device.type, torch.bfloat16, enabled=bf16):
+        h, _ = select_targets(normed_hidden(model, batch), batch)
+        z = model.lm_head(h[:2048]).float()                               # [n, V]
     lo, hi = 0.01, 100.0                                          # entropy falls as the scale grows
     for _ in range(30):
         mid = (lo * hi) ** 0.5
         lo, hi = (lo, mid) if cl.entropy(z * mid).median() < median_entropy else (mid, hi)
-    for model in models:
-        model.model.norm.weight.mul_(hi)
+    hi = torch.tensor(hi).bfloat16().item()
+    model.model.norm.weight.mul_(hi)
     h_scaled = cl.entropy(z * hi)
     return {"scale": hi, "median_entropy": h_scaled.median().item(),
             "share_at_most_0.03": (h_scaled <= 0.03).float().mean().item()}
 
 
-def step(model, teacher, opt, batch, args, device) -> float:
-    """One optimiser step as sft.py takes it on a logging step; seconds."""
-    sync(device)
-    t0 = time.perf_counter()
-    n = int(batch["loss_mask"][:, 1:].sum())
-    weights = torch.full((n,), 1.0 / n, device=device)           # batch_token_mean, one micro-batch
-    total, diag = sft.micro_batch_loss(model, teacher, None, batch, None, args, cl.LossConfig(),
-                                       True, weights)
-    total.backward()
-    clip_grad_norm(model, sft.Args().grad_clip)
-    opt.step()
-    opt.zero_grad(set_to_none=True)
-    all_diags = sft.gather_diags(diag)
-    cl.summarize(all_diags)
-    sync(device)
-    return time.perf_counter() - t0
+def train_once(args, device) -> tuple[list[dict], int | None]:
+    """sft.train(args), checkpoint writing stubbed out: its log records and, on CUDA, the peak bytes
+    allocated during the call beyond those allocated before it."""
+    gc.collect()                                     # the previous run's models, before counting
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+    before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    with mock.patch.object(checkpoints, "save", lambda *a, **k: "nothing (bench/sft_step.py)"), \
+            mock.patch.object(checkpoints, "trainer_state", lambda *a: None):
+        sft.train(args, cl.LossConfig(), device)
+    peak = torch.cuda.max_memory_allocated(device) - before if device.type == "cuda" else None
+    lines = (Path(args.out_dir) / "log.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines], peak
 
 
-def measure(shape: dict, run: dict, steps: int, bf16: bool, grad_ckpt: bool, entropy: float,
-            device) -> dict:
-    """Interleaved steps of every variant: step times, and on CUDA the peak allocated bytes of each
-    variant's step."""
-    model, teacher, opt, batch = build(shape, run, device, bf16, grad_ckpt)
-    logits = scale_to_entropy([model, teacher], batch, entropy)
-    teacher_bytes = local_bytes(teacher)
-    times, peaks = {v: [] for v in VARIANTS}, {v: 0 for v in VARIANTS}
-    for i in range(steps + 1):                      # round 0 warms up (and creates the AdamW state)
+def measure(tmp: Path, shape: dict, run: dict, rounds: int, bf16: bool, grad_ckpt: bool,
+            entropy: float, device) -> dict:
+    """Rounds of an sft.train run per variant: step times, runs' means, CUDA peaks (the largest)."""
+    # sft.py's defaults (the presets' optimiser, teacher schedule, a log record every step) for
+    # 1 + teacher_every steps, each of one micro-batch: the bench's sequences
+    base = sft.Args(model=str(tmp / "model"), train_file=str(tmp / "train.jsonl"),
+                    epochs=1 + TEACHER_EVERY, global_batch=run["batch"],
+                    token_budget=run["batch"] * run["seq"], max_prompt_len=run["seq"],
+                    max_response_len=run["seq"], system_prompt="messages",
+                    loss_chunk=run["loss_chunk"], bf16=bf16, grad_ckpt=grad_ckpt, log_every=1)
+    inputs, tokens = write_inputs(base, shape, run, entropy, device), sum(sequence_lengths(run))
+    times, means, peaks = {v: [] for v in VARIANTS}, {v: [] for v in VARIANTS}, {}
+    for r in range(rounds):
         for v in VARIANTS:
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-            args = sft.Args(loss=v, loss_chunk=run["loss_chunk"])
-            t = step(model, teacher if v == "curio" else None, opt, batch, args, device)
-            if device.type == "cuda":                   # the teacher's weights count for curio only
-                resident_other = 0 if v == "curio" else teacher_bytes
-                peaks[v] = max(peaks[v], torch.cuda.max_memory_allocated(device) - resident_other)
-            if i:
-                times[v].append(t)
-    ema = []
-    for _ in range(3):                                   # Alg. 1 line 17, every TEACHER_EVERY steps
-        sync(device)
-        t0 = time.perf_counter()
-        sft.update_teacher(teacher, model, sft.Args().teacher_mu)
-        sync(device)
-        ema.append(time.perf_counter() - t0)
-    params = sum((p.to_local() if isinstance(p, DTensor) else p).numel()
-                 for p in model.parameters())
-    return {"times": times, "peak_bytes": peaks if device.type == "cuda" else None,
-            "ema_update_s": min(ema), "params": params,
-            "trained_tokens": int(batch["loss_mask"][:, 1:].sum()),
-            "padded_tokens": batch["input_ids"].numel(), "teacher_bytes": teacher_bytes,
-            "logits": logits}
+            args = dataclasses.replace(base, loss=v, out_dir=str(tmp / f"run{r}_{v}"))
+            records, peak = train_once(args, device)
+            timed = records[1:]                      # step 1 creates AdamW's states
+            if any(round(x["tokens_per_s"] * x["step_time_s"]) != tokens for x in timed):
+                raise SystemExit(f"{args.out_dir}: a step trained other than the bench's "
+                                 f"{tokens} tokens")
+            times[v] += [x["step_time_s"] for x in timed]
+            means[v].append(statistics.fmean(x["step_time_s"] for x in timed))
+            peaks[v] = max(peaks.get(v, 0), peak or 0)
+    return {**inputs, "times": times, "run_means": means,
+            "peak_bytes": peaks if device.type == "cuda" else None}
 
 
 def summarize(m: dict, shape: dict, run: dict, plans: dict, peak: float, grad_ckpt: bool) -> dict:
-    """Per variant: step time (curio's with its share of the EMA update), ratio to SFT, tokens/s,
-    MFU, HFU, peak memory and the planner's prediction."""
+    """Per variant: step time (the median over rounds of a run's mean: curio's holds its EMA
+    update), ratio to SFT, tokens/s, MFU, HFU, peak memory and the planner's prediction."""
     lengths = sequence_lengths(run)
     tokens, flops = sum(lengths), model_flops(shape, lengths, m["trained_tokens"])
-    sft_t, variants = statistics.median(m["times"]["sft"]), {}
-    for v in VARIANTS:
-        ema_share = m["ema_update_s"] / TEACHER_EVERY if v == "curio" else 0.0
-        t = statistics.median(m["times"][v]) + ema_share
+    step_s = {v: statistics.median(m["run_means"][v]) for v in VARIANTS}
+    variants = {}
+    for v, t in step_s.items():
         measured = m["peak_bytes"][v] if m["peak_bytes"] else None
         planned, note = plans[v]
         extra = recompute_flops(shape, m["padded_tokens"], run["seq"], m["trained_tokens"], v,
                                 grad_ckpt)
-        variants[v] = {"step_s": t, "times_s": m["times"][v], "ratio_to_sft": t / sft_t,
+        variants[v] = {"step_s": t, "times_s": m["times"][v], "ratio_to_sft": t / step_s["sft"],
                        "tokens_per_s": tokens / t, "mfu": flops["total"] / t / (peak * 1e12),
                        "hfu": (flops["total"] + extra) / t / (peak * 1e12), "peak_bytes": measured,
                        "planner_bytes": planned, "planner_note": note,
@@ -331,7 +332,8 @@ def report(r: dict):
           f"layers), sequences of {r['lengths']} tokens padded to {r['seq']} "
           f"({r['trained_tokens']} trained), loss chunk {r['loss_chunk']}, "
           f"{'bf16' if r['bf16'] else 'float32'}, activation checkpointing "
-          f"{'on' if r['grad_ckpt'] else 'off'}, median of {r['steps']} interleaved steps")
+          f"{'on' if r['grad_ckpt'] else 'off'}, median of {r['rounds']} rounds of sft.train runs "
+          f"({TEACHER_EVERY} timed steps each, the teacher's update among them)")
     lg = r["logits"]
     print(f"logits scaled by {lg['scale']:.3g}: median entropy {lg['median_entropy']:.3f} nats, "
           f"{lg['share_at_most_0.03']:.0%} of positions at or below 0.03 nats")
@@ -348,8 +350,6 @@ def report(r: dict):
         print(f"{v:20s} step {x['step_s']:8.3f} s ({x['ratio_to_sft']:.2f}x)  "
               f"{x['tokens_per_s']:9.0f} tokens/s  MFU {x['mfu']:6.1%}  HFU {x['hfu']:6.1%}  peak "
               f"memory {mem}  ({plan})")
-    print(f"teacher EMA update {r['ema_update_s'] * 1e3:.1f} ms every {TEACHER_EVERY} steps (in "
-          "curio's step time)")
 
 
 def main():
@@ -366,7 +366,7 @@ def main():
                         help="median entropy of the logits, nats")
     parser.add_argument("--loss_chunk", type=int, default=0,
                         help="tokens per logits chunk (default: 4096)")
-    parser.add_argument("--steps", type=int, default=5, help="timed steps per variant, interleaved")
+    parser.add_argument("--rounds", type=int, default=3, help="rounds of a run per variant")
     parser.add_argument("--grad_ckpt", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                         help="CUDA only, as in sft.py")
@@ -383,22 +383,20 @@ def main():
     if world != 1:
         raise SystemExit("bench/sft_step.py times one process: run it with --nproc_per_node 1")
     bf16 = a.bf16 and device.type == "cuda"
-    m = measure(shape, run, a.steps, bf16, a.grad_ckpt, a.entropy, device)
-    peak, peak_source = peak_tflops(device, torch.bfloat16 if bf16 else torch.float32,
-                                    a.peak_tflops)
-    with tempfile.TemporaryDirectory() as tmp:                     # the planner reads a config.json
-        config_json = Path(tmp) / "config.json"
-        qwen2_config(shape, run["seq"]).to_json_file(config_json)
+    with tempfile.TemporaryDirectory() as tmp:
+        m = measure(Path(tmp), shape, run, a.rounds, bf16, a.grad_ckpt, a.entropy, device)
         sizes = (run["batch"] * run["seq"], run["seq"], m["trained_tokens"], run["loss_chunk"])
+        config_json = Path(tmp, "model", "config.json")
         plans = {v: planner_prediction(Path(a.planner), config_json, v, *sizes,
                                        {"bf16": bf16, "grad_ckpt": a.grad_ckpt}) for v in VARIANTS}
+    peak, peak_source = peak_tflops(device, torch.bfloat16 if bf16 else torch.float32,
+                                    a.peak_tflops)
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "cuda": torch.version.cuda, "shape": a.shape,
               "model": shape, **run, "trained_tokens": m["trained_tokens"], "params": m["params"],
-              "bf16": bf16, "grad_ckpt": a.grad_ckpt, "steps": a.steps, "peak_tflops": peak,
-              "peak_source": peak_source, "ema_update_s": m["ema_update_s"],
-              "teacher_bytes": m["teacher_bytes"], "logits": m["logits"],
-              **summarize(m, shape, run, plans, peak, a.grad_ckpt)}
+              "bf16": bf16, "grad_ckpt": a.grad_ckpt, "rounds": a.rounds,
+              "teacher_every": TEACHER_EVERY, "peak_tflops": peak, "peak_source": peak_source,
+              "logits": m["logits"], **summarize(m, shape, run, plans, peak, a.grad_ckpt)}
     report(result)
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)

@@ -9,6 +9,8 @@ import sys
 import torch
 import torch.distributed as dist
 
+from chunked_logits import cat_diags
+
 
 def setup_distributed(timeout_min: float = 60.0):
     """Returns (rank, world_size, device). nccl for CUDA tensors, gloo for CPU ones.
@@ -99,4 +101,4 @@ def gather_diags(diag):
     local = {k: v.float().cpu() for k, v in diag.items()}
     all_ranks = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(local, all_ranks, dst=0)
-    return None if all_ranks is None else {k: torch.cat([d[k] for d in all_ranks]) for k in local}
+    return None if all_ranks is None else cat_diags(all_ranks)

@@ -64,8 +64,11 @@ def test_smoke_run_leaves_three_files_in_out(smoke, tmp_path):
     out = Path(smoke[4])
     assert sorted(p.name for p in out.iterdir()) == ["logs.tar.gz", "summary.json", "summary.md"]
     with tarfile.open(out / "logs.tar.gz") as tar:
-        names = {Path(n).name for n in tar.getnames()}
-    assert {"sft_step.log", "toy_data.log", "evaluate.log", "rl.log"} <= names
+        names = {Path(n).name: n for n in tar.getnames()}
+        assert {"sft_step.log", "toy_data.log", "evaluate.log", "rl.log"} <= names.keys()
+        sft_log = tar.extractfile(names["sft_step.log"]).read().decode()
+    # the SFT figures are sft.train's own: its log lines, a run of 1 + teacher_every steps per variant
+    assert sft_log.count(f"step {sft_step.TEACHER_EVERY + 1} epoch") == len(sft_step.VARIANTS)
 
 
 def test_smoke_run_figures_agree_with_each_other(smoke):

@@ -464,9 +464,9 @@ def test_engine_logp_diff_counts_only_the_tokens_the_engine_sampled(world_of_one
         return rl.MicroBatch({}, torch.zeros(len(old)), old_lp=torch.tensor(old), engine_lp=torch.tensor(engine))
 
     minis = [[mb([-1.0, -2.0, -3.0], [-1.5, float("nan"), -3.0])], [mb([-0.1], [-0.4])]]
-    mean, top = rl.engine_logp_diff(minis, torch.device("cpu"))
+    mean, top = rl.engine_logp_diff(minis)
     assert mean == pytest.approx((0.5 + 0.0 + 0.3) / 3) and top == pytest.approx(0.5)
-    nothing = rl.engine_logp_diff([[mb([-1.0], [float("nan")])]], torch.device("cpu"))
+    nothing = rl.engine_logp_diff([[mb([-1.0], [float("nan")])]])
     assert all(x != x for x in nothing)
 
 
