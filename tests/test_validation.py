@@ -10,7 +10,7 @@ import curio_loss as cl
 import evaluation
 import rl
 import sft
-from plumbing import checkpoints, run_dir
+from plumbing import checkpoints, generation, models, run_dir
 from plumbing.cli import parse_config
 from tests.conftest import toy_rows
 
@@ -77,31 +77,32 @@ def test_sft_validates_at_its_steps_and_trains_as_without(world_of_one, tiny_mod
 
 def test_an_evaluation_interrupted_is_repeated_and_a_finished_run_does_nothing(
         world_of_one, tiny_model_dir, toy_sft_file, eval_file, tmp_path, one_thread, monkeypatch):
-    """A crash inside the step-4 evaluation (after step 2's checkpoint): the rerun redoes steps 3 and 4 with the
-    evaluation, and log.jsonl and val_samples.jsonl end as an uninterrupted run's; a third run trains nothing."""
-    flags = ["--eval_every", "2", "--eval_file", str(eval_file), "--save_every", "2"]
+    """A crash inside the step-4 evaluation (after step 2's checkpoint and step 3's evaluation): the rerun redoes
+    steps 3 and 4 with their evaluations, and log.jsonl and val_samples.jsonl end as an uninterrupted run's; a
+    third run evaluates nothing."""
+    flags = ["--eval_every", "1", "--eval_file", str(eval_file), "--save_every", "2"]
     run_sft(tiny_model_dir, toy_sft_file, tmp_path / "whole", *flags)
     measure, calls = evaluation.measure_benchmarks, []
 
-    def crash_on_second(*args, **kwargs):
+    def crash_on_fourth(*args, **kwargs):
         calls.append(1)
-        if len(calls) == 2:
+        if len(calls) == 4:
             raise RuntimeError("killed during the evaluation")
         return measure(*args, **kwargs)
 
-    monkeypatch.setattr(evaluation, "measure_benchmarks", crash_on_second)
+    monkeypatch.setattr(evaluation, "measure_benchmarks", crash_on_fourth)
     out = tmp_path / "crashed"
     with pytest.raises(RuntimeError, match="killed"):
         run_sft(tiny_model_dir, toy_sft_file, out, *flags)
     run_dir.release()                                          # the crashed run's lock (a new process has none)
     assert [p.name for p in checkpoints.complete(out)] == ["step_000002"]
-    assert [r["step"] for r in untimed(out) if "val_accuracy" in r] == [2]
+    assert [r["step"] for r in untimed(out) if "val_accuracy" in r] == [1, 2, 3]
     monkeypatch.setattr(evaluation, "measure_benchmarks", measure)
     run_sft(tiny_model_dir, toy_sft_file, out, *flags)
     assert untimed(out) == untimed(tmp_path / "whole")
     val_samples = [(d / "val_samples.jsonl").read_text() for d in (out, tmp_path / "whole")]
     assert val_samples[0] == val_samples[1]
-    monkeypatch.setattr(evaluation, "measure_benchmarks", crash_on_second)   # a finished run evaluates nothing
+    monkeypatch.setattr(evaluation, "measure_benchmarks", crash_on_fourth)   # a finished run evaluates nothing
     calls.clear()
     run_sft(tiny_model_dir, toy_sft_file, out, *flags)
     assert calls == [] and untimed(out) == untimed(tmp_path / "whole")
@@ -146,3 +147,19 @@ def test_a_bad_eval_file_is_refused_before_anything_is_written(world_of_one, tin
         assert str(refused.value) == str(by_evaluate.value)
         assert "row 1" in str(refused.value) or "no such file" in str(refused.value)
     assert not out.exists()
+
+
+def test_validation_leaves_the_trainings_random_stream_as_it_was(world_of_one, checkpoint, eval_file, tmp_path,
+                                                                 monkeypatch):
+    """Whatever the engine draws from torch's global generator, the training's stream continues as without it
+    (fork_rng): the trainers' own draws (data order, scratch weights) stay those of a run without --eval_every."""
+    engine, tokenizer = generation.load_engine(str(checkpoint), "hf")
+    settings = evaluation.EvalSettings(max_new_tokens=4, batch_size=6)
+    questions = evaluation.load_eval_file(str(eval_file), tokenizer, settings)
+    model = models.shard_model(models.load_full_model(str(checkpoint), scratch=False, seed=0), torch.device("cpu"),
+                               bf16=False, grad_ckpt=False)
+    measure = evaluation.measure_benchmarks
+    monkeypatch.setattr(evaluation, "measure_benchmarks", lambda *a, **k: (torch.rand(5), measure(*a, **k))[1])
+    state = torch.get_rng_state()
+    fields = evaluation.validate(engine, model, tokenizer, questions, settings, 3, None, tmp_path / "s.jsonl")
+    assert torch.equal(torch.get_rng_state(), state) and fields["step"] == 3
