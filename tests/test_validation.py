@@ -163,3 +163,37 @@ def test_validation_leaves_the_trainings_random_stream_as_it_was(world_of_one, c
     state = torch.get_rng_state()
     fields = evaluation.validate(engine, model, tokenizer, questions, settings, 3, None, tmp_path / "s.jsonl")
     assert torch.equal(torch.get_rng_state(), state) and fields["step"] == 3
+
+
+def test_evaluate_plot_draws_validation_curves_rl_after_its_sft_run(tmp_path, monkeypatch):
+    """evaluate.py plot --logs: validation.png, the RL run's curve continuing its SFT run's after that run's last
+    step (its --model is one of the SFT run's checkpoints), dashed, in the same colour."""
+    from plumbing import report
+
+    result = {"name": "x", "benchmarks": {"math": {"avg": 0.9, "pass_at_k": {"1": 0.9}}},
+              "summary": {"id_avg": None, "ood_avg": None, "avg": 0.9, "entropy": 0.1, "diversity": 0.2}}
+    sft_dir, rl_dir = tmp_path / "sft", tmp_path / "grpo"
+    for d, rows, model in ((sft_dir, [{"step": s, "loss": 1.0, "student_entropy_top20": 0.3} for s in (1, 2, 3, 4)]
+                            + [{"step": s, "val_accuracy": 0.1 * s, "val_entropy": 0.5, "val_response_len": 9}
+                               for s in (2, 4)], "base"),
+                           (rl_dir, [{"step": 1, "zero_std_frac": 0.5, "reward_mean": 0.5, "entropy": 0.1},
+                                     {"step": 1, "val_accuracy": 0.6, "val_entropy": 0.4, "val_response_len": 8}],
+                            str(sft_dir / "step_000004"))):
+        d.mkdir()
+        (d / "log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        (d / "run_config.json").write_text(json.dumps({"model": model}))
+    drawn = {}
+    save = report._save
+
+    def keep_lines(fig, path):
+        if path.name == "validation.png":
+            drawn.update({ax.get_title(): [(list(line.get_xdata()), list(line.get_ydata()), line.get_color(),
+                                            line.get_linestyle()) for line in ax.get_lines()] for ax in fig.axes})
+        return save(fig, path)
+
+    monkeypatch.setattr(report, "_save", keep_lines)
+    written = report.plot_results([result], str(tmp_path / "out"), [str(sft_dir / "log.jsonl"), str(rl_dir / "log.jsonl")])
+    assert (tmp_path / "out" / "validation.png").is_file() and str(tmp_path / "out" / "validation.png") in written
+    (sft_x, sft_y, sft_colour, sft_style), (rl_x, rl_y, rl_colour, rl_style) = drawn["validation accuracy"]
+    assert sft_x == [2, 4] and sft_y == pytest.approx([20, 40]) and sft_style == "-"
+    assert rl_x == [5] and rl_y == pytest.approx([60]) and rl_colour == sft_colour and rl_style == "--"
