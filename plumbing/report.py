@@ -178,8 +178,8 @@ def plot_results(results: list[dict], out_dir: str, logs: list[str] = (),
                     if not any("zero_std_frac" in row for row in rows)]
         rl_runs = [(n, rows) for n, rows in runs if any("zero_std_frac" in row for row in rows)]
         keys = list(log_keys) or sorted({k for _, rows in sft_runs for row in rows
-                                         for k, v in row.items() if "entropy" in k
-                                         and not k.startswith("val_") and isinstance(v, (int, float))})
+                                         for k, v in row.items() if "entropy" in k and
+                                         not k.startswith("val_") and isinstance(v, (int, float))})
         if sft_runs and keys:
             panels = [(k, k, "nats" if "entropy" in k else "") for k in keys]
             written.append(_curves(sft_runs, panels, "SFT: over training",
