@@ -137,6 +137,8 @@ class Args:
     """vLLM: the share of the GPU's total memory the validation engine takes while it samples"""
     gen_batch_size: int = 16
     """HF engine: prompts per generate call (no sample depends on it)"""
+    grader_workers: int = 4
+    """validation's grader processes"""
 
     def __post_init__(self):
         check_settings(
@@ -146,7 +148,7 @@ class Args:
                           "eval_max_new_tokens"],
             at_least_one=["epochs", "global_batch", "updates_per_batch", "token_budget",
                           "max_prompt_len", "max_response_len", "norm_group", "teacher_every",
-                          "loss_chunk", "log_every", "eval_n", "gen_batch_size"])
+                          "loss_chunk", "log_every", "eval_n", "gen_batch_size", "grader_workers"])
         if self.eval_every and not self.eval_file:
             raise SystemExit(f"--eval_every {self.eval_every}: needs --eval_file (the questions "
                              f"to validate on)")
@@ -173,7 +175,8 @@ def check_world(args, world):
 MAY_CHANGE_ON_RESUME = {"out_dir", "max_steps", "save_every", "keep_last", "log_every", "loggers",
                         "log_line", "grad_ckpt", "dist_timeout_min", "eval_every", "eval_file",
                         "eval_n", "eval_temperature", "eval_top_p", "eval_max_new_tokens",
-                        "eval_grading", "engine", "gpu_memory_utilization", "gen_batch_size"}
+                        "eval_grading", "engine", "gpu_memory_utilization", "gen_batch_size",
+                        "grader_workers"}
 
 
 # ================================================================================================
@@ -376,7 +379,8 @@ def train(args, user_loss_cfg, device):
     check_model_dir(args.model, weights=not args.scratch)    # the inputs first: nothing is written
     tokenizer = load_tokenizer(args.model)                    # before they are known good
     dataset, lengths, n_targets, rows = load_sft_data(args, tokenizer)
-    val_cfg = evaluation.eval_settings(args, args.gen_batch_size)
+    val_cfg = evaluation.eval_settings(args, args.gen_batch_size,
+                                       grader_workers=args.grader_workers)
     val_set = evaluation.load_eval_file(args.eval_file, tokenizer, val_cfg) if args.eval_every \
         else None                                     # a bad eval file: refused now, not later
     settings = run_dir.settings_of(args, user_loss_cfg)
