@@ -10,17 +10,14 @@ sampling entropy, n-gram diversity and (with --sft_data) the entropy at the expe
     python evaluate.py tokens --model CKPT --data train.parquet --row 0 --out tokens.html
 
 Each finished benchmark is kept under OUT/progress/: a rerun with the same settings loads it instead
-of sampling it again. Sampling (vLLM or HF generate), grading, tables and plots are plumbing/; this
-file is what is measured. python evaluate.py --help lists the flags.
+of sampling it again. The measurement itself (sampling, grading, avg@n, pass@k, the sampling
+entropy) is evaluation.py, which sft.py and rl.py call to validate while they train; sampling,
+grading, tables and plots are plumbing/. python evaluate.py --help lists the flags.
 """
 import difflib
-import hashlib
-import itertools
 import json
 import os
-import re
 import sys
-import time
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Literal
@@ -33,14 +30,14 @@ from tqdm import tqdm
 import curio_loss as cl
 from data import SYSTEM_PROMPT_MODES, Example, example_prompt
 from data import load_examples, tokenize_sft
+from evaluation import drop_long_prompts, load_benchmarks, measure_benchmarks
 from plumbing import paired_stats as ps, report
 from plumbing.benchmarks import ID_BENCHMARKS, OOD_BENCHMARKS
 from plumbing.checkpoints import verify_model_dir
 from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import print0, setup_distributed, shutdown
-from plumbing.paired_stats import pass_at_k, pass_ks
-from plumbing.generation import ENGINES, Engine, Sample, encode, engine_kind, generate, load_engine
-from plumbing.grading import GRADING_MODES, answer_kind, grade, graded_text, ground_truth_unparsable
+from plumbing.generation import ENGINES, Engine, engine_kind, load_engine
+from plumbing.grading import GRADING_MODES
 from plumbing.models import check_model_dir, resolve_model
 from plumbing.run_dir import drop_if_empty, lock_dir, release, write_atomic
 from plumbing.token_view import TokensArgs, TokensLossConfig, load_token_example, write_token_page
@@ -146,19 +143,8 @@ class CompareArgs:
 
 
 # ================================================================================================
-# ALGO LOGIC: the metrics (whether a response is right: plumbing/grading.py)
+# ALGO LOGIC: the metrics beyond evaluation.py's (avg@n, pass@k, sampling entropy, diversity)
 # ================================================================================================
-def ngram_diversity(token_ids: list[list[int]], n: int = 4) -> float | None:
-    """1 - mean pairwise overlap of one question's samples (Fig. 4: "1 minus N-gram similarity").
-    Overlap of two samples = Jaccard index |A & B| / |A | B| of their sets of token-id n-grams; a
-    sample shorter than n counts as one n-gram. None with fewer than two samples."""
-    sets = [set(zip(*(ids[i:] for i in range(n)))) or {tuple(ids)} for ids in token_ids]
-    pairs = list(itertools.combinations(sets, 2))
-    if not pairs:
-        return None
-    return 1.0 - sum(len(a & b) / len(a | b) for a, b in pairs) / len(pairs)
-
-
 @torch.no_grad()
 def expert_token_entropy(model, tokenizer, examples: list[Example], max_len: int = 9216,
                          system_prompt: str = "paper") -> dict:
@@ -182,33 +168,6 @@ def expert_token_entropy(model, tokenizer, examples: list[Example], max_len: int
             "all": h.mean().item(), "tokens": len(h)}
 
 
-def benchmark_metrics(samples: list[list[Sample]], scores: list[list[float]]) -> dict:
-    """Metrics of one benchmark from its questions' samples and 0/1 scores (question-major)."""
-    n = len(scores[0])
-    ks = pass_ks(n)
-    flat = [s for q in samples for s in q]
-    n_tokens = sum(len(s.token_ids) for s in flat)
-    diversities = [ngram_diversity([s.token_ids for s in q]) for q in samples]
-    diversities = [d for d in diversities if d is not None]
-    pass_k = {str(k): float(np.mean([pass_at_k(n, int(sum(q)), k) for q in scores])) for k in ks}
-    correct = np.array([sum(q) for q in scores])                              # [questions]
-    return {
-        "questions": len(scores), "n": n,
-        "avg": float(np.mean(scores)),  # avg@n: mean accuracy over all n samples of every question
-        # its standard error over questions (the questions are the sample; n samples each)
-        "avg_stderr": float(np.std(correct / n, ddof=1) / np.sqrt(len(scores)))
-        if len(scores) > 1 else None,
-        # questions whose samples disagree: the GRPO groups with a learning signal, before any RL
-        "mixed_frac": float(np.mean((correct > 0) & (correct < n))),
-        "pass_at_k": pass_k,
-        "response_length": n_tokens / len(flat),  # tokens, EOS included
-        # token-mean entropy of the sampling distribution, temperature and top-p applied
-        "entropy": sum(sum(s.entropy) for s in flat) / max(n_tokens, 1),
-        "diversity": float(np.mean(diversities)) if diversities else None,
-        "truncated": float(np.mean([s.finish_reason == "length" for s in flat])),
-    }
-
-
 def table2_averages(benchmarks: dict[str, dict]) -> dict:
     """Table 2's averages: ID and OOD accuracy (None when none of their benchmarks ran), and
     means over all benchmarks of avg@n, entropy and diversity (the x and y of Figs. 1 and 4)."""
@@ -220,75 +179,9 @@ def table2_averages(benchmarks: dict[str, dict]) -> dict:
             "avg": mean("avg"), "entropy": mean("entropy"), "diversity": mean("diversity")}
 
 
-def sample_and_grade(engine: Engine, tokenizer, name: str, examples: list[Example],
-                     prompts: list[str], n: int, offset: int, args: Args):
-    """(samples, 0/1 scores per question, sample records, grader failures) of a block of one
-    benchmark's questions starting at question `offset`."""
-    if not prompts:  # a rank with no block (more ranks than batches)
-        return [], [], [], 0
-    samples = generate(engine, tokenizer, prompts, n, args.temperature, args.top_p,
-                       args.max_new_tokens, args.seed, args.batch_size, offset=offset)
-    records = []
-    for ex, question_samples in zip(examples, samples):
-        for j, s in enumerate(question_samples):
-            records.append({"data_source": name, "row": ex.row, "question": ex.question,
-                            "ground_truth": ex.ground_truth,
-                            "kind": answer_kind(name, ex.ground_truth), "sample": j,
-                            "response": s.text, "length": len(s.token_ids),
-                            "finish_reason": s.finish_reason})
-    texts = [graded_text(s.text, s.stop_text, args.grading) for q in samples for s in q]
-    scores, failures = grade(texts, [r["ground_truth"] for r in records],
-                             [r["kind"] for r in records], args.grader_timeout, args.grader_workers,
-                             args.grading)
-    for r, s in zip(records, scores):
-        r["score"] = s
-    return samples, [scores[i * n : (i + 1) * n] for i in range(len(samples))], records, failures
-
-
 # ================================================================================================
-# The evaluation run: benchmarks, ranks, saved progress
+# The evaluation run: a checkpoint's engine, its benchmarks, the result files
 # ================================================================================================
-def load_benchmarks(path: str, limit: int = 0) -> dict[str, list[Example]]:
-    """{data_source: unique examples} from a directory of .parquet/.jsonl/.json files (or one file).
-
-    Questions are de-duplicated on (data_source, question text): valid.all.parquet repeats
-    AIME24, AIME25 and AMC 32 times each, and avg@8 / pass@k must mean n samples of each distinct
-    problem, not 8 x 32."""
-    p = Path(path)
-    if not p.exists():
-        raise FileNotFoundError(f"data {path!r}: no such file or directory")
-    suffixes = (".parquet", ".jsonl", ".json")
-    files = [p] if p.is_file() else sorted(f for f in p.iterdir() if f.suffix in suffixes)
-    if not files:
-        raise FileNotFoundError(f"data {path!r}: no .parquet, .jsonl or .json files")
-    benchmarks, seen, dropped = {}, set(), 0
-    for f in files:
-        for ex in load_examples(f):
-            if (ex.data_source, ex.question) in seen:
-                dropped += 1
-                continue
-            seen.add((ex.data_source, ex.question))
-            benchmarks.setdefault(ex.data_source, []).append(ex)
-    counts = ", ".join(f"{b} ({len(v)})" for b, v in benchmarks.items())
-    print0(f"benchmarks: {counts}; {dropped} duplicates dropped")
-    return {b: v[:limit] if limit else v for b, v in benchmarks.items()}
-
-
-def drop_long_prompts(benchmarks: dict[str, list[Example]], tokenizer, args: Args):
-    """(benchmarks without the questions whose prompt, as generate encodes it, is over
-    max_prompt_len tokens, {benchmark: questions dropped}). The authors' scripts drop prompts
-    over 1024 tokens the same way; a benchmark left with no question is left out."""
-    kept, dropped = {}, {}
-    for b, examples in benchmarks.items():
-        lengths = [len(encode(tokenizer, example_prompt(ex, tokenizer, prompt_mode(args))))
-                   for ex in examples]
-        fits = [ex for ex, length in zip(examples, lengths) if length <= args.max_prompt_len]
-        dropped[b] = len(examples) - len(fits)
-        if fits:
-            kept[b] = fits
-    return kept, dropped
-
-
 def check_out_dir(out: str) -> None:
     """A one-line error, before any model loads, when --out cannot take the results."""
     p = Path(out)
@@ -299,123 +192,18 @@ def check_out_dir(out: str) -> None:
         raise ValueError(f"--out {out!r}: cannot write in {str(nearest)!r}")
 
 
-# Settings that change no sample and no score: a benchmark saved under other values of these is
-# still reused. data, limit and max_prompt_len are left out too: the saved run's questions
-# themselves are compared.
-_NOT_IN_PROGRESS_KEY = {"out", "name", "save_samples", "grader_workers", "sft_data", "sft_examples",
-                        "data", "limit", "max_prompt_len"}
-
-
-def _progress_key(args: Args, examples: list[Example], prompts: list[str]) -> dict:
-    """What a saved benchmark must match to be reused: the settings, its questions and the
-    checkpoint's files (name, size, modification time: a checkpoint saved again under the same
-    path is a different model)."""
-    questions = json.dumps([[p, ex.ground_truth] for ex, p in zip(examples, prompts)])
-    model_files = {f.name: [f.stat().st_size, f.stat().st_mtime_ns]
-                   for f in sorted(Path(args.model).iterdir()) if f.is_file()}
-    settings = {k: v for k, v in asdict(args).items() if k not in _NOT_IN_PROGRESS_KEY}
-    key = {"settings": settings, "questions_sha256": hashlib.sha256(questions.encode()).hexdigest(),
-           "model_files": model_files}
-    return json.loads(json.dumps(key))  # as read back from JSON
-
-
-def progress_file_name(data_source: str) -> str:
-    """A file name inside OUT/progress/ for a benchmark. data_source comes from the data file: all
-    but letters, digits, '.', '_' and '-' becomes '_' (no '/', no '..'), and a digest of the name
-    keeps apart two names that differ only there."""
-    safe = re.sub(r"[^A-Za-z0-9._-]", "_", data_source)[:64].lstrip(".") or "_"
-    return f"{safe}-{hashlib.sha256(data_source.encode()).hexdigest()[:12]}.json"
-
-
-def _load_progress(path: Path, key: dict) -> dict | None:
-    """A benchmark saved by a run with the same settings, else None (none, others, unreadable)."""
-    try:
-        saved = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    return saved if isinstance(saved, dict) and saved.get("key") == key else None
-
-
-def rank_block(count: int, batch_size: int, rank: int, world: int) -> range:
-    """This rank's questions: a contiguous block of whole batches of batch_size, so that every HF
-    batch is the same whatever the number of ranks (the seeds are the questions' own either way:
-    generate's offset)."""
-    batches = -(-count // batch_size)
-    first, end = batches * rank // world, batches * (rank + 1) // world
-    return range(min(count, first * batch_size), min(count, end * batch_size))
-
-
 def evaluate_benchmarks(engine: Engine, tokenizer, benchmarks: dict[str, list[Example]], args: Args,
                         progress_dir: Path | None = None, group=None) -> tuple[dict | None, list]:
-    """(results, sample records): sample, grade and measure one benchmark at a time. With a
-    process group (`group`, gloo, torchrun) each rank samples and grades its block of every
-    benchmark and rank 0 gathers them; the other ranks get (None, []). With progress_dir, rank 0
-    saves each finished benchmark there, and a benchmark saved by a run with the same settings is
-    loaded instead: a crash loses one benchmark."""
-    rank, world = 0, 1
-    if group is not None:
-        rank, world = dist.get_rank(group), dist.get_world_size(group)
-    metrics, records, failures = {}, [], 0
-    for i, (name, examples) in enumerate(benchmarks.items(), 1):
-        start = time.perf_counter()
-        n = args.n_mmlu_pro if name.startswith("mmlu_pro") else args.n_samples
-        prompts = [example_prompt(ex, tokenizer, prompt_mode(args)) for ex in examples]
-        path = progress_dir / progress_file_name(name) if progress_dir is not None else None
-        key = _progress_key(args, examples, prompts) if path is not None and rank == 0 else None
-        saved = [_load_progress(path, key) if key is not None else None]
-        if group is not None:  # every rank skips a saved benchmark, or none does
-            dist.broadcast_object_list(saved, src=0, group=group)
-        saved = saved[0]
-        if saved is not None:
-            print0(f"[{i}/{len(benchmarks)}] {name}: loaded from {path} (saved by a run with the "
-                   f"same settings)")
-        else:
-            print0(f"[{i}/{len(benchmarks)}] {name}: {len(prompts)} prompts x {n} samples, "
-                   f"{world} rank(s)")
-            block = rank_block(len(prompts), args.batch_size, rank, world)
-            part = sample_and_grade(engine, tokenizer, name, examples[block.start : block.stop],
-                                    prompts[block.start : block.stop], n, block.start, args)
-            parts = [part]
-            if group is not None:
-                parts = [None] * world
-                dist.all_gather_object(parts, part, group=group)
-            if rank == 0:  # blocks in rank order: question order
-                samples, scores, recs = ([x for p in parts for x in p[k]] for k in range(3))
-                saved = {"key": key, "metrics": benchmark_metrics(samples, scores), "records": recs,
-                         "grader_failures": sum(p[3] for p in parts)}
-                if path is not None:
-                    path.parent.mkdir(parents=True, exist_ok=True)
-                    write_atomic(path, json.dumps(saved))
-        if rank == 0:
-            unparsable = [ex.row for ex in examples if ground_truth_unparsable(
-                ex.ground_truth, answer_kind(name, ex.ground_truth), args.grading)]
-            metrics[name] = {**saved["metrics"], "grader_failures": saved["grader_failures"],
-                             "unparsable_ground_truths": len(unparsable)}
-            records += saved["records"]
-            failures += saved["grader_failures"]
-            warn_about_grading(name, unparsable, saved["grader_failures"], args.grading)
-            avg = report.percent(metrics[name]["avg"])
-            seconds = time.perf_counter() - start
-            print0(f"[{i}/{len(benchmarks)}] {name}: avg@{n} {avg}, {seconds:.0f} s")
-    if rank != 0:
+    """(results, sample records): the benchmarks measured (evaluation.measure_benchmarks: each
+    rank a block under torchrun, each finished benchmark saved in progress_dir), with Table 2's
+    averages. Ranks other than 0 get (None, [])."""
+    metrics, records, failures = measure_benchmarks(engine, tokenizer, benchmarks, args,
+                                                    progress_dir, group)
+    if metrics is None:
         return None, []
     name = args.name or Path(args.model.rstrip("/")).name
     return {"name": name, "model": args.model, "settings": asdict(args), "benchmarks": metrics,
             "summary": table2_averages(metrics), "grader_failures": failures}, records
-
-
-def warn_about_grading(name: str, unparsable: list[int], failures: int, grading: str) -> None:
-    """A warning per benchmark whose scores have zeros that no response earned."""
-    if unparsable:
-        rows = ", ".join(map(str, unparsable[:8])) + (", ..." if len(unparsable) > 8 else "")
-        fate = "score 0" if grading == "paper" else "count only where the boxed grader matches"
-        print0(f"warning: {name}: math-verify cannot parse {len(unparsable)} ground truths "
-               f"(rows {rows}): those questions {fate}")
-    if failures:
-        print0(f"warning: {name}: {failures} responses could not be graded (a grader error or over "
-               f"--grader-timeout): each scores 0")
-
-
 def trained_system_prompt(model: str, given: str) -> str:
     """--system_prompt as it applies to this checkpoint: auto is what its training run recorded
     (run_config.json beside it or in its run directory), else paper; a given mode that differs
@@ -432,12 +220,6 @@ def trained_system_prompt(model: str, given: str) -> str:
     if recorded and recorded != given:
         print0(f"note: --system_prompt {given}, while {model} was trained with {recorded}")
     return given
-
-
-def prompt_mode(args) -> str:
-    """args.system_prompt, auto read as paper where no checkpoint was looked at (run_eval and
-    evaluate_checkpoint put the checkpoint's own mode in its place)."""
-    return "paper" if args.system_prompt == "auto" else args.system_prompt
 
 
 def run_eval(args: Args) -> dict | None:

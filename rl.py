@@ -25,6 +25,7 @@ import torch.distributed as dist
 
 import curio_loss as cl
 import data
+import evaluation
 import hybrid
 from hybrid import HYBRIDS, PREFIX_SCHEDULES
 from chunked_logits import chunked_sum, normed_hidden, select_targets, token_log_probs
@@ -163,18 +164,38 @@ class Args:
     ...) or full (every field log.jsonl gets)"""
     log_rollouts: int = 2
     """groups per step kept in rollouts.jsonl: prompt, responses, rewards, advantages (0: none)"""
+    eval_every: int = 0
+    """validate every this many steps (0: never): sample --eval_file with the rollout engine,
+    grade, log val_* (evaluation.validate, the measurement evaluate.py makes)"""
+    eval_file: str = ""
+    """the questions and answers to validate on, in evaluate.py's schema (the authors':
+    validation.parquet)"""
+    eval_n: int = 1
+    """samples per validation question: val_accuracy is avg@eval_n"""
+    eval_temperature: float = 0.6
+    """validation sampling temperature (the authors' val_kwargs, Sec. 5.1)"""
+    eval_top_p: float = 0.95
+    """validation nucleus sampling (Sec. 5.1; the authors' val_kwargs: 1.0)"""
+    eval_max_new_tokens: int = 0
+    """longest validation response in tokens (0: --max_response_len)"""
+    eval_grading: Literal[GRADING_MODES] = "paper"
+    """how validation responses are graded (evaluate.py --grading; the authors': authors)"""
 
     def __post_init__(self):
         check_settings(
             self, positive=["lr", "grad_clip", "temperature", "grader_timeout", "dist_timeout_min",
-                            "engine_logp_tol"],
-            fraction=["clip_low", "top_p", "gpu_memory_utilization"],
+                            "engine_logp_tol", "eval_temperature"],
+            fraction=["clip_low", "top_p", "gpu_memory_utilization", "eval_top_p"],
             non_negative=["weight_decay", "clip_high", "save_every", "keep_last", "log_rollouts",
-                          "prefix_warmup_ratio", "prefix_schedule_steps"],
+                          "prefix_warmup_ratio", "prefix_schedule_steps", "eval_every",
+                          "eval_max_new_tokens"],
             at_least_one=["steps", "prompts_per_step", "rollouts", "mini_batch", "micro_batch",
                           "max_prompt_len", "max_response_len", "loss_chunk", "sync_bucket_mb",
                           "gen_batch_size", "grader_workers", "loss_agg_ranks",
-                          "entropy_pack_tokens"])
+                          "entropy_pack_tokens", "eval_n"])
+        if self.eval_every and not self.eval_file:
+            raise SystemExit(f"--eval_every {self.eval_every}: needs --eval_file (the questions "
+                             f"to validate on)")
         if not self.entropy_coef >= 0:
             raise SystemExit(f"--entropy_coef {self.entropy_coef!r}: must be >= 0")
         if self.entropy_coef and self.loss_agg != "rank_sum_over_max_len":
@@ -202,7 +223,8 @@ class Args:
 MAY_CHANGE_ON_RESUME = {"out_dir", "steps", "save_every", "keep_last", "loggers", "log_line",
                         "grad_ckpt", "dist_timeout_min", "gpu_memory_utilization", "vllm_sleep",
                         "sync_bucket_mb", "engine_logp_tol", "gen_batch_size", "grader_workers",
-                        "log_rollouts"}
+                        "log_rollouts", "eval_every", "eval_file", "eval_n", "eval_temperature",
+                        "eval_top_p", "eval_max_new_tokens", "eval_grading"}
 
 
 # ================================================================================================
@@ -612,6 +634,10 @@ def train(args, device, reward_fn=None):
     if len(prompts) < args.prompts_per_step:
         raise SystemExit(f"{len(prompts)} prompts are fewer than one step's "
                          f"{args.prompts_per_step}")
+    val_cfg = evaluation.eval_settings(args, args.gen_batch_size, args.grader_timeout,
+                                       args.grader_workers)
+    val_set = evaluation.load_eval_file(args.eval_file, tokenizer, val_cfg) if args.eval_every \
+        else None                                     # a bad eval file: refused now, not later
     train_data = {**run_dir.file_identity(args.train_file), "rows": rows} if rank == 0 else None
     run_dir.claim(out_dir, asdict(args), MAY_CHANGE_ON_RESUME,
                   resuming=checkpoints.latest(out_dir) is not None, data=train_data,
@@ -625,7 +651,8 @@ def train(args, device, reward_fn=None):
     # the engine first: vLLM's share of the GPU must be free when it starts
     engine, _ = generation.rollout_engine(
         args.model, args.engine, "bfloat16" if bf16 else "float32", args.seed + rank,
-        args.gpu_memory_utilization, args.max_prompt_len + args.max_response_len, args.vllm_sleep,
+        args.gpu_memory_utilization,
+        args.max_prompt_len + max(args.max_response_len, val_cfg.max_new_tokens), args.vllm_sleep,
         has_trainer_weights=resume_from is None)
     model = shard_model(load_full_model(args.model, scratch=False, seed=args.seed), device, bf16,
                         args.grad_ckpt, offload=args.offload)
@@ -637,10 +664,13 @@ def train(args, device, reward_fn=None):
         step = checkpoints.restore(resume_from, model, optimizer, None)["step"]
         print0(f"resumed from {resume_from} at step {step}")
     log, rollouts_file = None, out_dir / "rollouts.jsonl"
+    val_samples = out_dir / "val_samples.jsonl"                       # --eval_every's samples
     if rank == 0:
         log = run_dir.RunLog(out_dir, step, args.steps, "grpo", args.loggers, asdict(args),
                              line=args.log_line)
         run_dir.keep_steps_upto(rollouts_file, step)      # as log.jsonl: no step twice on resume
+        if val_samples.exists() or args.eval_every:
+            run_dir.keep_steps_upto(val_samples, step)
     records, last_saved = [], step
 
     while step < args.steps:
@@ -733,6 +763,9 @@ def train(args, device, reward_fn=None):
                                    args.log_rollouts, expert_first=args.hybrid in hybrid.SHAPED)
             with open(rollouts_file, "a") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in kept))
+        if evaluation.eval_due(step, args.eval_every):      # validation, a part of this step
+            evaluation.validate(engine, model, tokenizer, val_set, val_cfg, step, log, val_samples,
+                                args.sync_bucket_mb << 20)
         stopping = step < args.steps and stop.requested(device)        # every rank agrees
         if (args.save_every and step % args.save_every == 0) or step == args.steps or stopping:
             state = checkpoints.trainer_state(model, optimizer, None)

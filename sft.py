@@ -25,11 +25,13 @@ import torch.distributed as dist
 import baselines
 import curio_loss as cl
 import data
+import evaluation
 from chunked_logits import cat_diags, chunked_sum, no_grad_logits, normed_hidden, select_targets
-from plumbing import checkpoints, run_dir
+from plumbing import checkpoints, generation, run_dir
 from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import (StopSignal, gather_diags, print0, read_step, setup_distributed,
                                   shutdown)
+from plumbing.grading import GRADING_MODES
 from plumbing.models import (check_model_dir, clip_grad_norm, cpu_threads_per_rank, load_full_model,
                              load_tokenizer, make_optimizer, resolve_model, shard_model)
 
@@ -112,15 +114,44 @@ class Args:
     log_line: Literal["compact", "full"] = "compact"
     """the console's line per logged step: compact (step, loss, lr, grad norm, entropy, tokens/s,
     ...) or full (every field log.jsonl gets)"""
+    eval_every: int = 0
+    """validate every this many optimiser steps (0: never): sample --eval_file, grade, log val_*
+    (evaluation.validate, the measurement evaluate.py makes)"""
+    eval_file: str = ""
+    """the questions and answers to validate on, in evaluate.py's schema (the authors':
+    validation.parquet)"""
+    eval_n: int = 1
+    """samples per validation question: val_accuracy is avg@eval_n"""
+    eval_temperature: float = 0.6
+    """validation sampling temperature (the authors' val_kwargs, Sec. 5.1)"""
+    eval_top_p: float = 0.95
+    """validation nucleus sampling (Sec. 5.1; the authors' val_kwargs: 1.0)"""
+    eval_max_new_tokens: int = 0
+    """longest validation response in tokens (0: --max_response_len)"""
+    eval_grading: Literal[GRADING_MODES] = "paper"
+    """how validation responses are graded (evaluate.py --grading)"""
+    engine: Literal[generation.ENGINES] = "auto"
+    """validation's engine, asleep between evaluations: auto: vLLM with CUDA and the vllm package,
+    else HF generate | hf | vllm"""
+    gpu_memory_utilization: float = 0.5
+    """vLLM: the share of the GPU's total memory the validation engine takes while it samples"""
+    gen_batch_size: int = 16
+    """HF engine: prompts per generate call (no sample depends on it)"""
+    grader_workers: int = 4
+    """validation's grader processes"""
 
     def __post_init__(self):
         check_settings(
-            self, positive=["lr", "grad_clip", "dist_timeout_min"],
-            fraction=["teacher_mu", "min_lr_ratio"],
-            non_negative=["warmup_steps", "weight_decay", "save_every", "keep_last"],
+            self, positive=["lr", "grad_clip", "dist_timeout_min", "eval_temperature"],
+            fraction=["teacher_mu", "min_lr_ratio", "eval_top_p", "gpu_memory_utilization"],
+            non_negative=["warmup_steps", "weight_decay", "save_every", "keep_last", "eval_every",
+                          "eval_max_new_tokens"],
             at_least_one=["epochs", "global_batch", "updates_per_batch", "token_budget",
                           "max_prompt_len", "max_response_len", "norm_group", "teacher_every",
-                          "loss_chunk", "log_every"])
+                          "loss_chunk", "log_every", "eval_n", "gen_batch_size", "grader_workers"])
+        if self.eval_every and not self.eval_file:
+            raise SystemExit(f"--eval_every {self.eval_every}: needs --eval_file (the questions "
+                             f"to validate on)")
         if self.max_steps != -1 and self.max_steps < 1:
             raise SystemExit(f"--max_steps {self.max_steps}: must be >= 1, or -1 for every epoch")
         if not 0 < self.adam_beta2 < 1:
@@ -139,8 +170,13 @@ def check_world(args, world):
 
 # settings a resumed run may change: they change nothing it computes, bit for bit (run_dir.claim
 # checks the rest; tests/test_reliability.py). Not --loss_chunk or --offload (float sums' order)
+# The validation settings change no training computation either (validation samples with
+# generators of its own), only the val_* records
 MAY_CHANGE_ON_RESUME = {"out_dir", "max_steps", "save_every", "keep_last", "log_every", "loggers",
-                        "log_line", "grad_ckpt", "dist_timeout_min"}
+                        "log_line", "grad_ckpt", "dist_timeout_min", "eval_every", "eval_file",
+                        "eval_n", "eval_temperature", "eval_top_p", "eval_max_new_tokens",
+                        "eval_grading", "engine", "gpu_memory_utilization", "gen_batch_size",
+                        "grader_workers"}
 
 
 # ================================================================================================
@@ -343,6 +379,10 @@ def train(args, user_loss_cfg, device):
     check_model_dir(args.model, weights=not args.scratch)    # the inputs first: nothing is written
     tokenizer = load_tokenizer(args.model)                    # before they are known good
     dataset, lengths, n_targets, rows = load_sft_data(args, tokenizer)
+    val_cfg = evaluation.eval_settings(args, args.gen_batch_size,
+                                       grader_workers=args.grader_workers)
+    val_set = evaluation.load_eval_file(args.eval_file, tokenizer, val_cfg) if args.eval_every \
+        else None                                     # a bad eval file: refused now, not later
     settings = run_dir.settings_of(args, user_loss_cfg)
     train_data = {**run_dir.file_identity(args.train_file), "rows": rows} if rank == 0 else None
     run_dir.claim(out_dir, settings, MAY_CHANGE_ON_RESUME,    # one run per directory, on one file
@@ -355,6 +395,13 @@ def train(args, user_loss_cfg, device):
     if run_dir.check_end(out_dir, resume_from, last_steps, "--max_steps", ends_mid_batch(args)):
         run_dir.release()                                          # complete: nothing is loaded
         return
+    engine = None
+    if args.eval_every:   # validation's engine, asleep; first: vLLM's share of the GPU must be free
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            engine, _ = generation.rollout_engine(
+                args.model, args.engine, "bfloat16" if bf16 else "float32", args.seed + rank,
+                args.gpu_memory_utilization, args.max_prompt_len + val_cfg.max_new_tokens,
+                sleep=True, has_trainer_weights=False, random_weights=args.scratch)
     model, teacher, base = load_models(args, device, bf16)
     optimizer = make_optimizer(model, args.lr, args.weight_decay, args.adam_beta2, device,
                                args.offload)
@@ -367,10 +414,12 @@ def train(args, user_loss_cfg, device):
         position = checkpoints.restore(resume_from, model, optimizer, teacher)
         step, epoch, batch_idx = position["step"], position["epoch"], position["batch_idx"]
         print0(f"resumed from {resume_from} at step {step} (epoch {epoch}, batch {batch_idx})")
-    log = None
+    log, val_samples = None, out_dir / "val_samples.jsonl"
     if rank == 0:
         log = run_dir.RunLog(out_dir, step, last_steps, "sft", args.loggers, settings,
                              line=args.log_line)
+        if val_samples.exists() or args.eval_every:
+            run_dir.keep_steps_upto(val_samples, step)      # as log.jsonl: no step twice on resume
     last_saved = step
 
     def save():
@@ -434,6 +483,8 @@ def train(args, user_loss_cfg, device):
                            "step_time_s": dt,
                            "padding_efficiency": data.padding_efficiency(lengths, sum(batch, [])),
                            **cl.summarize(all_diags, cfg.alpha)})
+        if evaluation.eval_due(step, args.eval_every):      # validation, a part of this step
+            evaluation.validate(engine, model, tokenizer, val_set, val_cfg, step, log, val_samples)
         if update == args.updates_per_batch - 1 or step == last_steps:  # this data batch is done
             if batch_idx + 1 < batches_per_epoch:
                 epoch, batch_idx = epoch, batch_idx + 1

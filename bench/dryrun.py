@@ -108,7 +108,12 @@ NOT_COVERED_OFFLOAD = ("with --offload, the estimated time leaves out the optimi
                        "CPU and the copies between host and GPU (their GiB are reported)")
 NOT_COVERED_RL = ["vLLM: its memory share, sleep/wake, the weight sync and generation (rollouts "
                   "here are synthetic)",
-                  "grading the rollouts (math-verify runs on the host)"]
+                  "grading the rollouts (math-verify runs on the host)",
+                  "--eval_every: rl.py's validation (the rollout engine's seam marks each step's "
+                  "start)"]
+NOT_COVERED_EVAL = ("--eval_every (sft.py runs it after both steps): the validation engine's "
+                    "memory share and vLLM itself, its samples (synthetic) and their grading; the "
+                    "weight sync's gathers run (in step 2's window; the plan has no term for them)")
 
 
 class DryRunFailure(Exception):
@@ -402,6 +407,13 @@ def write_inputs(tmp: Path, config, stage: str, args, gpus: int):
     train_file = data.write_jsonl(rows, tmp / "train.jsonl")
     common = dict(model=str(model_dir), train_file=str(train_file), out_dir=str(tmp / "out"),
                   save_every=0, loggers=[], system_prompt="paper")     # (the same shapes)
+    # --eval_every: sft.py validates after both steps, on a block of prompts per rank as long as
+    # the training's; rl.py's validation is left out (its engine seam marks the step's start)
+    validating = stage == "sft" and args.eval_every > 0
+    question = {k: v for k, v in rows[0].items() if k != "target"}
+    val_rows = [question] * (gpus * args.gen_batch_size) if validating else []
+    common |= dict(eval_every=1 if validating else 0, eval_file=str(
+        data.write_jsonl(val_rows, tmp / "val.jsonl")) if validating else "")
     if stage == "sft":
         # the schedule's flags set so that both steps run all of it: a new data batch each step
         # (PSFT's old log-probs), the teacher's update after each, a log record each
@@ -453,6 +465,9 @@ SEAMS = {
                       "cannot run on fake tensors; generate returns the longest responses, a "
                       "token short here and there",
     "reward": "rl.train's reward_fn (GRPO): rewards 0, 1, 0, 1, ... (the grader reads text)",
+    "validation": "sft.py --eval_every (run after both steps): the engine a stand-in, whose wake "
+                  "gathers the trainer's weights in sync buckets and loads them nowhere; the "
+                  "samples the longest, graded 0; all_gather_object gives rank 1's block",
     "stop signal's value": "plumbing.distributed.StopSignal.requested runs (all-reduce, read); "
                            "the read, which a fake tensor cannot answer, answers 'no signal'",
 }
@@ -469,7 +484,7 @@ class Seams:
 
         from plumbing import checkpoints, generation
 
-        self.stack, self.built, self.saved = contextlib.ExitStack(), {}, []
+        self.stack, self.built, self.saved, self.validations = contextlib.ExitStack(), {}, [], 0
         patch = self.patch
         patch(models, "broadcast_weights", allocate_shards(offload))
         patch(dist, "gather_object", lambda obj, object_gather_list=None, dst=0, group=None: None)
@@ -489,6 +504,8 @@ class Seams:
 
         patch(trainer, "shard_model", sharded)
         patch(trainer, "make_optimizer", optimizer)
+        if stage == "sft" and args.eval_every:
+            self.validation(generation, args)
         if stage == "sft":
             plan_steps = trainer.plan_steps
             for name in ("load_sft_data", "token_weights"):
@@ -534,8 +551,45 @@ class Seams:
         self.patch(generation, "generate", generate)
         self.patch(generation, "sleep", lambda engine: None)
 
+    def validation(self, generation, args):
+        """sft.py --eval_every: the engine's stand-in; wake gathers the trainer's weights in
+        buckets as the sync does (every rank: all-gathers), without an engine to load them into;
+        the samples are the longest, their grades 0; all_gather_object gives rank 1's block."""
+        import torch.distributed as dist
+
+        import evaluation
+
+        def wake(engine, model, bucket_bytes):
+            for _ in generation.full_weight_buckets(model, torch.bfloat16, bucket_bytes):
+                pass
+            self.validations += 1
+
+        def all_gather_object(object_list, obj, group=None):
+            object_list[:] = [obj] * len(object_list)
+
+        self.patch(generation, "rollout_engine",
+                   lambda *a, **k: (generation.Engine("dry run", None, logprobs=False), None))
+        self.patch(generation, "wake", wake)
+        self.patch(generation, "sleep", lambda engine: None)
+        self.patch(dist, "all_gather_object", all_gather_object)
+        self.patch(evaluation, "generate", longest_samples)
+        self.patch(evaluation, "grade", lambda texts, *a, **k: ([0.0] * len(texts), 0))
+
     def close(self):
         self.stack.close()
+
+
+def longest_samples(engine, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, *a,
+                    logprobs=True, **k):
+    """generate's stand-in in validation: the longest responses, every other one a token short,
+    with an entropy per token when asked for (validation's metric)."""
+    from plumbing import generation
+
+    (x,) = tokenizer.encode(FILLER, add_special_tokens=False)
+    lengths = [max_new_tokens - i % 2 for i in range(len(prompts) * n)]
+    flat = [generation.Sample([x] * m, FILLER * m, None, [0.0] * m if logprobs else None, "length")
+            for m in lengths]
+    return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
 
 
 def on_host(fn):
@@ -682,13 +736,15 @@ def simulate(argv) -> dict:
                        else args.policy_loss if args.hybrid == "none" else args.hybrid),
               "micro_batch": shape,
               "micro_batches_per_step": shape["micro_batches"], "steps_run": STEPS,
-              "checkpoints_written": seams.saved, "seams": SEAMS}
+              "checkpoints_written": seams.saved, "validations": seams.validations,
+              "seams": SEAMS}
     result |= memory_result(config, stage, args, shape, own, measured, peak_snapshot)
     result["attention_kernel"], result["attention_calls"] = "+".join(sorted(kernels)), dict(kernels)
     result |= speed_result(roof, flops.get_total_flops(), weights, shape, config, watch)
     result["seconds"] = round(time.perf_counter() - t0, 1)
     result["not_covered"] = NOT_COVERED + (NOT_COVERED_RL if stage == "rl" else []) + (
-        [NOT_COVERED_OFFLOAD] if args.offload else [])
+        [NOT_COVERED_OFFLOAD] if args.offload else []) + (
+        [NOT_COVERED_EVAL] if seams.validations else [])
     if not result["fits"]:
         result["fitting"] = largest_fitting(config, stage, args, shape, own,
                                             max(1.0, result["ratio"]))
@@ -884,6 +940,9 @@ def describe(r: dict) -> str:
               f"    ms: {parts}; collectives {r['comm_ms_est']:.0f} (overlapped)"
               + (f"; host <-> GPU copies {r['host_copy_gib']:.1f} GiB (not in the estimate)"
                  if r["host_copy_gib"] else "")]
+    if r.get("validations"):
+        lines.append(f"  validation (--eval_every): {r['validations']} evaluations, through the "
+                     f"'validation' seam")
     lines.append("  not covered: " + "; ".join(r["not_covered"]))
     if r.get("failed"):
         lines.append(f"FAILED {r['failed']}")

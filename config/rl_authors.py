@@ -30,3 +30,12 @@ engine = "vllm"
 gpu_memory_utilization = 0.8         # line 57 (offloaded, the trainer keeps little on the GPU)
 grader_workers = 8
 save_every = 50
+# Validation while training (lines 46, 53-54, 70, 74): the validation file sampled once per question
+# at temperature 0.6 every 20 steps, with its entropy, graded as their evaluation grades
+# (main_ppo.py line 218: reward_impl_version=0)
+eval_every = 20
+eval_file = "data/curiosft/validation.parquet"
+eval_n = 1
+eval_temperature = 0.6
+eval_top_p = 1.0                     # never set: verl's val_kwargs.top_p (rollout.yaml line 105)
+eval_grading = "authors"

@@ -32,3 +32,8 @@ engine = "vllm"
 gpu_memory_utilization = 0.7
 grader_workers = 8
 save_every = 50
+# Validation while training: the text names none, so off; --eval_every 20 validates as the authors'
+# scripts do (config/rl_authors.py), here at Sec. 5.1's temperature 0.6, top_p 0.95, one sample per
+# question, graded as App. E says
+eval_every = 0
+eval_file = "data/curiosft/validation.parquet"

@@ -25,3 +25,13 @@ token_budget = 32768
 loss_chunk = 4096
 save_every = 20
 log_every = 1
+# Validation while training (lines 50, 57-58, 62, 74, 78): the validation file sampled once per
+# question at temperature 0.6 every 59 steps (once an epoch), with its entropy, graded as their
+# evaluation grades (main_ppo.py line 218: reward_impl_version=0)
+eval_every = 59
+eval_file = "data/curiosft/validation.parquet"
+eval_n = 1
+eval_temperature = 0.6
+eval_top_p = 1.0                         # never set: verl's val_kwargs.top_p (rollout.yaml l. 105)
+eval_grading = "authors"
+gpu_memory_utilization = 0.8             # line 61: the validation engine's share

@@ -21,3 +21,8 @@ token_budget = 32768   # padded tokens per GPU micro-batch (two to four 8k seque
 loss_chunk = 4096
 save_every = 20
 log_every = 1
+# Validation while training: the text names none (its curves are evaluate.py on checkpoints), so
+# off; --eval_every 59 validates once an epoch as the authors' scripts do (config/sft_authors.py),
+# here at Sec. 5.1's temperature 0.6, top_p 0.95, one sample per question, graded as App. E says
+eval_every = 0
+eval_file = "data/curiosft/validation.parquet"

@@ -57,6 +57,9 @@ SIZES = {
         eval=["--n_samples", "2", "--max_new_tokens", "40", "--sft_examples", "8"],
         rl=["--steps", "1", "--prompts_per_step", "2", "--rollouts", "2", "--mini_batch", "2",
             "--max_response_len", "40"],
+        n_val=8,
+        val_sft=["--eval_every", "2", "--eval_n", "1", "--eval_max_new_tokens", "40"],
+        val_rl=["--eval_every", "1", "--eval_n", "1", "--eval_max_new_tokens", "40"],
     ),
     "full": dict(
         data=[],  # demo/toy.py's defaults
@@ -81,6 +84,12 @@ SIZES = {
         rl=["--steps", "32", "--prompts_per_step", "8", "--rollouts", "8", "--mini_batch", "4",
             "--micro_batch", "16", "--gen_batch_size", "16", "--max_response_len", "48", "--lr",
             "3e-5", "--top_p", "1.0"],
+        # Validation while training (--eval_every, the authors' recipe): 32 questions held out
+        # like the test ones, 4 samples each at evaluate.py's temperature 0.6, 4 times in SFT and in
+        # GRPO: the entropy and accuracy curves of the demo's validation plot
+        n_val=32,
+        val_sft=["--eval_every", "48", "--eval_n", "4", "--eval_max_new_tokens", "48"],
+        val_rl=["--eval_every", "8", "--eval_n", "4", "--eval_max_new_tokens", "48"],
     ),
 }
 # vanilla cross-entropy, CurioSFT, the entropy-loss baseline (Table 2)
@@ -293,7 +302,8 @@ def grpo_metrics(run_dir: Path) -> dict:
     """From rl.py's log: the share of groups with mixed rewards (1 - zero_std_frac: the only ones
     with a gradient) over the run and in its first and last quarter, and the mean reward in those
     quarters."""
-    log = [json.loads(line) for line in (run_dir / "log.jsonl").read_text().splitlines()]
+    log = [r for r in map(json.loads, (run_dir / "log.jsonl").read_text().splitlines())
+           if "zero_std_frac" in r]                                   # not the validation records
     q = max(1, len(log) // 4)
 
     def mean(rows, key):
@@ -304,6 +314,13 @@ def grpo_metrics(run_dir: Path) -> dict:
             "mixed_last": 1 - mean(log[-q:], "zero_std_frac"),
             "reward_first": mean(log[:q], "reward_mean"),
             "reward_last": mean(log[-q:], "reward_mean")}
+
+
+def validation_records(run_dir: Path) -> list[dict]:
+    """The run's validation records (--eval_every): step, val_accuracy, val_entropy."""
+    rows = map(json.loads, (run_dir / "log.jsonl").read_text().splitlines())
+    return [{k: r[k] for k in ("step", "val_accuracy", "val_entropy")} for r in rows
+            if "val_accuracy" in r]
 
 
 # ------------------------------------------------------------------------------------------------
@@ -333,6 +350,12 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
     pretrain_file, expert_file = world / "train_pretrain.jsonl", world / "train_expert.jsonl"
     rl_file, test_file = world / "train_rl.jsonl", world / "test.jsonl"
     test_rows = [json.loads(line) for line in test_file.read_text().splitlines()]
+    val_file = world / "val.jsonl"          # validation while training: questions of its own
+    if not val_file.exists():
+        questions = frozenset(r["prompt"][1]["content"] for r in test_rows)
+        data.write_jsonl(toy.make_floor_task(size["n_val"], 1_000_000 + seed, "prompt", 0.5,
+                                             exclude=questions), val_file)
+    val_flags = ["--eval_file", val_file, "--grader_workers", "1"]
 
     def sft(name: str, model: Path, train_file: Path, loss: str, extra: list,
             threads: int = THREADS) -> Path:
@@ -359,14 +382,16 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
 
     def branch(loss: str) -> None:
         """SFT with `loss` from the base, GRPO from that, and the evaluation of both."""
-        ckpts[loss] = sft(loss, ckpts["base"], expert_file, loss, size["sft"])
+        ckpts[loss] = sft(loss, ckpts["base"], expert_file, loss,
+                          [*size["sft"], *size["val_sft"], *val_flags])
         evaluate(loss)
         name = f"{loss}+grpo"
         if run_dir.completed(runs / name) is None:
             seconds[name] = run_stage([PY, "rl.py", "config/rl_tiny.py", "--model", ckpts[loss],
                                        "--train_file", rl_file, "--out_dir", runs / name,
                                        "--save_every", "0", "--grader_workers", "1",
-                                       "--system_prompt", "row", *seed_flag, *size["rl"]],
+                                       "--system_prompt", "row", *seed_flag, *size["rl"],
+                                       *size["val_rl"], *val_flags],
                                       logs / f"{name}.log", flag(size["rl"], "--steps", 20), name)
         ckpts[name] = checkpoints.latest(runs / name)
         evaluate(name)
@@ -413,6 +438,8 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
         "sft": {loss: sft_metrics(runs / loss, ckpts["base"], branching,
                                   flag(size["sft"], "--save_every", 0)) for loss in SFT_LOSSES},
         "grpo": {f"{loss}+grpo": grpo_metrics(runs / f"{loss}+grpo") for loss in SFT_LOSSES},
+        "validation": {name: validation_records(runs / name)
+                       for loss in SFT_LOSSES for name in (loss, f"{loss}+grpo")},
     }
     (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
     return metrics
@@ -595,11 +622,40 @@ def plots(metrics: list[dict], out: Path) -> list[Path]:
     axes4[1].legend(fontsize="small", loc="center left", bbox_to_anchor=(1.0, 0.5))
     written.append(out / "strategy_shares.png")
 
-    for f, path in zip((fig, fig2, fig3, fig4), written):
+    figures = [fig, fig2, fig3, fig4]
+    if all(m.get("validation", {}).get("sft") for m in metrics):   # --eval_every's records
+        figures.append(validation_plot(metrics, plt))
+        written.append(out / "validation_during_training.png")
+    for f, path in zip(figures, written):
         if f is not fig:                                           # (fig keeps room for its legend)
             f.tight_layout()
         save_png(f, path, dpi=110)
     return written
+
+
+def validation_plot(metrics: list[dict], plt):
+    """The validation records of each SFT run and of the GRPO run after it (dashed, its steps after
+    the SFT run's last evaluation): sampling entropy and accuracy over training, the paper's
+    Fig. 1 story.
+    Means over seeds."""
+    fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
+    for i, loss in enumerate(SFT_LOSSES):
+        offset = 0
+        for name, style in ((loss, "-"), (f"{loss}+grpo", "--")):
+            runs = [m["validation"][name] for m in metrics]
+            steps = [r["step"] + offset for r in runs[0]]
+            for ax, key, scale in ((axes[0], "val_entropy", 1), (axes[1], "val_accuracy", 100)):
+                ys = [scale * sum(run[j][key] for run in runs) / len(runs)
+                      for j in range(len(steps))]
+                ax.plot(steps, ys, marker="o", color=f"C{i + 1}", linestyle=style,
+                        label=name)
+            offset = steps[-1] if steps else offset
+    axes[0].set(xlabel="optimiser step (GRPO after SFT)", ylabel="nats",
+                title="sampling entropy, validation questions")
+    axes[1].set(xlabel="optimiser step (GRPO after SFT)", ylabel="avg@n (%)",
+                title="accuracy, validation questions")
+    axes[1].legend(fontsize="small", loc="center left", bbox_to_anchor=(1.0, 0.5))
+    return fig
 
 
 def paired_plot(paired: dict[str, dict], by_seed: list[dict] | None, out: Path) -> Path:

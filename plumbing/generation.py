@@ -150,12 +150,16 @@ def vllm_cpu_settings(kwargs: dict) -> dict:
 
 
 def load_engine(path: str, engine: str = "auto", dtype: str = "auto", seed: int = 0, *,
-                logprobs: bool = True, **vllm_kwargs):
+                logprobs: bool = True, random_weights: bool = False, **vllm_kwargs):
     """(Engine, tokenizer) for a checkpoint directory. vllm_kwargs go to vllm.LLM
     (tensor_parallel_size, gpu_memory_utilization, max_model_len, distributed_executor_backend,
     enable_sleep_mode, ...); the HF engine ignores them. logprobs=False: a vLLM engine that never
-    returns log-probs, with a leaner sampler. Never trust_remote_code."""
-    check_model_dir(path)
+    returns log-probs, with a leaner sampler. random_weights: the architecture of config.json
+    without its weights (sft.py --scratch: the first sync brings the trainer's). Never
+    trust_remote_code."""
+    check_model_dir(path, weights=not random_weights)
+    if random_weights:
+        vllm_kwargs["load_format"] = "dummy"
     kind = engine_kind(engine)
     tokenizer = transformers.AutoTokenizer.from_pretrained(path)
     if kind == "vllm":
@@ -181,8 +185,12 @@ def load_engine(path: str, engine: str = "auto", dtype: str = "auto", seed: int 
     torch_dtype = auto if dtype == "auto" else getattr(torch, dtype, None)
     if not isinstance(torch_dtype, torch.dtype):
         raise ValueError(f"unknown dtype {dtype!r}")
-    model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype,
-                                                              use_safetensors=True)
+    if random_weights:
+        config = transformers.AutoConfig.from_pretrained(path)
+        model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch_dtype)
+    else:
+        model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype,
+                                                                  use_safetensors=True)
     model = model.to(device).eval()
     return Engine("hf", model), tokenizer
 
@@ -475,12 +483,14 @@ def _reload_weights(worker, weights) -> list[str]:
 # GRPO's engine: one per rank, asleep while the trainer works (rl.py)
 # ------------------------------------------------------------------------------------------------
 def rollout_engine(path: str, engine: str, dtype: str, seed: int, gpu_memory_utilization: float,
-                   max_model_len: int, sleep: bool, has_trainer_weights: bool):
+                   max_model_len: int, sleep: bool, has_trainer_weights: bool,
+                   random_weights: bool = False):
     """(Engine, tokenizer) for rl.py's rollouts, created before the trainer's model: vLLM's
     gpu_memory_utilization is a share of TOTAL memory, which must be free at creation. With the
     sampled tokens' log-probs, which rl.py only compares with the trainer's own (its ratio uses the
     trainer's numerics). has_trainer_weights: the trainer starts from the same checkpoint (not a
-    resumed run); otherwise the first wake loads the trainer's weights."""
+    resumed run); otherwise the first wake loads the trainer's weights. sft.py's validation engine
+    is the same (random_weights: for --scratch, whose directory has none)."""
     kind = engine_kind(engine)
     gpu = kind == "vllm" and vllm_device() != "cpu"
     if gpu and "RANK" not in os.environ:            # external_launcher reads RANK / LOCAL_RANK
@@ -489,7 +499,7 @@ def rollout_engine(path: str, engine: str, dtype: str, seed: int, gpu_memory_uti
                          "--engine hf runs anywhere")
     sleeps = gpu and sleep                     # vLLM's CPU build has no sleep (vllm_cpu_settings)
     engine, tokenizer = load_engine(
-        path, kind, dtype=dtype, seed=seed, logprobs=True,
+        path, kind, dtype=dtype, seed=seed, logprobs=True, random_weights=random_weights,
         # one engine per rank, in the rank's process
         tensor_parallel_size=1, distributed_executor_backend="external_launcher",
         gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,

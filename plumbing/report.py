@@ -111,7 +111,8 @@ def plot_results(results: list[dict], out_dir: str, logs: list[str] = (),
     Figs. 1, 4), accuracy before and after RL for each pair named X / X+grpo (`stage_pairs`, paper
     Table 3), `log_keys` over training from sft.py logs (paper Fig. 2), and from rl.py logs the
     share of GRPO groups with mixed rewards (the only groups with a learning signal) and the mean
-    reward. Returns the written paths."""
+    reward; from logs with validation records (--eval_every) the validation curves
+    (`_validation_curves`). Returns the written paths."""
     out, written = Path(out_dir), []
     benchmarks = list(dict.fromkeys(b for r in results for b in r["benchmarks"]))
     cols = min(3, len(benchmarks))
@@ -177,8 +178,8 @@ def plot_results(results: list[dict], out_dir: str, logs: list[str] = (),
                     if not any("zero_std_frac" in row for row in rows)]
         rl_runs = [(n, rows) for n, rows in runs if any("zero_std_frac" in row for row in rows)]
         keys = list(log_keys) or sorted({k for _, rows in sft_runs for row in rows
-                                         for k, v in row.items()
-                                         if "entropy" in k and isinstance(v, (int, float))})
+                                         for k, v in row.items() if "entropy" in k and
+                                         not k.startswith("val_") and isinstance(v, (int, float))})
         if sft_runs and keys:
             panels = [(k, k, "nats" if "entropy" in k else "") for k in keys]
             written.append(_curves(sft_runs, panels, "SFT: over training",
@@ -186,13 +187,55 @@ def plot_results(results: list[dict], out_dir: str, logs: list[str] = (),
         if rl_runs:
             for _, rows in rl_runs:
                 for row in rows:
-                    row["mixed_reward_groups"] = 100 * (1 - row["zero_std_frac"])
+                    if "zero_std_frac" in row:                   # not the validation records
+                        row["mixed_reward_groups"] = 100 * (1 - row["zero_std_frac"])
             panels = [("mixed_reward_groups", "groups with mixed rewards", "%"),
                       ("reward_mean", "mean reward", ""), ("entropy", "rollout entropy", "nats")]
             written.append(_curves(rl_runs, panels,
                                    "GRPO: only groups with mixed rewards carry a learning signal",
                                    out / "rl_over_training.png"))
+        if any("val_accuracy" in row for _, rows in runs for row in rows):
+            written.append(_validation_curves(runs, logs, out / "validation.png"))
     return written
+
+
+def _validation_curves(runs, logs, path) -> str:
+    """The val_* records of sft.py and rl.py runs (--eval_every) over training. An rl.py run whose
+    --model is a checkpoint of a plotted run continues that run's curve after its last step, in its
+    colour, dashed: entropy and accuracy through SFT, then RL (the paper's Fig. 1 story)."""
+    last = {Path(p).parent.resolve(): max((r["step"] for r in rows if "step" in r), default=0)
+            for p, (_, rows) in zip(logs, runs)}
+    fig, axes = plt.subplots(1, 3, figsize=(12, 3.8), squeeze=False)
+    panels = (("val_accuracy", "validation accuracy", 100, "%"),
+              ("val_entropy", "validation sampling entropy", 1, "nats"),
+              ("val_response_len", "validation response length", 1, "tokens"))
+    colours, names = {}, []
+    for p, (name, rows) in zip(logs, runs):
+        start = _started_from(Path(p).parent)
+        before = start if start in last and start != Path(p).parent.resolve() else None
+        colour = colours.get(before) or f"C{len(names)}"
+        colours[Path(p).parent.resolve()] = colour
+        if before is None:
+            names.append(name)
+        offset = last[before] if before is not None else 0
+        for ax, (key, title, scale, unit) in zip(axes.flat, panels):
+            points = [(row["step"] + offset, scale * row[key]) for row in rows if key in row]
+            if points:
+                ax.plot(*zip(*points), marker="o", color=colour, linestyle="--" if before else "-")
+            ax.set(xlabel="optimiser step (RL after its SFT run's last)", title=title,
+                   ylabel=f"{title} ({unit})")
+    _legend(fig, names)
+    fig.suptitle("Validation during training (--eval_every): SFT solid, the RL run after it dashed")
+    return _save(fig, path)
+
+
+def _started_from(run_dir: Path) -> Path | None:
+    """The run directory whose checkpoint a run's --model is (run_config.json), or None."""
+    try:
+        model = json.loads((run_dir / "run_config.json").read_text())["model"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return Path(model).resolve().parent if model else None
 
 
 def _curves(runs, panels, title, path) -> str:

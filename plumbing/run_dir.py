@@ -206,7 +206,7 @@ def file_identity(path) -> dict:
 # the console's line per logged step (--log_line compact); log.jsonl keeps every field
 COMPACT = ("step", "epoch", "loss", "lr", "grad_norm", "student_entropy_top20", "entropy",
            "w_top20", "reward_mean", "zero_std_frac", "response_length", "tokens_per_s",
-           "step_time_s")
+           "step_time_s", "val_accuracy", "val_entropy", "val_response_len", "val_s")
 
 
 class RunLog:

@@ -84,6 +84,15 @@ def test_demo_ci_runs_every_stage(demo_ci, tmp_path):
     for loss in ("sft", "curio", "entropy"):  # the base, then a checkpoint every --save_every 2 of 4 batches
         assert metrics["sft"][loss]["steps"] == [0, 2, 4] and len(metrics["sft"][loss]["branching"]) == 3
     assert set(metrics["grpo"]) == {"sft+grpo", "curio+grpo", "entropy+grpo"}
+    # validation while training (--eval_every 2 in SFT's 4 steps, 1 in GRPO's 1) on the toy's own questions
+    for loss in ("sft", "curio", "entropy"):
+        assert [r["step"] for r in metrics["validation"][loss]] == [2, 4]
+        assert [r["step"] for r in metrics["validation"][f"{loss}+grpo"]] == [1]
+        assert all(0 <= r["val_accuracy"] <= 1 and r["val_entropy"] >= 0
+                   for name in (loss, f"{loss}+grpo") for r in metrics["validation"][name])
+    val_questions = {json.loads(line)["prompt"][1]["content"] for line in (world / "val.jsonl").read_text().splitlines()}
+    assert len(val_questions) == 8 and not val_questions & {json.loads(line)["prompt"][1]["content"]
+                                                            for line in (world / "test.jsonl").read_text().splitlines()}
     assert {"data", "base", "curio", "eval base", "curio+grpo"} <= set(metrics["seconds"])
 
     # branching_stats batches right-padded prompts: the same numbers as one prompt at a time. At the floor: after
@@ -125,7 +134,8 @@ def test_demo_ci_runs_every_stage(demo_ci, tmp_path):
     assert "first-number entropy (nats) at steps 0 / 2 / 4 |" in summary
     for stage in ("== 1.", "== 2.", "== 3-5.", "== 6."):
         assert stage in proc.stdout
-    plots = ("accuracy_before_after_rl.png", "pass_at_k.png", "entropy_during_sft.png", "strategy_shares.png")
+    plots = ("accuracy_before_after_rl.png", "pass_at_k.png", "entropy_during_sft.png", "strategy_shares.png",
+             "validation_during_training.png")
     for plot in (*plots, "paired_differences.png"):
         assert (out / "plots" / plot).stat().st_size > 0
     paired = {f"{a} - {b}": json.loads((out / "compare" / f"{a}_vs_{b}" / "paired.json").read_text())

@@ -161,7 +161,8 @@ PRESETS = {
     "config/sft_authors.py": ((sft.Args, cl.LossConfig), dict(
         epochs=3, global_batch=256, lr=1e-5, warmup_steps=60, lr_horizon=4, min_lr_ratio=1e-4, adam_beta2=0.999,
         loss_norm="micro_batch_token_mean", norm_group=2, system_prompt="messages", max_prompt_len=1024,
-        max_response_len=8192, offload=True)),
+        max_response_len=8192, offload=True, eval_every=59, eval_n=1, eval_temperature=0.6, eval_top_p=1.0,
+        eval_grading="authors", eval_file="data/curiosft/validation.parquet")),
     "config/rl_paper.py": ((rl.Args,), dict(
         steps=500, prompts_per_step=128, rollouts=8, mini_batch=64, lr=1e-6, clip_low=0.2, clip_high=0.28,
         policy_loss="ppo_clip", clip_ratio_c=None, loss_agg="token_mean", reward="paper", temperature=1.0,
@@ -169,7 +170,8 @@ PRESETS = {
     "config/rl_authors.py": ((rl.Args,), dict(
         steps=500, prompts_per_step=128, rollouts=8, mini_batch=32, lr=1e-6, clip_low=0.2, clip_high=0.2,
         policy_loss="custom_loss_rl", clip_ratio_c=None, loss_agg="seq_sum_over_max_len", reward="authors_rl",
-        temperature=1.0, top_p=1.0, system_prompt="messages", offload=True)),
+        temperature=1.0, top_p=1.0, system_prompt="messages", offload=True, eval_every=20, eval_n=1,
+        eval_temperature=0.6, eval_top_p=1.0, eval_grading="authors", eval_file="data/curiosft/validation.parquet")),
     "config/eval_paper.py": ((evaluate.Args,), dict(
         n_samples=8, n_mmlu_pro=1, temperature=0.6, top_p=0.95, max_new_tokens=8192, system_prompt="paper",
         grading="paper")),
@@ -178,9 +180,10 @@ PRESETS = {
         grading="authors", max_prompt_len=1024)),
 }
 # the settings each pair of presets differs in: the rows of docs/recipes.md, nothing else
-DIFFERENCES = {"sft": {"lr_horizon", "min_lr_ratio", "loss_norm", "system_prompt", "offload"},
+DIFFERENCES = {"sft": {"lr_horizon", "min_lr_ratio", "loss_norm", "system_prompt", "offload", "eval_every",
+                       "eval_top_p", "eval_grading", "gpu_memory_utilization"},
                "rl": {"mini_batch", "clip_high", "policy_loss", "loss_agg", "reward", "top_p", "system_prompt",
-                      "offload", "gpu_memory_utilization"},
+                      "offload", "gpu_memory_utilization", "eval_every", "eval_top_p", "eval_grading"},
                "eval": {"top_p", "grading", "system_prompt"}}
 
 
