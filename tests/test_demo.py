@@ -152,7 +152,7 @@ def test_demo_ci_runs_every_stage(demo_ci, tmp_path):
     # The decisive-token probe on this demo's world and base: a curve per loss from the base's value at step 0
     proc = subprocess.run([sys.executable, "demo/decisive_token.py", "--demo", str(out), "--size", "ci", "--n_rows",
                            "16", "--steps", "2", "--save_every", "1", "--losses", "sft", "curio", "--grpo"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+                          capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     probe = json.loads((out / "decisive_token" / "results.json").read_text())
     assert list(probe["p_put_off"]) == ["sft", "curio"] and probe["questions"] > 0 and probe["seed"] == 0
