@@ -12,8 +12,9 @@ Read in this order:
   2. `VARIANT_LOSSES`: the one interface, loss(logits, targets, extras, cfg), through which sft.py
      calls all of them.
   3. The trainer side: `variant_micro_batch_loss`, the contract of sft.py's CurioSFT micro-batch
-     loss for every other loss, with `variant_inputs` (the kl baseline's base model, the top-20%
-     mask) and `old_log_probs` (PSFT's ratio).
+     loss for every other loss, with `variant_inputs` (the kl baseline's base model),
+     `old_log_probs` (PSFT's ratio) and `top20_micro_batch_loss` (the top-20% mask from the
+     loss's own entropies).
 `LOSSES` lists every --loss, CurioSFT's first; `second_model` says which needs a second model.
 """
 from dataclasses import replace
