@@ -12,8 +12,9 @@ Read in this order:
   2. `VARIANT_LOSSES`: the one interface, loss(logits, targets, extras, cfg), through which sft.py
      calls all of them.
   3. The trainer side: `variant_micro_batch_loss`, the contract of sft.py's CurioSFT micro-batch
-     loss for every other loss, with `variant_inputs` (the kl baseline's base model, the top-20%
-     mask) and `old_log_probs` (PSFT's ratio).
+     loss for every other loss, with `variant_inputs` (the kl baseline's base model),
+     `old_log_probs` (PSFT's ratio) and `top20_micro_batch_loss` (the top-20% mask from the
+     loss's own entropies).
 `LOSSES` lists every --loss, CurioSFT's first; `second_model` says which needs a second model.
 """
 from dataclasses import replace
@@ -21,8 +22,8 @@ from dataclasses import replace
 import torch
 
 import curio_loss as cl
-from chunked_logits import (chunked_sum, no_grad_logits, normed_hidden, select_targets,
-                            token_log_probs)
+from chunked_logits import (cat_diags, chunked_map, chunked_sum, no_grad_logits, normed_hidden,
+                            select_targets, token_log_probs)
 from curio_loss import LossConfig
 
 
@@ -62,8 +63,12 @@ def entropy_reg_loss(logits, targets, cfg: LossConfig = LossConfig(), bonus_mask
     """CE - coef * H (Eq. 2). bonus_mask [N] (bool): the bonus only where it is True, as the
     top-20% variant (Sec. 3, Table 1) takes it on the micro-batch's highest-entropy tokens
     (`top_entropy_mask`)."""
-    lp, _ = cl.student_log_prob(logits, targets)
-    h = cl.entropy(logits)
+    z = cl._fp32(logits)                               # one float32 copy of bf16 logits for both
+    return entropy_bonus(cl.student_log_prob(z, targets)[0], cl.entropy(z), cfg, bonus_mask)
+
+
+def entropy_bonus(lp, h, cfg: LossConfig, bonus_mask=None):
+    """Eq. 2 from the expert token's log-prob lp [N] and the entropy h [N]: -lp - coef * H."""
     bonus = h if bonus_mask is None else torch.where(bonus_mask, h, 0.0)
     return -lp - cfg.entropy_coef * bonus, {"lp": lp.detach(), "student_entropy": h.detach()}
 
@@ -79,15 +84,20 @@ def top_entropy_mask(h: torch.Tensor, top_frac: float = 0.2) -> torch.Tensor:
     return mask
 
 
-def kl_to_base_loss(logits, targets, base_logits, cfg: LossConfig = LossConfig()):
+def kl_to_base_loss(logits, targets, base_logits, cfg: LossConfig = LossConfig(),
+                    with_entropy=False):
     """CE + coef * KL(pi_theta || pi_base), exact over the vocabulary (the expert token is not
     sampled from pi_theta, so a one-sample estimator would be biased); base_logits from the
-    frozen initial model."""
+    frozen initial model. with_entropy: the student's entropy too, from the same log-probs."""
     lp, _ = cl.student_log_prob(logits, targets)
     logp = torch.log_softmax(cl._fp32(logits), -1)
     logq = torch.log_softmax(cl._fp32(base_logits.detach()), -1)
-    kl = (logp.exp() * (logp - logq).masked_fill(torch.isneginf(logp), 0.0)).sum(-1)  # 0 log 0 = 0
-    return -lp + cfg.kl_coef * kl, {"lp": lp.detach(), "kl_to_base": kl.detach()}
+    p, masked = logp.exp(), torch.isneginf(logp)
+    kl = (p * (logp - logq).masked_fill(masked, 0.0)).sum(-1)             # 0 log 0 = 0
+    diag = {"lp": lp.detach(), "kl_to_base": kl.detach()}
+    if with_entropy:   # cl.entropy's sum, bit for bit: p * 0 at the -inf logits, as exp(0) * 0
+        diag["student_entropy"] = -(p.detach() * logp.detach().masked_fill(masked, 0.0)).sum(-1)
+    return -lp + cfg.kl_coef * kl, diag
 
 
 def dft_loss(logits, targets, cfg: LossConfig = LossConfig()):
@@ -97,10 +107,11 @@ def dft_loss(logits, targets, cfg: LossConfig = LossConfig()):
     return -lp * lp.detach().exp(), {"lp": lp.detach()}
 
 
-def gem_loss(logits, targets, cfg: LossConfig = LossConfig()):
+def gem_loss(logits, targets, cfg: LossConfig = LossConfig(), with_entropy=False):
     """GEM (Li et al. 2024, "Preserving Diversity in Supervised Fine-Tuning of Large Language
     Models", arXiv:2408.16673): -sum_v q_v w_v (log p_y - log p_v), q = softmax(z / beta) and w_v
-    = sigmoid(0.01 (z_v - z_y)), both detached."""
+    = sigmoid(0.01 (z_v - z_y)), both detached. with_entropy: the student's entropy too, from the
+    same log-probs."""
     z = cl._fp32(logits)
     logp = torch.log_softmax(z, -1)                                       # [N, V]
     lp = logp.gather(-1, targets.unsqueeze(-1))                           # [N, 1]
@@ -109,8 +120,13 @@ def gem_loss(logits, targets, cfg: LossConfig = LossConfig()):
         q = torch.softmax(z / cfg.gem_beta, -1)
         w = torch.sigmoid(0.01 * (z - z.gather(-1, targets.unsqueeze(-1))))
         qw = (q * w).masked_fill(masked, 0.0)                             # masked: weigh nothing
-    loss = -(qw * (lp - logp.masked_fill(masked, 0.0))).sum(-1)
-    return loss, {"lp": lp.squeeze(-1).detach()}
+    logp_finite = logp.masked_fill(masked, 0.0)
+    loss = -(qw * (lp - logp_finite)).sum(-1)
+    diag = {"lp": lp.squeeze(-1).detach()}
+    if with_entropy:                                                      # cl.entropy, bit for bit
+        logp_finite = logp_finite.detach()
+        diag["student_entropy"] = -(logp_finite.exp() * logp_finite).sum(-1)
+    return loss, diag
 
 
 def psft_loss(logits, targets, old_logp=None, cfg: LossConfig = LossConfig()):
@@ -141,17 +157,20 @@ def self_teacher_loss(logits, targets, extras, cfg: LossConfig = LossConfig()):
 # 2. One interface: loss(logits [n, V], targets [n], extras, cfg) -> (loss [n], diagnostics).
 # extras holds what a loss needs beyond the student's logits, for the chunk's n tokens
 # (`variant_inputs`): base_logits [n, V] (kl), old_logp [n] (psft), top20 [n] bool (entropy_top20),
-# and memo, a dict that keeps the chunk's no-grad results for backward's recompute
-# (chunked_logits.chunked_sum).
+# memo, a dict that keeps the chunk's no-grad results for backward's recompute
+# (chunked_logits.chunked_sum), and with_entropy: the logged entropy is wanted, which GEM and kl
+# give from their own log-probs (else the trainer computes it). The trainer gives entropy_top20 its
+# mask from the loss's own entropies (`top20_micro_batch_loss`).
 # ================================================================================================
 VARIANT_LOSSES = {   # --loss name -> loss; "curio" and "curio_fixed_tau" are sft.py's CurioSFT path
     "curio_self_teacher": self_teacher_loss,
     "sft": lambda z, y, extras, cfg: ce_loss(z, y, cfg),
     "entropy": lambda z, y, extras, cfg: entropy_reg_loss(z, y, cfg),
     "entropy_top20": lambda z, y, extras, cfg: entropy_reg_loss(z, y, cfg, extras["top20"]),
-    "kl": lambda z, y, extras, cfg: kl_to_base_loss(z, y, extras["base_logits"], cfg),
+    "kl": lambda z, y, extras, cfg: kl_to_base_loss(z, y, extras["base_logits"], cfg,
+                                                    extras.get("with_entropy", False)),
     "dft": lambda z, y, extras, cfg: dft_loss(z, y, cfg),
-    "gem": lambda z, y, extras, cfg: gem_loss(z, y, cfg),
+    "gem": lambda z, y, extras, cfg: gem_loss(z, y, cfg, extras.get("with_entropy", False)),
     "psft": lambda z, y, extras, cfg: psft_loss(z, y, extras.get("old_logp"), cfg),   # None: now
 }
 
@@ -171,23 +190,16 @@ def old_log_probs(model, micro_batches, args) -> list:
             for b in micro_batches]
 
 
-def variant_inputs(model, base, batch, h, old_logp, args):
+def variant_inputs(base, batch, old_logp):
     """What a variant loss needs beyond the student's logits, per response token (the extras of
     VARIANT_LOSSES, before chunking): the kl baseline's base-model hidden states base_h [N, H] (its
-    logits are made per chunk), PSFT's old_logp [N], entropy_top20's mask of the micro-batch's
-    top-20% entropy tokens top20 [N]."""
+    logits are made per chunk), PSFT's old_logp [N]."""
     extras = {}
     if base is not None:
         with torch.no_grad():
             extras["base_h"], _ = select_targets(normed_hidden(base, batch), batch)
     if old_logp is not None:
         extras["old_logp"] = old_logp
-    if args.loss == "entropy_top20":
-        h_no_grad = h.detach()          # (torch's memory tracker hooks inputs needing a gradient)
-        with torch.no_grad():
-            h_ent = [cl.entropy(model.lm_head(h_no_grad[s : s + args.loss_chunk]))
-                     for s in range(0, len(h), args.loss_chunk)]
-        extras["top20"] = top_entropy_mask(torch.cat(h_ent))
     return extras
 
 
@@ -197,26 +209,55 @@ def variant_micro_batch_loss(model, base, batch, old_logp, args, cfg, want_entro
     chunk, given variant_inputs (base: the kl baseline's frozen model; old_logp [N]: PSFT's
     log-probs from the start of its data batch)."""
     h, y = select_targets(normed_hidden(model, batch), batch)              # [N, H], [N]
-    extras = variant_inputs(model, base, batch, h, old_logp, args)
+    if args.loss == "entropy_top20":
+        return top20_micro_batch_loss(model, h, y, args, cfg, weights, check)
+    extras = variant_inputs(base, batch, old_logp)
     variant_loss = VARIANT_LOSSES[args.loss]
 
     def chunk_loss(h_c, y_c, w_c, *extras_and_memo):
-        chunk_extras = dict(zip(extras, extras_and_memo[:-1])) | {"memo": extras_and_memo[-1]}
+        memo = extras_and_memo[-1]
+        chunk_extras = dict(zip(extras, extras_and_memo[:-1])) | {"memo": memo}
+        # memo: the logged entropy is not computed again in backward's recompute
+        chunk_extras["with_entropy"] = want_entropy and "entropy" not in memo
         if "base_h" in chunk_extras:
             with torch.no_grad():
                 base_h = chunk_extras.pop("base_h")
                 chunk_extras["base_logits"] = no_grad_logits(base.lm_head, base_h)   # [n, V]
         logits = model.lm_head(h_c)                                            # [n, V]
+        if args.loss != "curio_self_teacher":   # (its teacher side reads bf16 logits blockwise)
+            logits = cl._fp32(logits)   # one float32 copy for the loss and the logged entropy
         loss, diag = variant_loss(logits, y_c, chunk_extras, cfg)
         if check:
             other = chunk_extras.get("base_logits", chunk_extras.get("old_logp"))
             cl.check_finite(loss, logits, y_c, other)
-        memo = chunk_extras["memo"]
-        if want_entropy and "entropy" not in memo:       # memo: not again in backward's recompute
-            # the entropy bonus computed it already: the same values, not a second pass
+        if chunk_extras["with_entropy"]:
+            # the entropy bonus, GEM and kl computed it already: the same values, not a second pass
             memo["entropy"] = diag.get("student_entropy")
             if memo["entropy"] is None:
                 memo["entropy"] = diag["student_entropy"] = cl.entropy(logits.detach())
         return (loss if w_c is None else loss * w_c).sum(), diag
 
     return chunked_sum(chunk_loss, args.loss_chunk, h, y, weights, *extras.values())
+
+
+def top20_micro_batch_loss(model, h, y, args, cfg, weights=None, check=False):
+    """entropy_top20's micro-batch loss: the bonus (Eq. 2) on the micro-batch's top-20% entropy
+    tokens, whose mask needs every chunk's entropy before any chunk's loss. Each chunk's checkpoint
+    (chunked_logits.chunked_map) gives lp and H [n] with their gradient; the mask comes from those
+    entropies (no other pass of the head), and the chunks' losses are summed as chunked_sum does."""
+    def chunk_terms(h_c, y_c):
+        z = cl._fp32(model.lm_head(h_c))                                      # [n, V] float32
+        lp, ent = cl.student_log_prob(z, y_c)[0], cl.entropy(z)
+        if check:                                        # every token's bonus: finite or not alike
+            cl.check_finite(-lp - cfg.entropy_coef * ent, z, y_c)
+        return lp, ent
+
+    terms = chunked_map(chunk_terms, args.loss_chunk, h, y)
+    mask = top_entropy_mask(torch.cat([ent.detach() for _, ent in terms]))
+    total, diags = h.new_zeros((), dtype=torch.float32), []
+    for k, (lp, ent) in enumerate(terms):
+        part = slice(k * args.loss_chunk, (k + 1) * args.loss_chunk)
+        loss, diag = entropy_bonus(lp, ent, cfg, mask[part])
+        total = total + (loss if weights is None else loss * weights[part]).sum()
+        diags.append(diag)
+    return total, cat_diags(diags)

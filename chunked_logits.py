@@ -81,6 +81,17 @@ def chunked_sum(fn, chunk, *per_token):
     return total, cat_diags(diags)
 
 
+def chunked_map(fn, chunk, *per_token):
+    """[fn(*tensors of one chunk)] over chunks of `chunk` tokens, each chunk recomputed in backward
+    as in chunked_sum, for a loss whose per-token terms need every chunk's result first
+    (entropy_top20's mask). fn returns per-token tensors [n], never [n, V] ones."""
+    out = []
+    for s in range(0, max(len(per_token[0]), 1), chunk):
+        part = [t if t is None else t[s : s + chunk] for t in per_token]
+        out.append(checkpoint(fn, *part, use_reentrant=False))
+    return out
+
+
 def cat_diags(diags):
     """Per-token diagnostics {name: [n_i]} of several chunks (or ranks) as {name: [sum n_i]}."""
     return {k: torch.cat([d[k] for d in diags]) for k in diags[0]} if diags else {}

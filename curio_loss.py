@@ -86,7 +86,9 @@ def _fp32(x: torch.Tensor) -> torch.Tensor:
 
 def entropy(logits: torch.Tensor, tau: torch.Tensor | float = 1.0) -> torch.Tensor:
     """H(softmax(logits / tau)) over the last dim, float32; -inf logits (masked tokens) add 0."""
-    logp = torch.log_softmax(_fp32(logits) / tau, dim=-1)
+    z = _fp32(logits)
+    # x / 1 is x, bit for bit: no [N, V] pass (forward and backward) at tau = 1
+    logp = torch.log_softmax(z if isinstance(tau, (int, float)) and tau == 1 else z / tau, dim=-1)
     # 0 * log 0 = 0; masked_fill (not where) also keeps the backward free of 0 * inf = NaN
     logp = logp.masked_fill(torch.isneginf(logp), 0.0)
     return -(logp.exp() * logp).sum(-1)

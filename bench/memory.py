@@ -570,11 +570,6 @@ def _step_moments(s: Shapes, r: Run, micro_batches: int, loss_bytes: dict, secon
         moments.append(("teacher side", {**static, "gathered_parameters": root,
                         "gradients": earlier, "teacher": second_static + root + h_second,
                         "activations": top, "logits": n * loss_bytes["teacher"]}))
-    # the no-grad pass over the chunks that picks the top 20%
-    if r.stage == "sft" and r.loss == "entropy_top20":
-        moments.append(("entropy pass", {**static, "gathered_parameters": root,
-                        "gradients": earlier, "activations": top,
-                        "logits": n * loss_bytes["teacher"]}))
     moments.append(("loss forward", {**static, "gathered_parameters": root, "gradients": earlier,
                     **during_loss, "activations": top + 4 * N,
                     "logits": n * loss_bytes["forward"]}))

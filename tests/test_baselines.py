@@ -100,6 +100,26 @@ def test_baselines_against_hand_computation():
     torch.testing.assert_close(baselines.gem_loss(z, y)[0].double(), gem, rtol=1e-6, atol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_entropy_shortcuts_keep_the_bits(dtype):
+    """cl.entropy at tau = 1 skips x / 1, and GEM and kl give the logged entropy from their own log-probs: the same
+    values (and gradient) as the pass they replace, bit for bit, -inf logits included."""
+    z = llm_like_logits(16, 500, seed=4).to(dtype)
+    z[2, 40:90] = float("-inf")
+    y = torch.randint(0, 40, (16,), generator=torch.Generator().manual_seed(0))
+    zt = z.clone().requires_grad_(True)
+    zs = z.clone().requires_grad_(True)
+    h_tensor_tau, h_skip = cl.entropy(zt, torch.tensor(1.0)), cl.entropy(zs)
+    (h_tensor_tau * torch.arange(16)).sum().backward()
+    (h_skip * torch.arange(16)).sum().backward()
+    assert torch.equal(h_skip, h_tensor_tau) and torch.equal(zs.grad, zt.grad)
+    assert torch.isfinite(h_skip).all() and torch.isfinite(zs.grad).all()
+    base = llm_like_logits(16, 500, seed=5).to(dtype)
+    for loss, diag in (baselines.gem_loss(z, y, with_entropy=True), baselines.kl_to_base_loss(z, y, base, with_entropy=True)):
+        assert torch.equal(diag["student_entropy"], h_skip.detach()) and torch.isfinite(loss).all()
+    assert "student_entropy" not in baselines.gem_loss(z, y)[1] and "student_entropy" not in baselines.kl_to_base_loss(z, y, base)[1]
+
+
 def test_psft_clip_on_both_sides():
     z = torch.zeros(3, 4, requires_grad=True)                 # lp = log(1/4) for every token
     y = torch.zeros(3, dtype=torch.long)

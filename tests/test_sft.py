@@ -175,6 +175,55 @@ def test_the_entropy_bonus_logs_the_entropy_it_computed(world_of_one, tiny_model
     assert none is None and torch.equal(lp_only, lp) and len(passes) == n_chunks + -(-len(lp) // 32)
 
 
+@pytest.mark.parametrize("name", ["gem", "kl"])
+def test_gem_and_kl_log_the_entropy_of_their_own_log_probs(world_of_one, tiny_model_dir, monkeypatch, name):
+    """The logged student entropy of GEM and kl comes from the loss's own log-softmax: no cl.entropy pass, the same
+    values."""
+    model = fsdp_model(tiny_model_dir)
+    base = fsdp_model(tiny_model_dir, 1).requires_grad_(False) if name == "kl" else None
+    batch, _, _ = toy_batch(tiny_model_dir)
+    passes = []
+    real = cl.entropy
+    monkeypatch.setattr(cl, "entropy", lambda *a, **k: passes.append(1) or real(*a, **k))
+    args, cfg = sft.Args(loss=name, loss_chunk=32), cl.LossConfig()
+    with torch.no_grad():
+        _, diag = sft.micro_batch_loss(model, None, base, batch, None, args, cfg, want_entropy=True)
+    assert not passes
+    assert torch.equal(diag["student_entropy"], chunked_logits.token_log_probs(model, batch, args.loss_chunk)[1])
+
+
+def test_entropy_top20_bit_for_bit_as_with_a_separate_entropy_pass(world_of_one, tiny_model_dir):
+    """entropy_top20 takes its mask from the chunks' own entropies (baselines.top20_micro_batch_loss): its loss,
+    diagnostics and gradients are, bit for bit, those of a separate no-grad entropy pass for the mask followed by
+    chunked_sum over entropy_reg_loss (the straightforward form), and the head runs once per token."""
+    model = fsdp_model(tiny_model_dir)
+    batch, _, _ = toy_batch(tiny_model_dir)
+    args, cfg = sft.Args(loss="entropy_top20", loss_chunk=16), cl.LossConfig()
+    weights = torch.rand(int(batch["target_index"].numel()), generator=torch.Generator().manual_seed(0))
+    calls = []
+    hook = model.lm_head.register_forward_hook(lambda m, i, o: o.dim() == 2 and calls.append(len(o)))  # chunks
+    total, diag = sft.micro_batch_loss(model, None, None, batch, None, args, cfg, True, weights)
+    hook.remove()
+    total.backward()
+    grads = [p.grad.full_tensor().clone() for p in model.parameters()]
+    model.zero_grad(set_to_none=True)
+    assert sum(calls) == len(weights) and len(calls) > 3
+
+    h, y = chunked_logits.select_targets(chunked_logits.normed_hidden(model, batch), batch)
+    with torch.no_grad():
+        ent = torch.cat([cl.entropy(model.lm_head(h[s : s + 16])) for s in range(0, len(y), 16)])
+
+    def chunk_loss(h_c, y_c, mask_c, w_c, memo):
+        loss, d = baselines.entropy_reg_loss(model.lm_head(h_c), y_c, cfg, mask_c)
+        return (loss * w_c).sum(), d
+
+    want, want_diag = chunked_logits.chunked_sum(chunk_loss, 16, h, y, baselines.top_entropy_mask(ent), weights)
+    want.backward()
+    assert torch.equal(total, want) and diag.keys() == want_diag.keys()
+    assert all(torch.equal(diag[k], want_diag[k]) for k in diag)
+    assert all(torch.equal(a, p.grad.full_tensor()) for a, p in zip(grads, model.parameters()))
+
+
 def test_teacher_ema_is_alg1_line17_bit_for_bit(world_of_one, tiny_model_dir):
     student, teacher = fsdp_model(tiny_model_dir, 0), fsdp_model(tiny_model_dir, 1)
     teacher.requires_grad_(False)
