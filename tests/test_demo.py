@@ -90,7 +90,8 @@ def test_demo_ci_runs_every_stage(demo_ci, tmp_path):
         assert [r["step"] for r in metrics["validation"][f"{loss}+grpo"]] == [1]
         assert all(0 <= r["val_accuracy"] <= 1 and r["val_entropy"] >= 0
                    for name in (loss, f"{loss}+grpo") for r in metrics["validation"][name])
-    val_questions = {json.loads(line)["prompt"][1]["content"] for line in (world / "val.jsonl").read_text().splitlines()}
+    val_lines = (world / "val.jsonl").read_text().splitlines()
+    val_questions = {json.loads(line)["prompt"][1]["content"] for line in val_lines}
     assert len(val_questions) == 8 and not val_questions & {json.loads(line)["prompt"][1]["content"]
                                                             for line in (world / "test.jsonl").read_text().splitlines()}
     assert {"data", "base", "curio", "eval base", "curio+grpo"} <= set(metrics["seconds"])

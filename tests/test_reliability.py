@@ -180,7 +180,8 @@ def test_a_hostile_data_source_never_names_a_file_outside_progress(tmp_path, nam
     target = progress / evaluation.progress_file_name(name)
     assert target.parent == progress and target.name not in (".", "..") and len(target.name) < 100
     assert target.resolve().parent == progress.resolve()
-    assert evaluation.progress_file_name(name) != evaluation.progress_file_name(name + "/")   # distinct names stay distinct
+    # distinct names stay distinct
+    assert evaluation.progress_file_name(name) != evaluation.progress_file_name(name + "/")
 
 
 def test_a_damaged_model_is_refused_by_evaluate_and_rl(model_and_tokenizer, tmp_path, toy_sft_file, capsys):

@@ -192,7 +192,8 @@ def test_evaluate_plot_draws_validation_curves_rl_after_its_sft_run(tmp_path, mo
         return save(fig, path)
 
     monkeypatch.setattr(report, "_save", keep_lines)
-    written = report.plot_results([result], str(tmp_path / "out"), [str(sft_dir / "log.jsonl"), str(rl_dir / "log.jsonl")])
+    logs = [str(sft_dir / "log.jsonl"), str(rl_dir / "log.jsonl")]
+    written = report.plot_results([result], str(tmp_path / "out"), logs)
     assert (tmp_path / "out" / "validation.png").is_file() and str(tmp_path / "out" / "validation.png") in written
     (sft_x, sft_y, sft_colour, sft_style), (rl_x, rl_y, rl_colour, rl_style) = drawn["validation accuracy"]
     assert sft_x == [2, 4] and sft_y == pytest.approx([20, 40]) and sft_style == "-"
