@@ -364,8 +364,8 @@ def main(argv: list[str] | None = None) -> None:
                          + f" (subcommands: {', '.join(SUBCOMMANDS)}; an evaluation takes flags)")
     else:
         run_eval(parse_config(Args, argv=argv, prog="evaluate.py")[0])
-        if dist.is_initialized():  # torchrun: every rank done before the group goes
-            shutdown()
+        if "RANK" in os.environ:  # torchrun: run_eval's group, every rank done before it goes
+            shutdown()          # (not a caller's own group: shutdown ends the process)
 
 
 if __name__ == "__main__":

@@ -213,6 +213,32 @@ def test_the_authors_grading_sees_the_end_token(tmp_path, monkeypatch):
         assert [r["score"] for r in records] == scores, grading
 
 
+IN_A_CALLERS_GROUP = """
+import sys
+sys.path.insert(0, sys.argv[1])
+import evaluate
+from plumbing import distributed
+distributed.setup_distributed()                 # the caller's own process group (a world of one)
+evaluate.main(sys.argv[2:])
+print("the caller goes on", flush=True)
+"""
+
+
+def test_an_evaluation_called_in_a_process_with_its_own_group_returns_to_its_caller(checkpoint, tmp_path):
+    """evaluate.main ends only the group it made under torchrun: a caller's own group (a trainer, a test
+    process) is left to it, where shutdown would have ended the caller's process without a word."""
+    import subprocess
+
+    script = tmp_path / "caller.py"
+    script.write_text(IN_A_CALLERS_GROUP)
+    argv = ["--model", str(checkpoint), "--data", str(_write_benchmarks(tmp_path)), "--out", str(tmp_path / "eval"),
+            "--engine", "hf", "--n_samples", "1", "--max_new_tokens", "4", "--grader_workers", "1", "--limit", "1"]
+    proc = subprocess.run([sys.executable, str(script), str(Path(__file__).resolve().parents[1]), *argv],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "the caller goes on" in proc.stdout, proc.stderr[-2000:]
+    assert (tmp_path / "eval" / "results.json").exists()
+
+
 def test_end_to_end_cpu(checkpoint, tmp_path):
     bench = _write_benchmarks(tmp_path)
     sft = _write_sft_data(tmp_path)
