@@ -47,7 +47,7 @@ def test_large_samples_give_two_paired_standard_errors_of_width_and_swapping_neg
     assert r["high"] - r["low"] < 0.5 * unpaired                          # pairing removes the shared difficulty
     # pass@k: the unbiased estimator's per-question values, averaged
     pass2 = row(result, "math", "pass@2")
-    assert pass2["a"] == pytest.approx(np.mean([ev.pass_at_k(n, int(c), 2) for c in a_correct]))
+    assert pass2["a"] == pytest.approx(np.mean([ps.pass_at_k(n, int(c), 2) for c in a_correct]))
     assert [r["metric"] for r in result["rows"] if r["benchmark"] == "math"] == ["avg", "pass@2", "pass@4"]
     swapped = row(ps.paired_comparison([b], [a]), "math")
     assert (swapped["difference"], swapped["low"], swapped["high"]) == pytest.approx(

@@ -4,7 +4,7 @@ import collections
 import pytest
 
 import data
-import evaluate
+from plumbing.grading import grade
 from demo import toy
 
 
@@ -74,7 +74,7 @@ def test_expert_and_pretraining_responses():
     rows = expert[:8] + clean[:40]
     responses, truths = [response_of(r).removeprefix(data.THINK) for r in rows], [r["reward_model"]["ground_truth"]
                                                                                   for r in rows]
-    scores, failures = evaluate.grade(responses, truths, ["math"] * len(rows), workers=1)
+    scores, failures = grade(responses, truths, ["math"] * len(rows), workers=1)
     kinds = [toy.floor_solution_kind(question_of(r), response_of(r)) for r in rows]
     assert failures == 0 and scores == [float(k.endswith("through")) for k in kinds] and 0 < sum(scores) < len(rows)
 
