@@ -3,7 +3,6 @@ tolerance or a ratio, and prints the figure it measured: sft.py on nccl with a s
 the teacher's log-probs, the memory planner against torch.cuda.max_memory_allocated, HF generation in bf16 with left
 padding, evaluate.py and rl.py end to end. evaluate.py and rl.py need math-verify (bash bench/gpu_check.sh
 --fetch_wheels on a machine with PyPI, then `pip install --no-deps .whl/*`)."""
-import copy
 import importlib.util
 import json
 import subprocess
@@ -16,8 +15,6 @@ from safetensors.torch import load_file
 from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
 
 import chunked_logits
-import baselines
-import curio_loss as cl
 import data
 import rl
 import sft
@@ -28,6 +25,7 @@ pytestmark = pytest.mark.gpu
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 import gpu_check  # noqa: E402
+import sft_step  # noqa: E402
 
 _spec = importlib.util.spec_from_file_location("bench_memory", REPO / "bench" / "memory.py")
 memory = sys.modules["bench_memory"] = importlib.util.module_from_spec(_spec)
@@ -81,32 +79,17 @@ def test_the_teachers_float32_logits_cut_the_bf16_error_of_lq():
     assert e["w"][0] <= e["lp"][0] + 1e-3                        # w_t's error is now the student's lp's alone
 
 
-def cuda_sft_step_peak(config, loss, batch, chunk):
-    """torch.cuda.max_memory_allocated of the second of two sft.py steps (the first creates AdamW's states) of a
-    world of one on nccl, bf16, activation checkpointing, models as sft.train builds them."""
-    device = torch.device("cuda")
-    torch.cuda.empty_cache()
-    torch.manual_seed(0)
-    full = Qwen2ForCausalLM(config)
-    second = baselines.second_model(loss)
-    initial = copy.deepcopy(full) if second else None
-    model = models.shard_model(full, device, True, True)
-    other = models.shard_model(initial, device, True, grad_ckpt=False, trainable=False) if second else None
-    del full, initial
-    teacher, base = (other if second == "teacher" else None), (other if second == "base" else None)
-    optimizer = models.make_optimizer(model, 1e-5, 0.01, 0.999, device, False)
-    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
-    args = sft.Args(loss=loss, loss_chunk=chunk)
-    for step in range(2):
-        torch.cuda.reset_peak_memory_stats(device)
-        total, _ = sft.micro_batch_loss(model, teacher, base, batch, None, args, cl.LossConfig(), True)
-        total.backward()
-        if base is not None:
-            base.reshard()
-        models.clip_grad_norm(model, 1.0)
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-    return torch.cuda.max_memory_allocated(device)
+def cuda_sft_step_peak(tmp_path, shape, loss, seq, chunk):
+    """torch.cuda.max_memory_allocated during sft.train (bench/sft_step.py's run: two steps of two
+    sequences, the longest `seq` tokens, the second step after AdamW's states exist) in a world of
+    one on nccl, bf16, activation checkpointing. Returns it and the micro-batch's trained tokens."""
+    args = sft.Args(model=str(tmp_path / "model"), train_file=str(tmp_path / "train.jsonl"),
+                    out_dir=str(tmp_path / "run"), loss=loss, epochs=2, global_batch=2,
+                    token_budget=2 * seq, max_prompt_len=seq, max_response_len=seq,
+                    system_prompt="messages", loss_chunk=chunk, log_every=1)
+    inputs = sft_step.write_inputs(args, shape, {"seq": seq, "batch": 2}, 1.0, torch.device("cuda"))
+    _, peak = sft_step.train_once(args, torch.device("cuda"))
+    return peak, inputs["trained_tokens"]
 
 
 def gpu_batch(n_seq, longest, vocab):
@@ -119,14 +102,11 @@ def gpu_batch(n_seq, longest, vocab):
 
 
 @pytest.mark.parametrize("loss", ["sft", "curio", "curio_self_teacher", "kl"])
-def test_planner_is_within_15_percent_of_max_memory_allocated(world_of_one_cuda, loss):
-    config = Qwen2Config(vocab_size=151936, hidden_size=1024, num_hidden_layers=4, num_attention_heads=8,
-                         num_key_value_heads=2, intermediate_size=2816, max_position_embeddings=8192,
-                         tie_word_embeddings=False)
-    batch = gpu_batch(2, 4096, 151936)
-    peak = cuda_sft_step_peak(config, loss, batch, 2048)
-    plan = memory.plan(config.to_dict(), stage="sft", loss=loss, gpus=1, token_budget=batch["input_ids"].numel(),
-                       seq_len=4096, trained_tokens=int(batch["loss_mask"][:, 1:].sum()), loss_chunk=2048,
+def test_planner_is_within_15_percent_of_max_memory_allocated(world_of_one_cuda, tmp_path, loss):
+    shape = dict(vocab=151936, hidden=1024, layers=4, heads=8, kv_heads=2, inter=2816, max_pos=8192, tied=False)
+    peak, trained = cuda_sft_step_peak(tmp_path, shape, loss, 4096, 2048)
+    plan = memory.plan(sft_step.qwen2_config(shape, 4096).to_dict(), stage="sft", loss=loss, gpus=1,
+                       token_budget=2 * 4096, seq_len=4096, trained_tokens=trained, loss_chunk=2048,
                        bf16=True, grad_ckpt=True)
     ratio = peak / plan["total_bytes"]
     print(f"{loss}: max_memory_allocated {peak / 2**30:.2f} GiB, planned {plan['total_bytes'] / 2**30:.2f} GiB "

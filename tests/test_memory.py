@@ -1,6 +1,5 @@
 """bench/memory.py: parameter counts against Hugging Face's models, the plan against the measured peak of real
 sft.py / rl.py steps on CPU (live tensor bytes, FSDP2 in a world of one), the plan's switches, its command line."""
-import copy
 import importlib.util
 import json
 import runpy
@@ -18,9 +17,11 @@ import curio_loss as cl
 import data
 import rl
 import sft
-from plumbing import models
+from plumbing import checkpoints, models
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "bench"))
+import sft_step  # noqa: E402
 _spec = importlib.util.spec_from_file_location("bench_memory", REPO / "bench" / "memory.py")
 memory = sys.modules["bench_memory"] = importlib.util.module_from_spec(_spec)   # registered: --help reads its source
 _spec.loader.exec_module(memory)
@@ -79,42 +80,57 @@ def test_tracker_follows_views_frees_resizes_and_logsumexp():
 # ------------------------------------------------------------------------------------------------
 # The plan against the measured peak of real steps
 # ------------------------------------------------------------------------------------------------
-def measured_sft_peaks(config, loss, batch, chunk, grad_ckpt, bf16):
-    """Peak live tensor bytes of a real sft.py optimiser step of two micro-batches (each reduce-scattered), after
-    a first step that creates the optimiser's states, by phase. Models and optimiser as sft.train builds them."""
-    n_tok = int(batch["loss_mask"][:, 1:].sum())
-    tracker = memory.LiveTensorBytes()
-    with tracker:
-        torch.manual_seed(0)
-        full = Qwen2ForCausalLM(config)
-        second = baselines.second_model(loss)
-        separate = second is not None
-        frozen = copy.deepcopy(full) if separate else None
-        model = models.shard_model(full, torch.device("cpu"), bf16, grad_ckpt)
-        other = (models.shard_model(frozen, torch.device("cpu"), bf16, grad_ckpt=False, trainable=False)
-                 if separate else None)
-        del full, frozen
-        teacher, base = (other if second == "teacher" else None), (other if second == "base" else None)
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-5, betas=(0.9, 0.95), fused=False)
-        args = sft.Args(loss=loss, loss_chunk=chunk)
+def measured_sft_peaks(tmp_path, monkeypatch, shape, loss, n_seq, longest, chunk, grad_ckpt, bf16):
+    """Peak live tensor bytes of sft.train's second optimiser step (the first creates AdamW's
+    states), whole and by phase: sft.py's own loop on a model of `shape` and 2 x n_seq rows
+    (bench/sft_step.py's, `longest` tokens and shorter), two micro-batches a step. Returns the
+    peaks and the largest micro-batch's (padded, trained) tokens. Seams: the phases are marked by
+    wrapping the loop's named calls, and bf16 (sft.py's GPU-only mixed precision) is switched on
+    for the CPU where the models are sharded."""
+    args = sft.Args(model=str(tmp_path / "model"), train_file=str(tmp_path / "train.jsonl"),
+                    out_dir=str(tmp_path / "run"), loss=loss, epochs=2, global_batch=2 * n_seq,
+                    token_budget=n_seq * longest, max_prompt_len=longest, max_response_len=longest,
+                    system_prompt="messages", loss_chunk=chunk, grad_ckpt=grad_ckpt, log_every=1)
+    run = {"seq": longest, "batch": 2 * n_seq}
+    sft_step.write_inputs(args, shape, run, entropy=1.0, device=torch.device("cpu"))
+    first = sft_step.sequence_lengths(run)[:n_seq]        # packed longest first: micro-batch 1
+    tracker, calls = memory.LiveTensorBytes(), []
+
+    def marked(phase, fn):
+        def run_in_phase(*a, **k):
+            tracker.set_phase(phase)
+            calls.append(phase)
+            return fn(*a, **k)
+        return run_in_phase
+
+    def sharded(model, device, _bf16, *a, **k):
+        model = models.shard_model(model, device, bf16, *a, **k)
         for layer in model.model.layers:
             layer.register_full_backward_pre_hook(lambda *_: tracker.set_phase("layers backward"))
-        for micro_batches in (1, 2):
-            tracker.reset_peak()
-            for _ in range(micro_batches):
-                tracker.set_phase("forward and loss")
-                model.set_requires_gradient_sync(True)
-                total, _ = sft.micro_batch_loss(model, teacher, base, batch, None, args, cl.LossConfig(), True)
-                tracker.set_phase("loss backward")
-                (total / n_tok).backward()
-                if base is not None:
-                    base.reshard()
-                del total
-            tracker.set_phase("optimiser step")
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=True)
-    return tracker.peak, tracker.phase_peak
+        return model
+
+    def steps(*a, plan_steps=sft.plan_steps):
+        for n, item in enumerate(plan_steps(*a)):
+            if n == 1:
+                tracker.reset_peak()
+                calls.clear()
+            yield item
+
+    monkeypatch.setattr(sft, "shard_model", sharded)
+    monkeypatch.setattr(sft, "plan_steps", steps)
+    monkeypatch.setattr(sft, "curio_micro_batch_loss",
+                        marked("forward and loss", sft.curio_micro_batch_loss))
+    monkeypatch.setattr(baselines, "variant_micro_batch_loss",
+                        marked("forward and loss", baselines.variant_micro_batch_loss))
+    monkeypatch.setattr(sft, "micro_batch_backward", marked("loss backward", sft.micro_batch_backward))
+    monkeypatch.setattr(sft, "clip_grad_norm", marked("optimiser step", sft.clip_grad_norm))
+    monkeypatch.setattr(checkpoints, "save", lambda *a, **k: "nothing (a memory test)")
+    monkeypatch.setattr(checkpoints, "trainer_state", lambda *a: None)    # the end's save: not a step
+    with tracker:
+        sft.train(args, cl.LossConfig(), torch.device("cpu"))
+    assert calls == ["forward and loss", "loss backward"] * 2 + ["optimiser step"]
+    trained = sum(n - n // 8 for n in first)               # the response and EOS; a prompt an eighth
+    return tracker.peak, tracker.phase_peak, (n_seq * longest, trained)
 
 
 def predicted_phases(result, phase):
@@ -138,12 +154,13 @@ SFT_CASES = {  # loss, vocab, intermediate, sequences, longest, loss_chunk, chec
 
 
 @pytest.mark.parametrize("case", SFT_CASES)
-def test_plan_is_within_15_percent_of_a_measured_sft_step(world_of_one, case):
+def test_plan_is_within_15_percent_of_a_measured_sft_step(world_of_one, tmp_path, monkeypatch, case):
     loss, vocab, inter, n_seq, longest, chunk, grad_ckpt, bf16 = SFT_CASES[case]
-    config, batch = tiny_config(vocab, inter), padded_batch(n_seq, longest, vocab)
-    peak, phases = measured_sft_peaks(config, loss, batch, chunk, grad_ckpt, bf16)
-    result = memory.plan(config.to_dict(), stage="sft", loss=loss, gpus=1, token_budget=batch["input_ids"].numel(),
-                         seq_len=longest, trained_tokens=int(batch["loss_mask"][:, 1:].sum()), loss_chunk=chunk,
+    shape = dict(vocab=vocab, hidden=64, layers=2, heads=4, kv_heads=2, inter=inter, max_pos=1024, tied=False)
+    peak, phases, (padded, trained) = measured_sft_peaks(tmp_path, monkeypatch, shape, loss, n_seq, longest, chunk,
+                                                         grad_ckpt, bf16)
+    result = memory.plan(sft_step.qwen2_config(shape, longest).to_dict(), stage="sft", loss=loss, gpus=1,
+                         token_budget=padded, seq_len=longest, trained_tokens=trained, loss_chunk=chunk,
                          bf16=bf16, grad_ckpt=grad_ckpt, global_batch=2 * n_seq, device="cpu")
     assert result["micro_batches"] == 2
     ratio = peak / result["total_bytes"]
