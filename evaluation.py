@@ -11,8 +11,9 @@ import itertools
 import json
 import re
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
+from typing import Literal
 
 import numpy as np
 import torch
@@ -20,9 +21,11 @@ import torch.distributed as dist
 
 from data import Example, example_prompt, load_examples
 from plumbing import generation, report
+from plumbing.cli import check_settings
 from plumbing.distributed import print0
 from plumbing.generation import Engine, Sample, encode, generate
-from plumbing.grading import answer_kind, grade, graded_text, ground_truth_unparsable
+from plumbing.grading import (GRADING_MODES, answer_kind, grade, graded_text,
+                              ground_truth_unparsable)
 from plumbing.paired_stats import pass_at_k, pass_ks
 from plumbing.run_dir import write_atomic
 
@@ -268,26 +271,61 @@ def prompt_mode(args) -> str:
 # Validation during training: sft.py and rl.py, --eval_every N (the authors' verl test_freq)
 # ================================================================================================
 @dataclass
+class ValidationArgs:
+    """validation during training: evaluation.validate, the measurement evaluate.py makes
+
+    sft.py's and rl.py's Args inherit these flags."""
+    eval_every: int = 0
+    """validate every this many optimiser steps (sft.py) or GRPO steps (rl.py), 0: never: sample
+    --eval_file, grade, log val_*"""
+    eval_file: str = ""
+    """the questions and answers to validate on, in evaluate.py's schema (the authors':
+    validation.parquet)"""
+    eval_n: int = 1
+    """samples per validation question: val_accuracy is avg@eval_n"""
+    eval_temperature: float = 0.6
+    """validation sampling temperature (the authors' val_kwargs, Sec. 5.1)"""
+    eval_top_p: float = 0.95
+    """validation nucleus sampling (Sec. 5.1; the authors' val_kwargs: 1.0)"""
+    eval_max_new_tokens: int = 0
+    """longest validation response in tokens (0: --max_response_len)"""
+    eval_grading: Literal[GRADING_MODES] = "paper"
+    """how validation responses are graded (evaluate.py --grading; the authors': authors)"""
+
+    def __post_init__(self):
+        check_settings(self, positive=["eval_temperature"], fraction=["eval_top_p"],
+                       non_negative=["eval_every", "eval_max_new_tokens"], at_least_one=["eval_n"])
+        if self.eval_every and not self.eval_file:
+            raise SystemExit(f"--eval_every {self.eval_every}: needs --eval_file (the questions "
+                             f"to validate on)")
+
+
+# a resumed run may change them: validation samples with generators of its own and changes no
+# training computation, only the val_* records
+VALIDATION_MAY_CHANGE = {f.name for f in fields(ValidationArgs)}
+
+
+@dataclass
 class EvalSettings:
     """What measure_benchmarks reads (evaluate.py's Args has these fields and more), from a
-    training run's --eval_* flags (eval_settings)."""
-    n_samples: int = 1
-    n_mmlu_pro: int = 1
-    temperature: float = 0.6
-    top_p: float = 0.95
-    max_new_tokens: int = 8192
-    max_prompt_len: int = 1024
-    system_prompt: str = "paper"
-    seed: int = 0
-    batch_size: int = 8
-    grader_timeout: float = 10.0
-    grader_workers: int = 4
-    grading: str = "paper"
+    training run's flags (eval_settings)."""
+    n_samples: int
+    n_mmlu_pro: int
+    temperature: float
+    top_p: float
+    max_new_tokens: int
+    max_prompt_len: int
+    system_prompt: str
+    seed: int
+    batch_size: int
+    grader_timeout: float
+    grader_workers: int
+    grading: str
 
 
 def eval_settings(args, batch_size: int, grader_timeout: float = 10.0,
                   grader_workers: int = 4) -> EvalSettings:
-    """The measurement of a training run (sft.py, rl.py): its --eval_* flags, its prompts' length
+    """The measurement of a training run (sft.py, rl.py): its ValidationArgs, its prompts' length
     limit and system prompt, its seed (the same at every evaluation: from one to the next, only
     the model changes)."""
     return EvalSettings(n_samples=args.eval_n, n_mmlu_pro=args.eval_n,

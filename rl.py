@@ -42,7 +42,7 @@ LOSS_AGGS = ("token_mean", "seq_sum_over_max_len", "rank_sum_over_max_len")
 
 
 @dataclass
-class Args:
+class Args(evaluation.ValidationArgs):
     """rl.py settings"""
     REQUIRED = ("model", "train_file")
     model: str = ""
@@ -164,38 +164,19 @@ class Args:
     ...) or full (every field log.jsonl gets)"""
     log_rollouts: int = 2
     """groups per step kept in rollouts.jsonl: prompt, responses, rewards, advantages (0: none)"""
-    eval_every: int = 0
-    """validate every this many steps (0: never): sample --eval_file with the rollout engine,
-    grade, log val_* (evaluation.validate, the measurement evaluate.py makes)"""
-    eval_file: str = ""
-    """the questions and answers to validate on, in evaluate.py's schema (the authors':
-    validation.parquet)"""
-    eval_n: int = 1
-    """samples per validation question: val_accuracy is avg@eval_n"""
-    eval_temperature: float = 0.6
-    """validation sampling temperature (the authors' val_kwargs, Sec. 5.1)"""
-    eval_top_p: float = 0.95
-    """validation nucleus sampling (Sec. 5.1; the authors' val_kwargs: 1.0)"""
-    eval_max_new_tokens: int = 0
-    """longest validation response in tokens (0: --max_response_len)"""
-    eval_grading: Literal[GRADING_MODES] = "paper"
-    """how validation responses are graded (evaluate.py --grading; the authors': authors)"""
 
     def __post_init__(self):
+        super().__post_init__()                                        # the --eval_* flags
         check_settings(
             self, positive=["lr", "grad_clip", "temperature", "grader_timeout", "dist_timeout_min",
-                            "engine_logp_tol", "eval_temperature"],
-            fraction=["clip_low", "top_p", "gpu_memory_utilization", "eval_top_p"],
+                            "engine_logp_tol"],
+            fraction=["clip_low", "top_p", "gpu_memory_utilization"],
             non_negative=["weight_decay", "clip_high", "save_every", "keep_last", "log_rollouts",
-                          "prefix_warmup_ratio", "prefix_schedule_steps", "eval_every",
-                          "eval_max_new_tokens"],
+                          "prefix_warmup_ratio", "prefix_schedule_steps"],
             at_least_one=["steps", "prompts_per_step", "rollouts", "mini_batch", "micro_batch",
                           "max_prompt_len", "max_response_len", "loss_chunk", "sync_bucket_mb",
                           "gen_batch_size", "grader_workers", "loss_agg_ranks",
-                          "entropy_pack_tokens", "eval_n"])
-        if self.eval_every and not self.eval_file:
-            raise SystemExit(f"--eval_every {self.eval_every}: needs --eval_file (the questions "
-                             f"to validate on)")
+                          "entropy_pack_tokens"])
         if not self.entropy_coef >= 0:
             raise SystemExit(f"--entropy_coef {self.entropy_coef!r}: must be >= 0")
         if self.entropy_coef and self.loss_agg != "rank_sum_over_max_len":
@@ -223,8 +204,7 @@ class Args:
 MAY_CHANGE_ON_RESUME = {"out_dir", "steps", "save_every", "keep_last", "loggers", "log_line",
                         "grad_ckpt", "dist_timeout_min", "gpu_memory_utilization", "vllm_sleep",
                         "sync_bucket_mb", "engine_logp_tol", "gen_batch_size", "grader_workers",
-                        "log_rollouts", "eval_every", "eval_file", "eval_n", "eval_temperature",
-                        "eval_top_p", "eval_max_new_tokens", "eval_grading"}
+                        "log_rollouts", *evaluation.VALIDATION_MAY_CHANGE}
 
 
 # ================================================================================================

@@ -31,7 +31,6 @@ from plumbing import checkpoints, generation, run_dir
 from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import (StopSignal, gather_diags, print0, read_step, setup_distributed,
                                   shutdown)
-from plumbing.grading import GRADING_MODES
 from plumbing.models import (check_model_dir, clip_grad_norm, cpu_threads_per_rank, load_full_model,
                              load_tokenizer, make_optimizer, resolve_model, shard_model)
 
@@ -40,7 +39,7 @@ LOSS_NORMS = ("batch_token_mean", "micro_batch_token_mean")
 
 
 @dataclass
-class Args:
+class Args(evaluation.ValidationArgs):
     """sft.py settings"""
     REQUIRED = ("model", "train_file")
     model: str = ""
@@ -114,22 +113,6 @@ class Args:
     log_line: Literal["compact", "full"] = "compact"
     """the console's line per logged step: compact (step, loss, lr, grad norm, entropy, tokens/s,
     ...) or full (every field log.jsonl gets)"""
-    eval_every: int = 0
-    """validate every this many optimiser steps (0: never): sample --eval_file, grade, log val_*
-    (evaluation.validate, the measurement evaluate.py makes)"""
-    eval_file: str = ""
-    """the questions and answers to validate on, in evaluate.py's schema (the authors':
-    validation.parquet)"""
-    eval_n: int = 1
-    """samples per validation question: val_accuracy is avg@eval_n"""
-    eval_temperature: float = 0.6
-    """validation sampling temperature (the authors' val_kwargs, Sec. 5.1)"""
-    eval_top_p: float = 0.95
-    """validation nucleus sampling (Sec. 5.1; the authors' val_kwargs: 1.0)"""
-    eval_max_new_tokens: int = 0
-    """longest validation response in tokens (0: --max_response_len)"""
-    eval_grading: Literal[GRADING_MODES] = "paper"
-    """how validation responses are graded (evaluate.py --grading)"""
     engine: Literal[generation.ENGINES] = "auto"
     """validation's engine, asleep between evaluations: auto: vLLM with CUDA and the vllm package,
     else HF generate | hf | vllm"""
@@ -141,17 +124,14 @@ class Args:
     """validation's grader processes"""
 
     def __post_init__(self):
+        super().__post_init__()                                        # the --eval_* flags
         check_settings(
-            self, positive=["lr", "grad_clip", "dist_timeout_min", "eval_temperature"],
-            fraction=["teacher_mu", "min_lr_ratio", "eval_top_p", "gpu_memory_utilization"],
-            non_negative=["warmup_steps", "weight_decay", "save_every", "keep_last", "eval_every",
-                          "eval_max_new_tokens"],
+            self, positive=["lr", "grad_clip", "dist_timeout_min"],
+            fraction=["teacher_mu", "min_lr_ratio", "gpu_memory_utilization"],
+            non_negative=["warmup_steps", "weight_decay", "save_every", "keep_last"],
             at_least_one=["epochs", "global_batch", "updates_per_batch", "token_budget",
                           "max_prompt_len", "max_response_len", "norm_group", "teacher_every",
-                          "loss_chunk", "log_every", "eval_n", "gen_batch_size", "grader_workers"])
-        if self.eval_every and not self.eval_file:
-            raise SystemExit(f"--eval_every {self.eval_every}: needs --eval_file (the questions "
-                             f"to validate on)")
+                          "loss_chunk", "log_every", "gen_batch_size", "grader_workers"])
         if self.max_steps != -1 and self.max_steps < 1:
             raise SystemExit(f"--max_steps {self.max_steps}: must be >= 1, or -1 for every epoch")
         if not 0 < self.adam_beta2 < 1:
@@ -169,14 +149,12 @@ def check_world(args, world):
 
 
 # settings a resumed run may change: they change nothing it computes, bit for bit (run_dir.claim
-# checks the rest; tests/test_reliability.py). Not --loss_chunk or --offload (float sums' order)
-# The validation settings change no training computation either (validation samples with
-# generators of its own), only the val_* records
+# checks the rest; tests/test_reliability.py). Not --loss_chunk or --offload (float sums' order).
+# Nor does validation (its --eval_* flags, its engine, its graders): it changes only val_* records
 MAY_CHANGE_ON_RESUME = {"out_dir", "max_steps", "save_every", "keep_last", "log_every", "loggers",
-                        "log_line", "grad_ckpt", "dist_timeout_min", "eval_every", "eval_file",
-                        "eval_n", "eval_temperature", "eval_top_p", "eval_max_new_tokens",
-                        "eval_grading", "engine", "gpu_memory_utilization", "gen_batch_size",
-                        "grader_workers"}
+                        "log_line", "grad_ckpt", "dist_timeout_min", "engine",
+                        "gpu_memory_utilization", "gen_batch_size", "grader_workers",
+                        *evaluation.VALIDATION_MAY_CHANGE}
 
 
 # ================================================================================================

@@ -15,20 +15,38 @@ import runpy
 import sys
 import types
 import typing
-from dataclasses import fields
+from dataclasses import fields, is_dataclass
 from pathlib import Path
 
 import torch.distributed as dist
 
 
 def field_docs(cls) -> dict[str, str]:
-    """The docstring under each dataclass field (CleanRL's convention), for --help."""
-    docs, body = {}, ast.parse(inspect.getsource(cls)).body[0].body  # the class's own source
-    for stmt, nxt in zip(body, body[1:]):
-        if isinstance(stmt, ast.AnnAssign) and isinstance(nxt, ast.Expr) \
-                and isinstance(nxt.value, ast.Constant):
-            docs[stmt.target.id] = " ".join(str(nxt.value.value).split())
+    """The docstring under each dataclass field (CleanRL's convention), for --help; a field a base
+    dataclass declares has its docstring there."""
+    docs = {}
+    for owner in reversed([c for c in cls.__mro__ if is_dataclass(c)]):
+        body = ast.parse(inspect.getsource(owner)).body[0].body     # that class's own source
+        for stmt, nxt in zip(body, body[1:]):
+            if isinstance(stmt, ast.AnnAssign) and isinstance(nxt, ast.Expr) \
+                    and isinstance(nxt.value, ast.Constant):
+                docs[stmt.target.id] = " ".join(str(nxt.value.value).split())
     return docs
+
+
+def field_groups(cls) -> list[tuple[str, list]]:
+    """(title, fields) for --help: the class's own fields, then each base dataclass's (sft.py's and
+    rl.py's Args take the --eval_* flags from evaluation.ValidationArgs), titled by the first line
+    of the docstring of the class that declares them."""
+    groups, seen = [], set()
+    for owner in [c for c in cls.__mro__ if is_dataclass(c)]:
+        doc = (owner.__doc__ or "").strip()            # a dataclass without one gets its signature
+        title = owner.__name__ if doc.startswith(owner.__name__ + "(") else doc.splitlines()[0]
+        declared = [f for f in fields(cls)
+                    if f.name in inspect.get_annotations(owner) and f.name not in seen]
+        seen |= {f.name for f in declared}
+        groups.append((title, declared))
+    return groups
 
 
 def _converter(annotation):
@@ -145,24 +163,24 @@ def parse_config(*classes, argv=None, prog=None):
     names, required = {}, []
     for cls in classes:
         docs, defaults = field_docs(cls), cls()
-        doc = (cls.__doc__ or "").strip()               # a dataclass without one gets its signature
-        group = parser.add_argument_group(cls.__name__ if doc.startswith(cls.__name__ + "(")
-                                          else doc.splitlines()[0])
-        for f in fields(cls):
-            names[f.name] = f.type
-            flags = list(dict.fromkeys([f"--{f.name}", f"--{f.name.replace('_', '-')}"]))
-            need = f.name in getattr(cls, "REQUIRED", ()) and f.name not in overrides
-            required += [f.name] if need else []
-            kw = {"dest": f.name, "default": overrides.get(f.name, getattr(defaults, f.name)),
-                  "help": ("(required) " if need else "") + docs.get(f.name, "")}
-            if f.type is bool:
-                group.add_argument(*flags, action=argparse.BooleanOptionalAction, **kw)
-            elif isinstance(f.type, types.GenericAlias):  # list[str]
-                group.add_argument(*flags, nargs="*", type=_converter(f.type.__args__[0]), **kw)
-            else:
-                literal = typing.get_origin(f.type) is typing.Literal
-                choices = typing.get_args(f.type) if literal else None
-                group.add_argument(*flags, type=_converter(f.type), choices=choices, **kw)
+        for title, group_fields in field_groups(cls):
+            group = parser.add_argument_group(title)
+            for f in group_fields:
+                names[f.name] = f.type
+                flags = list(dict.fromkeys([f"--{f.name}", f"--{f.name.replace('_', '-')}"]))
+                need = f.name in getattr(cls, "REQUIRED", ()) and f.name not in overrides
+                required += [f.name] if need else []
+                kw = {"dest": f.name, "default": overrides.get(f.name, getattr(defaults, f.name)),
+                      "help": ("(required) " if need else "") + docs.get(f.name, "")}
+                if f.type is bool:
+                    group.add_argument(*flags, action=argparse.BooleanOptionalAction, **kw)
+                elif isinstance(f.type, types.GenericAlias):  # list[str]
+                    group.add_argument(*flags, nargs="*", type=_converter(f.type.__args__[0]),
+                                       **kw)
+                else:
+                    literal = typing.get_origin(f.type) is typing.Literal
+                    choices = typing.get_args(f.type) if literal else None
+                    group.add_argument(*flags, type=_converter(f.type), choices=choices, **kw)
     for k, v in overrides.items():
         if k not in names:
             raise SystemExit(f"preset {origin[k]}: unknown setting {k!r}")

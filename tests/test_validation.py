@@ -154,7 +154,7 @@ def test_validation_leaves_the_trainings_random_stream_as_it_was(world_of_one, c
     """Whatever the engine draws from torch's global generator, the training's stream continues as without it
     (fork_rng): the trainers' own draws (data order, scratch weights) stay those of a run without --eval_every."""
     engine, tokenizer = generation.load_engine(str(checkpoint), "hf")
-    settings = evaluation.EvalSettings(max_new_tokens=4, batch_size=6)
+    settings = evaluation.eval_settings(rl.Args(eval_max_new_tokens=4), batch_size=6)
     questions = evaluation.load_eval_file(str(eval_file), tokenizer, settings)
     model = models.shard_model(models.load_full_model(str(checkpoint), scratch=False, seed=0), torch.device("cpu"),
                                bf16=False, grad_ckpt=False)
