@@ -111,9 +111,10 @@ NOT_COVERED_RL = ["vLLM: its memory share, sleep/wake, the weight sync and gener
                   "grading the rollouts (math-verify runs on the host)",
                   "--eval_every: rl.py's validation (the rollout engine's seam marks each step's "
                   "start)"]
-NOT_COVERED_EVAL = ("--eval_every (sft.py runs it after both steps): the validation engine's "
-                    "memory share and vLLM itself, its samples (synthetic) and their grading; the "
-                    "weight sync's gathers run (in step 2's window; the plan has no term for them)")
+NOT_COVERED_EVAL = ("--eval_every (sft.py runs it after both steps): vLLM itself (its memory share "
+                    "is the planner's, bench/memory.py's sft validation phase, in the fit), its "
+                    "samples (synthetic) and their grading; the weight sync's gathers run (in step "
+                    "2's window)")
 
 
 class DryRunFailure(Exception):
@@ -903,7 +904,8 @@ def planned(config, stage, args, shape, own) -> dict:
     if stage == "sft":
         run |= dict(loss=args.loss, updates_per_batch=args.updates_per_batch,
                     global_batch=(MICRO_BATCHES * shape["sequences"] * own.gpus
-                                  * args.updates_per_batch))
+                                  * args.updates_per_batch),
+                    eval_every=args.eval_every, gpu_memory_utilization=args.gpu_memory_utilization)
     else:
         run |= dict(micro_batch=args.micro_batch, rollouts=args.rollouts,
                     mini_batch=(shape["micro_batches"] * args.micro_batch * own.gpus
@@ -928,7 +930,9 @@ def describe(r: dict) -> str:
              f"  fits: {'yes' if r['fits'] else 'NO'}, margin {r['margin_gib']:+.2f} GiB below "
              f"{1 - memory.Run.headroom:.0%} of the GPU"
              + (f" (the planner's generation phase: {r['peak_gib_planned_all_phases']:.1f} GiB)"
-                if r["stage"] == "rl" else ""),
+                if r["stage"] == "rl" else "")
+             + (f" (the planner's validation phase, its engine awake: "
+                f"{r['peak_gib_planned_all_phases']:.1f} GiB)" if r.get("validations") else ""),
              f"  attention: {r['attention_kernel']} ({sum(r['attention_calls'].values())} calls)",
              f"  host reads (GPU syncs) in step 2: {r['syncs_per_step'] or 'none'}"]
     lines += [f"    {n}x {site}" for site, n in r["sync_sites"].items()]

@@ -15,7 +15,8 @@ What it counts, per GPU, is what torch.cuda.max_memory_allocated counts: tensors
 context, NCCL buffers and the caching allocator's fragmentation are not). A step goes through
 moments (the teacher's forward, a logits chunk's forward and backward, each decoder layer's
 recompute and backward, the reduce-scatter of the root's gradients, the optimiser step); each
-moment is a sum of parts, and a phase's peak is its largest moment:
+moment is a sum of parts, and a phase's peak is its largest moment (phases: the sft step and, with
+--eval_every, sft validation; rl generation and rl training):
   parameters           FSDP2's sharded float32 master weights, 4 P / gpus (0 with offload:
                        CPUOffloadPolicy)
   gathered_parameters  the all-gathered compute-dtype copies: the root (embedding, final norm,
@@ -39,9 +40,9 @@ moment is a sum of parts, and a phase's peak is its largest moment:
                        (sft.micro_batch_loss, rl.policy_update, chunked_logits.token_log_probs)
                        on a 1-wide model with the real vocabulary, so a change to
                        curio_loss.py or baselines.py changes the plan without a change here
-  vllm                 RL: gpu_memory_utilization x the GPU's memory while the engine is awake;
-                       0 asleep
-  weight_sync          RL: one full float32 parameter and its cast while the weights go into the
+  vllm                 the colocated engine (RL's rollouts, SFT's --eval_every validation):
+                       gpu_memory_utilization x the GPU's memory while it is awake; 0 asleep
+  weight_sync          one full float32 parameter and its cast while the weights go into the
                        engine
 
 The model side is a formula: its terms are the tensors that each op of the HF Qwen2 decoder layer
@@ -81,6 +82,7 @@ import chunked_logits  # noqa: E402
 import baselines  # noqa: E402
 import curio_loss as cl  # noqa: E402
 import data  # noqa: E402
+import rl  # noqa: E402
 import sft  # noqa: E402
 from plumbing.cli import parse_config, split_presets  # noqa: E402
 
@@ -154,10 +156,15 @@ class Run:
     """RL: Table 3's hybrid, as rl.py's --hybrid (luffy, rl_plus: the expert's tokens' loss)"""
     entropy_coef: float = 0.0
     """RL: rl.py's --entropy_coef (the hybrids' 0.001): an entropy bonus with gradient per chunk"""
+    eval_every: int = 0
+    """SFT: sft.py's --eval_every; validation wakes its vLLM engine (gpu_memory_utilization of the
+    GPU) beside the trainer's sharded weights, optimiser states and teacher or base (RL's
+    validation is a rollout: the rl generation phase)"""
     log_entropy: bool = True
     """sft.py computes the student's entropy per chunk on logging steps (log_every 1: every step)"""
-    gpu_memory_utilization: float = 0.4
-    """RL: vLLM's share of the GPU's total memory while it is awake"""
+    gpu_memory_utilization: float | None = None
+    """vLLM's share of the GPU's total memory while it is awake, as the trainers'
+    --gpu_memory_utilization (none: the stage's trainer's default)"""
     vllm_sleep: bool = True
     """RL: vLLM's sleep mode, as rl.py --vllm_sleep (its default): the engine frees its weights and
     KV cache while the trainer works; --no-vllm_sleep keeps it awake beside the trainer"""
@@ -508,6 +515,9 @@ def _resolve(config: dict, run: dict) -> tuple[Shapes, Run, int]:
         raise ValueError(f"stage must be sft or rl, got {r.stage!r}")
     if r.stage == "sft" and r.loss not in baselines.LOSSES:
         raise ValueError(f"unknown loss {r.loss!r}; choose one of {sorted(baselines.LOSSES)}")
+    if r.gpu_memory_utilization is None:
+        trainer_args = sft.Args() if r.stage == "sft" else rl.Args()
+        r.gpu_memory_utilization = trainer_args.gpu_memory_utilization
     if r.device not in ("cuda", "cpu"):
         raise ValueError(f"device must be cuda or cpu, got {r.device!r}")
     longest = r.max_prompt_len + r.max_response_len
@@ -620,6 +630,17 @@ def _old_logp_moments(s: Shapes, r: Run, loss_bytes: dict):
              "logits": min(r.loss_chunk, N) * loss_bytes["old_logp"]})]
 
 
+def _engine_moments(s: Shapes, r: Run, trainer: dict, awake: float, asleep: bool):
+    """The colocated vLLM engine's moments (GRPO's rollouts, SFT's validation) beside what the
+    trainer keeps between steps: the weight sync, with the engine's weights awake (its KV cache
+    still asleep with sleep mode) and one full float32 parameter (at most the [V, H] embedding)
+    gathered and cast at a time; then sampling, the engine's whole share awake."""
+    c_engine = 2 if r.bf16 else 4
+    sync = {**trainer, "vllm": c_engine * s.params if asleep else awake,
+            "weight_sync": (4 + c_engine) * s.vocab * s.hidden}
+    return [("weight sync", sync), ("sampling", {**trainer, "vllm": awake})]
+
+
 def plan(config: dict, **run) -> dict:
     """The per-GPU peak of a run. config: a Hugging Face config dict; run: Run's fields (stage,
     loss, gpus, token_budget, loss_chunk, bf16, grad_ckpt, offload, ...). Returns
@@ -629,30 +650,29 @@ def plan(config: dict, **run) -> dict:
     "loss_chunk_bytes_per_token", "run"}."""
     s, r, micro_batches = _resolve(config, run)
     gpu = r.gpu_gib * GIB
+    # between steps the trainer keeps its sharded weights and optimiser states (zero_grad's
+    # set_to_none freed the gradients) and, for SFT, its teacher's or base's sharded weights
+    on_gpu = 0 if r.offload else 1
+    trainer = {"parameters": on_gpu * 4 * s.params / r.gpus,
+               "optimiser": on_gpu * 8 * s.params / r.gpus}
+    awake = r.gpu_memory_utilization * gpu
     if r.stage == "sft":
         second = baselines.second_model(r.loss)
         lb = loss_chunk_bytes("sft", r.loss, s.vocab, r.bf16, r.log_entropy)
         # PSFT, before its updates
         old_logp = _old_logp_moments(s, r, lb) if r.loss == "psft" else []
         phases = {"sft step": old_logp + _step_moments(s, r, micro_batches, lb, second)}
+        if r.eval_every:           # sft.py's validation engine, asleep during the steps (sleep=True)
+            beside = {second: on_gpu * 4 * s.params / r.gpus} if second else {}
+            phases["sft validation"] = _engine_moments(s, r, {**trainer, **beside}, awake,
+                                                       asleep=True)
     else:
         lb = loss_chunk_bytes("rl", "rl" if r.hybrid == "none" else r.hybrid, s.vocab, r.bf16,
                               False, r.entropy_coef)
-        awake = r.gpu_memory_utilization * gpu
         training = _old_logp_moments(s, r, lb) + _step_moments(s, r, micro_batches, lb, None)
         for _, parts in training:
             parts["vllm"] = 0 if r.vllm_sleep else awake
-        on_gpu, c_engine = (0 if r.offload else 1), (2 if r.bf16 else 4)
-        # the trainer keeps its sharded weights and optimiser states (zero_grad(set_to_none) freed
-        # the gradients)
-        trainer = {"parameters": on_gpu * 4 * s.params / r.gpus,
-                   "optimiser": on_gpu * 8 * s.params / r.gpus}
-        # the sync runs with the engine's weights awake (its KV cache still asleep with sleep mode),
-        # one full float32 parameter (at most the [V, H] embedding) gathered and cast at a time
-        sync = {**trainer, "vllm": c_engine * s.params if r.vllm_sleep else awake,
-                "weight_sync": (4 + c_engine) * s.vocab * s.hidden}
-        phases = {"rl generation": [("weight sync", sync),
-                                    ("rollouts", {**trainer, "vllm": awake})],
+        phases = {"rl generation": _engine_moments(s, r, trainer, awake, r.vllm_sleep),
                   "rl training": training}
     out = {}
     for phase, moments in phases.items():
@@ -672,7 +692,7 @@ def plan(config: dict, **run) -> dict:
 # ------------------------------------------------------------------------------------------------
 # Command line
 # ------------------------------------------------------------------------------------------------
-RL_ONLY = {"micro_batch", "mini_batch", "gpu_memory_utilization", "vllm_sleep", "rollouts",
+RL_ONLY = {"micro_batch", "mini_batch", "vllm_sleep", "rollouts",
            "engine", "hybrid", "entropy_coef"}
 
 
@@ -710,6 +730,9 @@ def describe(result: dict) -> str:
              f"offload {'on' if r['offload'] else 'off'}"
              + (f", vLLM {r['gpu_memory_utilization']} of the GPU, "
                 f"sleep mode {'on' if r['vllm_sleep'] else 'off'}" if r["stage"] == "rl" else "")
+             + (f", validation every {r['eval_every']} steps (vLLM "
+                f"{r['gpu_memory_utilization']} of the GPU)" if r["stage"] == "sft"
+                and r["eval_every"] else "")
              + f"; {result['params'] / 1e9:.2f}B parameters"]
     for phase, ph in result["phases"].items():
         lines.append(f"{phase}: peak {_gib(ph['total_bytes'])} at '{ph['moment']}'")

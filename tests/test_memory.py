@@ -230,6 +230,13 @@ def test_each_switch_moves_the_part_it_should():
     share = int(0.4 * memory.Run.gpu_gib * memory.GIB)
     assert awake["rl training"]["parts"]["vllm"] == share and asleep["rl training"]["parts"]["vllm"] == 0
     assert asleep["rl generation"]["parts"]["vllm"] == share
+    # sft.py --eval_every: its validation engine awake beside the trainer's weights, AdamW states and teacher
+    assert "sft validation" not in p["phases"]
+    validating = memory.plan(SEVEN_B, **base, eval_every=59, gpu_memory_utilization=0.4)["phases"]["sft validation"]
+    assert validating["parts"]["vllm"] == share and validating["moment"] == "sampling"
+    assert validating["total_bytes"] == share + parts["parameters"] + parts["optimiser"] + parts["teacher"]
+    offloaded = memory.plan(SEVEN_B, **base, eval_every=59, offload=True)["phases"]["sft validation"]
+    assert offloaded["total_bytes"] == int(sft.Args().gpu_memory_utilization * memory.Run.gpu_gib * memory.GIB)
 
 
 def run_cli(*argv):
@@ -257,6 +264,10 @@ def test_presets_set_the_run_and_bad_input_is_one_clear_line(capsys):
     assert [run[k] for k in ("micro_batch", "loss_chunk", "gpu_memory_utilization")] == \
         [preset[k] for k in ("micro_batch", "loss_chunk", "gpu_memory_utilization")]
     assert run["token_budget"] == 4 * (1024 + 8192)
+    memory.main(["config/sft_authors.py", "--model", "Qwen2.5-Math-7B", "--json"])   # validates: its engine's share
+    authors = json.loads(capsys.readouterr().out)
+    assert authors["peak_phase"] == "sft validation" and authors["fits"]
+    assert authors["parts"]["vllm"] == int(0.8 * memory.Run.gpu_gib * memory.GIB)
     with pytest.raises(SystemExit, match="config/rl_paper.py sets RL fields .*add --stage rl"):
         memory.main(["config/rl_paper.py", "--model", "Qwen2.5-Math-7B"])
     with pytest.raises(SystemExit, match="--model Qwen-9B: neither a named shape"):
