@@ -55,7 +55,8 @@ def test_paper_presets_run_on_8_simulated_gpus_within_10_percent_of_the_plan(lib
     # sft.py --eval_every ran after both steps, and the fit counts the planner's validation phase (vLLM awake)
     assert curio["validations"] == 2 and sft["validations"] == 0
     assert json.loads((tmp_path / "rl_paper").read_text())["validations"] == 2     # rl.py's, with its rollout engine
-    assert curio["peak_gib_planned_all_phases"] > curio["peak_gib_planned"] + 0.4 * curio["gpu_gib"], curio
+    share = 0.5 * curio["gpu_gib"]                                       # sft.py's --gpu_memory_utilization
+    assert curio["peak_gib_planned_all_phases"] > share + 10 and share > curio["peak_gib_planned"], curio
     # the paper's cost claim, 1.25x SFT's step: one teacher forward against the student's three passes
     assert 1.2 < curio["flops_per_step"] / sft["flops_per_step"] <= 1.27
     assert 1.2 < curio["est_ms_per_step"] / sft["est_ms_per_step"] <= 1.30
