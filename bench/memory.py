@@ -82,7 +82,6 @@ import chunked_logits  # noqa: E402
 import baselines  # noqa: E402
 import curio_loss as cl  # noqa: E402
 import data  # noqa: E402
-import rl  # noqa: E402
 import sft  # noqa: E402
 from plumbing.cli import parse_config, split_presets  # noqa: E402
 
@@ -515,9 +514,12 @@ def _resolve(config: dict, run: dict) -> tuple[Shapes, Run, int]:
         raise ValueError(f"stage must be sft or rl, got {r.stage!r}")
     if r.stage == "sft" and r.loss not in baselines.LOSSES:
         raise ValueError(f"unknown loss {r.loss!r}; choose one of {sorted(baselines.LOSSES)}")
+    if r.gpu_memory_utilization is None and r.stage == "sft":
+        r.gpu_memory_utilization = sft.Args().gpu_memory_utilization
     if r.gpu_memory_utilization is None:
-        trainer_args = sft.Args() if r.stage == "sft" else rl.Args()
-        r.gpu_memory_utilization = trainer_args.gpu_memory_utilization
+        import rl  # here: rl.py needs math-verify, which a GPU image planning SFT may lack
+
+        r.gpu_memory_utilization = rl.Args().gpu_memory_utilization
     if r.device not in ("cuda", "cpu"):
         raise ValueError(f"device must be cuda or cpu, got {r.device!r}")
     longest = r.max_prompt_len + r.max_response_len
