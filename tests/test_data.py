@@ -423,8 +423,9 @@ def test_least_padded_split_is_the_cheapest_split_within_the_cap():
             starts = [0, *itertools.accumulate(sizes)][:-1]
             return all(size * lengths[s] <= cap for s, size in zip(starts, sizes))
 
-        every = [list(c) for c in itertools.product(range(1, len(lengths) + 1), repeat=groups)
-                 if sum(c) == len(lengths)]
+        n = len(lengths)                    # every split: groups - 1 cut points among the n - 1 gaps
+        every = [[b - a for a, b in zip((0, *cuts), (*cuts, n))]
+                 for cuts in itertools.combinations(range(1, n), groups - 1)]
         feasible = [c for c in every if valid(c)]
         if not feasible:
             with pytest.raises(ValueError, match="do not split"):
