@@ -538,6 +538,14 @@ def _sum(parts: dict) -> int:
     return int(sum(parts.values()))
 
 
+def _kept(s: Shapes, r: Run) -> dict:
+    """What each GPU keeps throughout: FSDP2's sharded float32 weights and AdamW's two float32
+    states (none with offload)."""
+    on_gpu = 0 if r.offload else 1
+    return {"parameters": on_gpu * 4 * s.params / r.gpus,
+            "optimiser": on_gpu * 8 * s.params / r.gpus}
+
+
 def _step_moments(s: Shapes, r: Run, micro_batches: int, loss_bytes: dict, second: str | None):
     """The moments of one micro-batch (forward, loss, backward) and of the optimiser step, as
     (name, parts)."""
@@ -546,10 +554,10 @@ def _step_moments(s: Shapes, r: Run, micro_batches: int, loss_bytes: dict, secon
     # the largest chunk, the number of chunks
     n, chunks = min(r.loss_chunk, N), math.ceil(N / r.loss_chunk)
     on_gpu = 0 if r.offload else 1
-    static = {"parameters": on_gpu * 4 * s.params / g, "optimiser": on_gpu * 8 * s.params / g}
+    static = _kept(s, r)
     all_grads = on_gpu * 4 * s.params / g      # sharded float32 gradients of the whole model
     earlier = all_grads if micro_batches > 1 else 0           # what the earlier micro-batches left
-    second_static = on_gpu * 4 * s.params / g
+    second_static = static["parameters"]       # the teacher's / base's sharded weights
     root, layer_gathered = c * s.root_params, c * s.layer_params * (2 if g > 1 else 1)
     head_grad = c * s.vocab * s.hidden         # lm_head's (or the tied embedding's) unsharded grad
     per_layer = c * tok * s.hidden if r.grad_ckpt else layer_saved(s, tok, T, c)
@@ -621,8 +629,7 @@ def _old_logp_moments(s: Shapes, r: Run, loss_bytes: dict):
     log-probs."""
     c, g = (2 if r.bf16 else 4), r.gpus
     tok, T, N = r.token_budget, r.seq_len, r.trained_tokens
-    on_gpu = 0 if r.offload else 1
-    static = {"parameters": on_gpu * 4 * s.params / g, "optimiser": on_gpu * 8 * s.params / g}
+    static = _kept(s, r)
     root, layer_gathered = c * s.root_params, c * s.layer_params * (2 if g > 1 else 1)
     return [("old log-probs forward", {**static, "gathered_parameters": root + layer_gathered,
              "activations": c * tok * s.hidden + layer_forward_transient(s, tok, T, c)
@@ -654,9 +661,7 @@ def plan(config: dict, **run) -> dict:
     gpu = r.gpu_gib * GIB
     # between steps the trainer keeps its sharded weights and optimiser states (zero_grad's
     # set_to_none freed the gradients) and, for SFT, its teacher's or base's sharded weights
-    on_gpu = 0 if r.offload else 1
-    trainer = {"parameters": on_gpu * 4 * s.params / r.gpus,
-               "optimiser": on_gpu * 8 * s.params / r.gpus}
+    trainer = _kept(s, r)
     awake = r.gpu_memory_utilization * gpu
     if r.stage == "sft":
         second = baselines.second_model(r.loss)
@@ -665,7 +670,7 @@ def plan(config: dict, **run) -> dict:
         old_logp = _old_logp_moments(s, r, lb) if r.loss == "psft" else []
         phases = {"sft step": old_logp + _step_moments(s, r, micro_batches, lb, second)}
         if r.eval_every:           # sft.py's validation engine, asleep during the steps (sleep=True)
-            beside = {second: on_gpu * 4 * s.params / r.gpus} if second else {}
+            beside = {second: trainer["parameters"]} if second else {}
             phases["sft validation"] = _engine_moments(s, r, {**trainer, **beside}, awake,
                                                        asleep=True)
     else:
