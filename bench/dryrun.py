@@ -504,9 +504,13 @@ class Seams:
 
         patch(trainer, "shard_model", sharded)
         patch(trainer, "make_optimizer", optimizer)
+        # the colocated engine (GRPO's rollouts, --eval_every's validation): vLLM cannot run here
+        patch(generation, "rollout_engine",
+              lambda *a, **k: (generation.Engine("dry run", None, logprobs=False), None))
         patch(generation, "wake", self.wake)
+        patch(generation, "sleep", lambda engine: None)
         if args.eval_every:
-            self.validation(generation)
+            self.validation()
         if stage == "sft":
             plan_steps = trainer.plan_steps
             for name in ("load_sft_data", "token_weights"):
@@ -547,9 +551,6 @@ class Seams:
             self.on_step()
 
     def rollouts(self, generation, args):
-        def rollout_engine(*a, **k):
-            return generation.Engine("dry run", None, logprobs=False), None
-
         def generate(engine, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed,
                      **k):
             (x,) = tokenizer.encode(FILLER, add_special_tokens=False)
@@ -557,13 +558,11 @@ class Seams:
             flat = [generation.Sample([x] * m, FILLER * m, None, None, "length") for m in lengths]
             return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
 
-        self.patch(generation, "rollout_engine", rollout_engine)
         self.patch(generation, "generate", generate)
-        self.patch(generation, "sleep", lambda engine: None)
 
-    def validation(self, generation):
-        """--eval_every: the engine's stand-in (wake: self.wake); the samples are the longest,
-        their grades 0; all_gather_object gives rank 1's block."""
+    def validation(self):
+        """--eval_every (the engine's stand-in: __init__'s, wake: self.wake): the samples are the
+        longest, their grades 0; all_gather_object gives rank 1's block."""
         import torch.distributed as dist
 
         import evaluation
@@ -581,9 +580,6 @@ class Seams:
             object_list[:] = [obj] * len(object_list)
 
         self.patch(evaluation, "validate", validating)
-        self.patch(generation, "rollout_engine",
-                   lambda *a, **k: (generation.Engine("dry run", None, logprobs=False), None))
-        self.patch(generation, "sleep", lambda engine: None)
         self.patch(dist, "all_gather_object", all_gather_object)
         self.patch(evaluation, "generate", longest_samples)
         self.patch(evaluation, "grade", lambda texts, *a, **k: ([0.0] * len(texts), 0))
