@@ -67,8 +67,10 @@ SIZES = {
                    num_key_value_heads=2, intermediate_size=384),
         # 2250 steps, about 4 min on two threads: a base that adds in many orders, dead ends
         # included, with mistakes in 0-34% of its samples (seeds 0-7). One logits chunk: V is small.
+        # A checkpoint every 250 steps, the newest kept: Ctrl-C loses at most 250 steps of it.
         pretrain=["--epochs", "6", "--global_batch", "16", "--lr", "2e-3", "--warmup_steps", "20",
-                  "--token_budget", "2048", "--loss_chunk", "2048", "--log_every", "25"],
+                  "--token_budget", "2048", "--loss_chunk", "2048", "--log_every", "25",
+                  "--save_every", "250", "--keep_last", "1"],
         # App. E's 3 epochs of 1024 rows: 192 steps, after which cross-entropy has taken P(expert's
         # first number) to 74-100% (seeds 0-7). lr: at 2e-3 with 5 warm-up steps the fresh Adam
         # state knocked the base off its minimum (on an earlier toy task). A checkpoint every 32
@@ -747,13 +749,30 @@ T_975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 
          2.052, 2.048, 2.045, 2.042)
 
 
+# The 80% quantile likewise: the power of that interval, for the smallest effect it detects.
+T_80 = (1.376, 1.061, 0.978, 0.941, 0.920, 0.906, 0.896, 0.889, 0.883, 0.879, 0.876, 0.873, 0.870,
+        0.868, 0.866, 0.865, 0.863, 0.862, 0.861, 0.860, 0.859, 0.858, 0.858, 0.857, 0.856, 0.856,
+        0.855, 0.855, 0.854, 0.854)
+
+
+def mean_sd(values: list[float]) -> tuple[float, float]:
+    """The mean of `values` and their sample standard deviation (two values or more)."""
+    mean = sum(values) / len(values)
+    return mean, (sum((v - mean) ** 2 for v in values) / (len(values) - 1)) ** 0.5
+
+
 def t_interval(values: list[float]) -> tuple[float, float]:
     """The mean of `values` and the half-width of its 95% Student's t interval (two values or
     more)."""
-    n = len(values)
-    mean = sum(values) / n
-    sd = (sum((v - mean) ** 2 for v in values) / (n - 1)) ** 0.5
-    return mean, T_975[min(n - 1, len(T_975)) - 1] * sd / n ** 0.5
+    mean, sd = mean_sd(values)
+    return mean, T_975[min(len(values) - 1, len(T_975)) - 1] * sd / len(values) ** 0.5
+
+
+def detectable_effect(values: list[float]) -> float:
+    """The smallest true mean that the 95% t interval over this many seeds, spread as `values` are,
+    excludes zero for 4 runs in 5 (two-sided 5%, power 80%): (t_.975 + t_.80) sd / sqrt(n)."""
+    df = min(len(values) - 1, len(T_975))
+    return (T_975[df - 1] + T_80[df - 1]) * mean_sd(values)[1] / len(values) ** 0.5
 
 
 def seed_table(metrics: list[dict], by_seed: list[dict[str, dict]],
@@ -769,7 +788,7 @@ def seed_table(metrics: list[dict], by_seed: list[dict[str, dict]],
         overall = [paired_row(paired[name]) for name in names]
         cells = [points(o["difference"], o["low"], o["high"]) for o in overall]
         lines.append(f"| {m['seeds'][0]} | " + " | ".join(cells) + " |")
-    t_cells, bootstrap_cells, won = [], [], []
+    t_cells, bootstrap_cells, won, spread_cells, detectable = [], [], [], [], []
     for name in names:
         differences = [paired_row(paired[name])["difference"] for paired in by_seed]
         mean, half = t_interval(differences)
@@ -777,10 +796,17 @@ def seed_table(metrics: list[dict], by_seed: list[dict[str, dict]],
         o = paired_row(pooled[name])
         bootstrap_cells.append(points(o["difference"], o["low"], o["high"]))
         won.append(f"{sum(d > 0 for d in differences)} of {len(differences)}")
+        spread_cells.append(f"{100 * mean_sd(differences)[1]:.1f} ({100 * min(differences):+.1f} "
+                            f"to {100 * max(differences):+.1f})")
+        detectable.append(f"{100 * detectable_effect(differences):.1f}")
     lines += [f"| mean, 95% Student's t over {len(by_seed)} seeds | " + " | ".join(t_cells) + " |",
               "| mean, 95% two-level bootstrap (seeds, then questions) | "
               + " | ".join(bootstrap_cells) + " |",
-              "| seeds where A > B | " + " | ".join(won) + " |"]
+              "| seeds where A > B | " + " | ".join(won) + " |",
+              "| one seed's A − B: standard deviation over seeds (lowest to highest) | "
+              + " | ".join(spread_cells) + " |",
+              "| smallest mean A − B these seeds detect (two-sided 5%, power 80%) | "
+              + " | ".join(detectable) + " |"]
     return lines
 
 

@@ -201,13 +201,14 @@ def test_a_running_stage_prints_its_progress(tmp_path, capsys):
     assert "step 1 loss 0.5" in (tmp_path / "stage.log").read_text()
 
 
-def test_t_quantiles_leave_two_and_a_half_percent_in_each_tail():
+def test_t_quantiles_leave_two_and_a_half_and_twenty_percent_in_each_tail():
     import torch
 
-    for df, t in enumerate(demo.T_975, start=1):
-        x = torch.linspace(-t, t, 400_001, dtype=torch.float64)
-        inside = torch.trapezoid(torch.distributions.StudentT(df).log_prob(x).exp(), x).item()
-        assert abs(inside - 0.95) < 2e-4, (df, inside)
+    for quantiles, inside_want, rounding in ((demo.T_975, 0.95, 2e-4), (demo.T_80, 0.60, 3e-4)):
+        for df, t in enumerate(quantiles, start=1):
+            x = torch.linspace(-t, t, 400_001, dtype=torch.float64)
+            inside = torch.trapezoid(torch.distributions.StudentT(df).log_prob(x).exp(), x).item()
+            assert abs(inside - inside_want) < rounding, (df, inside)     # 3 decimals' rounding
 
 
 def test_seed_table_gives_each_seed_then_the_interval_across_seeds():
@@ -222,6 +223,9 @@ def test_seed_table_gives_each_seed_then_the_interval_across_seeds():
     # mean 1.0 points, sd 1.826, t(3) = 3.182: half-width 3.182 * 1.826 / 2 = 2.9
     assert "| mean, 95% Student's t over 4 seeds | " + " | ".join(["+1.0 [-1.9, +3.9]"] * columns) + " |" in lines
     assert "| seeds where A > B | " + " | ".join(["2 of 4"] * columns) + " |" in lines
+    assert any(line.endswith(" | " + " | ".join(["1.8 (-1.0 to +3.0)"] * columns) + " |") for line in lines)
+    # (t(3) at 97.5% + t(3) at 80%) * sd / sqrt(4) = (3.182 + 0.978) * 1.826 / 2 = 3.8 points
+    assert any(line.endswith(" | " + " | ".join(["3.8"] * columns) + " |") for line in lines)
     assert demo.t_interval([1.0, 3.0]) == (2.0, 12.706 * 2 ** 0.5 / 2 ** 0.5)
 
 
