@@ -41,7 +41,7 @@ import data  # noqa: E402
 from demo import toy  # noqa: E402
 from plumbing import checkpoints, run_dir  # noqa: E402
 from plumbing.distributed import STOPPED_EXIT  # noqa: E402
-from plumbing.report import save_png  # noqa: E402
+from plumbing.report import pyplot, save_png  # noqa: E402
 from plumbing.synthetic import make_model_dir  # noqa: E402
 PY = sys.executable
 
@@ -539,11 +539,7 @@ def plots(metrics: list[dict], out: Path) -> list[Path]:
     """The paper's figures for the demo: accuracy before and after RL for each SFT method (bars from
     0), pass@k, the branching tokens during SFT, and the orders the samples took. Bars and points
     are means over seeds, the error bars the min-max spread (none with one seed)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
     names = list(metrics[0]["models"])
     works, fails = toy.EXPERT_WORKS, toy.EXPERT_FAILS
@@ -663,11 +659,7 @@ def validation_plot(metrics: list[dict], plt):
 def paired_plot(paired: dict[str, dict], by_seed: list[dict] | None, out: Path) -> Path:
     """The headline figure: each comparison's paired difference A - B in avg@n over all test
     questions, with its 95% interval (evaluate.py compare), seed by seed and pooled; 0 marked."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 0.9 + 0.75 * len(paired)))
     seeds = by_seed or []
     for row, name in enumerate(paired):
