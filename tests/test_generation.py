@@ -165,10 +165,10 @@ tok = build_toy_tokenizer(["a b c 1 2 3"] * 10, vocab_size=300)
 cfg = transformers.Qwen2Config(vocab_size=151936, hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
                                num_key_value_heads=1, intermediate_size=64, max_position_embeddings=1024)
 model = transformers.Qwen2ForCausalLM(cfg).eval()
-eos = torch.tensor(generation._eos_ids(model, tok))          # never drawn: every sample runs to 512 tokens
+eos = torch.tensor(generation._eos_ids(model, tok))          # never drawn: every sample runs to 256 tokens
 model.lm_head.register_forward_hook(lambda module, inputs, out: out.index_fill_(-1, eos, -float("inf")))
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-out = generation.generate(model, tok, ["a b c"], n=8, temperature=1.0, top_p=1.0, max_new_tokens=512, seed=0)
+out = generation.generate(model, tok, ["a b c"], n=8, temperature=1.0, top_p=1.0, max_new_tokens=256, seed=0)
 after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 lengths = [len(s.logprobs) for s in out[0]]
 print("PEAK_GROWTH_MB", (after - before) / 1024, "TOKENS", sum(lengths), min(lengths), flush=True)
@@ -176,9 +176,9 @@ print("PEAK_GROWTH_MB", (after - before) / 1024, "TOKENS", sum(lengths), min(len
 
 
 def test_hf_sampling_memory_is_one_steps_logits_at_the_real_vocabulary(tmp_path):
-    """8 samples x 512 tokens at Qwen's 151,936-token vocabulary with log-probs: keeping every step's scores would
-    hold 512 x 8 x 151,936 floats (2.5 GB, 5.2 GB resident as measured before); recording as it goes keeps one
-    step's. The process's peak resident memory may grow by less than 600 MB while it samples."""
+    """8 samples x 256 tokens at Qwen's 151,936-token vocabulary with log-probs: keeping every step's scores would
+    hold 256 x 8 x 151,936 floats (1.2 GB; 2.4 GB more resident, as measured with output_scores=True); recording
+    as it goes keeps one step's (76 MB more). The peak resident memory may grow by less than 600 MB while it samples."""
     import re
     import subprocess
     import sys
@@ -191,7 +191,7 @@ def test_hf_sampling_memory_is_one_steps_logits_at_the_real_vocabulary(tmp_path)
                           env={**__import__("os").environ, "OMP_NUM_THREADS": "1"})
     assert proc.returncode == 0, proc.stderr[-3000:]
     growth, tokens, shortest = re.search(r"PEAK_GROWTH_MB (\S+) TOKENS (\d+) (\d+)", proc.stdout).groups()
-    assert int(tokens) == 8 * 512 and int(shortest) == 512        # no sample stopped early
+    assert int(tokens) == 8 * 256 and int(shortest) == 256        # no sample stopped early
     assert float(growth) < 600, f"peak resident memory grew by {float(growth):.0f} MB"
 
 
