@@ -689,15 +689,18 @@ def paired_plot(paired: dict[str, dict], by_seed: list[dict] | None, out: Path) 
 def compare_all(evals: list[Path], out: Path) -> dict[str, dict]:
     """evaluate.py compare for each of COMPARISONS, over the evaluations of every seed (eval folders
     of one seed each, a two-level bootstrap with several): {"A - B": its paired.json}. A comparison
-    already written is reused."""
+    already written over the same evaluations is reused; one over other seeds is redone."""
     paired = {}
     for a, b in COMPARISONS:
-        folder = out / "compare" / f"{a}_vs_{b}"
-        if not (folder / "paired.json").exists():
+        path = out / "compare" / f"{a}_vs_{b}" / "paired.json"
+        result = json.loads(path.read_text()) if path.exists() else None
+        if result is None or [result["a"]["evaluations"], result["b"]["evaluations"]] != [
+                [str(e / a) for e in evals], [str(e / b) for e in evals]]:
             run_stage([PY, "evaluate.py", "compare", "--a", *(e / a for e in evals), "--b",
-                       *(e / b for e in evals), "--out", folder],
+                       *(e / b for e in evals), "--out", path.parent],
                       out / "logs" / f"compare_{a}_vs_{b}.log", name=f"compare {a} - {b}")
-        paired[f"{a} - {b}"] = json.loads((folder / "paired.json").read_text())
+            result = json.loads(path.read_text())
+        paired[f"{a} - {b}"] = result
     return paired
 
 

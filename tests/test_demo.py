@@ -270,6 +270,29 @@ def test_an_interrupted_demo_resumes_to_the_uninterrupted_results(demo_ci, tmp_p
     assert again.returncode == 0 and "$ " not in again.stdout, again.stdout[-3000:]        # no stage runs
 
 
+def test_a_comparison_is_reused_only_over_the_same_seeds(tmp_path, monkeypatch):
+    """--seeds 0 1 into an --out that holds the comparisons of --seeds 0 redoes them; the same seeds reuse them."""
+    def compare(cmd, log, name):                              # evaluate.py compare's record of its inputs
+        i = cmd.index("--b")
+        folder = Path(cmd[-1])
+        folder.mkdir(parents=True, exist_ok=True)
+        record = {"a": {"evaluations": [str(p) for p in cmd[cmd.index("--a") + 1:i]]},
+                  "b": {"evaluations": [str(p) for p in cmd[i + 1:-2]]}}
+        (folder / "paired.json").write_text(json.dumps(record))
+        runs.append(name)
+
+    runs = []
+    monkeypatch.setattr(demo, "run_stage", compare)
+    one, two = [tmp_path / "seed_0" / "eval"], [tmp_path / f"seed_{s}" / "eval" for s in (0, 1)]
+    demo.compare_all(one, tmp_path)
+    assert len(runs) == len(demo.COMPARISONS)
+    demo.compare_all(one, tmp_path)
+    assert len(runs) == len(demo.COMPARISONS)                 # reused
+    paired = demo.compare_all(two, tmp_path)
+    assert len(runs) == 2 * len(demo.COMPARISONS)             # redone over both seeds
+    assert paired["curio - sft"]["a"]["evaluations"] == [str(e / "curio") for e in two]
+
+
 def test_no_stage_starts_after_ctrl_c(tmp_path, monkeypatch):
     """A stage that got Ctrl-C in its last data batch may finish normally: the demo must then start nothing more
     (the stages after it would not have seen the signal)."""
