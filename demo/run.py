@@ -67,7 +67,8 @@ SIZES = {
                    num_key_value_heads=2, intermediate_size=384),
         # 2250 steps, about 4 min on two threads: a base that adds in many orders, dead ends
         # included, with mistakes in 0-34% of its samples (seeds 0-7). One logits chunk: V is small.
-        # A checkpoint every 250 steps, the newest kept: Ctrl-C loses at most 250 steps of it.
+        # A checkpoint every 250 steps, the newest kept: a kill or a crash loses at most 250 steps
+        # of it (Ctrl-C saves the step it stops at).
         pretrain=["--epochs", "6", "--global_batch", "16", "--lr", "2e-3", "--warmup_steps", "20",
                   "--token_budget", "2048", "--loss_chunk", "2048", "--log_every", "25",
                   "--save_every", "250", "--keep_last", "1"],
@@ -774,7 +775,7 @@ def seed_table(metrics: list[dict], by_seed: list[dict[str, dict]],
                pooled: dict[str, dict]) -> list[str]:
     """Markdown lines: each comparison's A - B in avg@n points seed by seed (with the bootstrap over
     that seed's questions), then across seeds: the mean with Student's t interval, the two-level
-    bootstrap, the seeds won."""
+    bootstrap, the seeds won, one seed's spread and the smallest mean the seeds detect."""
     names = [f"{a} - {b}" for a, b in COMPARISONS]
     lines = ["", "A − B in points of avg@n (all test questions), seed by seed with a 95% "
                  "bootstrap over that seed's questions, then across seeds:", "",
@@ -800,7 +801,8 @@ def seed_table(metrics: list[dict], by_seed: list[dict[str, dict]],
               "| seeds where A > B | " + " | ".join(won) + " |",
               "| one seed's A − B: standard deviation over seeds (lowest to highest) | "
               + " | ".join(spread_cells) + " |",
-              "| smallest mean A − B these seeds detect (two-sided 5%, power 80%) | "
+              "| mean A − B these seeds detect with 80% power (two-sided 5%; approx., the seeds' sd "
+              "taken as the true one) | "
               + " | ".join(detectable) + " |"]
     return lines
 

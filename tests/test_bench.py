@@ -19,26 +19,41 @@ import sft_step  # noqa: E402
 
 @pytest.fixture(scope="module")
 def smoke(tmp_path_factory):
-    """`bash bench/gpu_check.sh --smoke` once: (exit status, output, summary.json, summary.md, --out, and what --out
-    held at each moment it changed while the check ran: (summary.json, summary.md, logs.tar.gz there))."""
+    """`bash bench/gpu_check.sh --smoke` once: (exit status, output, summary.json, summary.md, --out, and the versions
+    of (summary.json, summary.md) seen in --out while the check ran, polled every 0.2 s)."""
+    import os
+    import signal
     import time
 
     out = tmp_path_factory.mktemp("gpu_check")
     log = tmp_path_factory.mktemp("gpu_check_log") / "output.txt"
+
+    def written():
+        """The files as they are: written whole (md, then json), so each version is what a kill would leave. md
+        read again after json: unchanged, the two belong together."""
+        try:
+            md, summary = (out / "summary.md").read_text(), (out / "summary.json").read_text()
+            return (summary, md) if (out / "summary.md").read_text() == md else None
+        except FileNotFoundError:
+            return None
+
+    seen = []
     with open(log, "w") as sink:
         proc = subprocess.Popen(["bash", "bench/gpu_check.sh", "--smoke", "--out", str(out)], cwd=ROOT, stdout=sink,
-                                stderr=subprocess.STDOUT, text=True)
-        seen, deadline = [], time.time() + 900
-        while proc.poll() is None and time.time() < deadline:    # the files are written whole: a kill leaves these
-            if (out / "summary.json").exists():
-                state = ((out / "summary.json").read_text(), (out / "summary.md").read_text(),
-                         (out / "logs.tar.gz").exists())
-                if not seen or state[0] != seen[-1][0]:
+                                stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            deadline = time.time() + 900
+            while proc.poll() is None and time.time() < deadline:
+                state = written()
+                if state and (not seen or state[0] != seen[-1][0]):
                     seen.append(state)
-            time.sleep(0.2)
-        if proc.poll() is None:
-            proc.kill()
-        proc.wait()
+                time.sleep(0.2)
+        finally:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    if (state := written()) and (not seen or state[0] != seen[-1][0]):
+        seen.append(state)
     summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
     md = (out / "summary.md").read_text() if (out / "summary.md").exists() else ""
     return proc.returncode, log.read_text(), summary, md, out, seen
@@ -195,14 +210,17 @@ def test_a_hanging_stage_is_killed_at_its_limit(tmp_path):
 
 
 def test_the_summary_is_written_after_every_part(smoke):
-    """A check killed in the middle leaves the figures of the parts it finished: --out as the smoke run left it
-    after its second part, before the last."""
-    written = [(json.loads(summary), md, archive) for summary, md, archive in smoke[5]]
-    sections = [{r["section"] for r in summary["rows"]} for summary, _, _ in written]
-    assert sections[0] == {"SFT step"} and len(written) >= 5              # one version per part, then the end
-    summary, md, archive = written[sections.index({"SFT step", "teacher side"})]
+    """A check killed in the middle leaves the figures of the parts it finished: each version of --out seen while
+    the smoke run went holds the parts in their order up to one, and one before the last part is seen."""
+    order = ["SFT step", "teacher side", "bf16 error", "evaluate.py", "rl.py"]
+    versions = [(json.loads(summary), md) for summary, md in smoke[5]]
+    sections = [[s for s in order if any(r["section"] == s for r in summary["rows"])] for summary, _ in versions]
+    assert all(done == order[:len(done)] for done in sections) and sections[-1] == order, sections
+    partial = [i for i, done in enumerate(sections) if "rl.py" not in done]
+    assert partial, sections
+    summary, md = versions[partial[0]]
     assert all(r["value"] is not None for r in summary["rows"] if r["figure"].endswith("step time"))
-    assert "| SFT step | sft step time |" in md and "rl.py" not in md and archive
+    assert "| SFT step | sft step time |" in md and "| rl.py |" not in md
 
 
 def test_the_dry_runs_speed_table_sets_each_loss_beside_table_2():
