@@ -492,6 +492,11 @@ def tables(metrics: list[dict], paired: dict[str, dict] | None = None) -> str:
                    f"{col(name, lambda r: r['branching']['p_expert'])} | "
                    f"{col(name, lambda r: r['branching']['p_put_off'])} |")
     out += paired_table(paired) if paired else []
+    if paired and len(metrics) == 1:
+        out += ["", "One seed: its differences depend on the machine and the version of the code (the "
+                    "CPU's kernels order the floating-point sums, and one seed's training on this toy "
+                    "is chaotic enough to move them by tens of points): the same distribution, not the "
+                    "same numbers. The claim is the mean over many seeds, `--seeds` (docs/demo.md)."]
     for source, title in ((fails, "where the expert's order is a dead end"),
                           (works, "where the expert's order works")):
         out += ["", "Samples by the order they took and how they ended "

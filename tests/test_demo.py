@@ -133,6 +133,7 @@ def test_demo_ci_runs_every_stage(demo_ci, tmp_path):
         assert f"| {a} - {b} | {100 * difference:+.1f} [" in summary
     assert "| model | " + " | ".join(toy.FLOOR_KINDS) + " | mistake, graded right |" in summary
     assert "first-number entropy (nats) at steps 0 / 2 / 4 |" in summary
+    assert "One seed: its differences depend on the machine" in summary       # beside its paired differences
     for stage in ("== 1.", "== 2.", "== 3-5.", "== 6."):
         assert stage in proc.stdout
     plots = ("accuracy_before_after_rl.png", "pass_at_k.png", "entropy_during_sft.png", "strategy_shares.png",
@@ -145,8 +146,8 @@ def test_demo_ci_runs_every_stage(demo_ci, tmp_path):
     # --seeds: the same tables and plots over several seeds' metrics, as mean (min-max)
     other = json.loads(json.dumps(metrics))
     other["seeds"], other["models"]["curio"]["avg"] = [1], metrics["models"]["curio"]["avg"] + 0.5
-    table = demo.tables([metrics, other])
-    assert table.startswith("Seeds: 0, 1.")
+    table = demo.tables([metrics, other], paired)
+    assert table.startswith("Seeds: 0, 1.") and "One seed:" not in table
     assert f"| curio | {demo.cell([metrics['models']['curio']['avg'], other['models']['curio']['avg']])} |" in table
     assert [p.name for p in demo.plots([metrics, other], tmp_path / "seeds")] == list(plots)
 
