@@ -38,24 +38,25 @@ def smoke(tmp_path_factory):
             return None
 
     seen = []
+
+    def note():
+        if (state := written()) and (not seen or state[0] != seen[-1][0]):
+            seen.append(state)
+
     with open(log, "w") as sink:
         proc = subprocess.Popen(["bash", "bench/gpu_check.sh", "--smoke", "--out", str(out)], cwd=ROOT, stdout=sink,
                                 stderr=subprocess.STDOUT, start_new_session=True)
         try:
             deadline = time.time() + 900
             while proc.poll() is None and time.time() < deadline:
-                state = written()
-                if state and (not seen or state[0] != seen[-1][0]):
-                    seen.append(state)
+                note()
                 time.sleep(0.2)
         finally:
             if proc.poll() is None:
                 os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
-    if (state := written()) and (not seen or state[0] != seen[-1][0]):
-        seen.append(state)
-    summary = json.loads((out / "summary.json").read_text()) if (out / "summary.json").exists() else None
-    md = (out / "summary.md").read_text() if (out / "summary.md").exists() else ""
+    note()                                                      # --out as the check left it: the last version
+    summary, md = (json.loads(seen[-1][0]), seen[-1][1]) if seen else (None, "")
     return proc.returncode, log.read_text(), summary, md, out, seen
 
 
