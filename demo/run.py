@@ -662,30 +662,47 @@ def validation_plot(metrics: list[dict], plt):
     return fig
 
 
+# Up to this many seeds the paired plot draws each seed's interval over its questions; above it, each
+# seed's difference alone (its interval is in summary.md), so that the seeds' spread stays readable.
+SEED_BARS_UP_TO = 8
+
+
 def paired_plot(paired: dict[str, dict], by_seed: list[dict] | None, out: Path) -> Path:
     """The headline figure: each comparison's paired difference A - B in avg@n over all test
-    questions, with its 95% interval (evaluate.py compare), seed by seed and pooled; 0 marked."""
+    questions, 0 marked. With several seeds, each seed's difference above (grey) and below it the
+    mean over the seeds with two 95% intervals: the two-level bootstrap (evaluate.py compare) and
+    Student's t over the seeds' differences; with one seed, its bootstrap interval."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(7, 0.9 + 0.75 * len(paired)))
     seeds = by_seed or []
+    fig, ax = plt.subplots(figsize=(8.5, 0.9 + len(paired) * (0.75 + 0.03 * len(seeds))))
+
+    def interval(difference, low, high, y, **style):
+        d = 100 * difference
+        ax.errorbar(d, y, xerr=[[d - 100 * low], [100 * high - d]], **style)
+
     for row, name in enumerate(paired):
-        pooled = paired_row(paired[name])
-        for j, per_seed in enumerate(seeds):                     # small, grey, above the pooled one
+        for j, per_seed in enumerate(seeds):
             r = paired_row(per_seed[name])
-            y = row - 0.45 + 0.35 * (j + 0.5) / len(seeds)
-            ax.errorbar(100 * r["difference"], y, xerr=[[100 * (r["difference"] - r["low"])],
-                        [100 * (r["high"] - r["difference"])]], fmt="o", color="0.6", markersize=3,
-                        label="one seed" if row == j == 0 else None)
-        ax.errorbar(100 * pooled["difference"], row,
-                    xerr=[[100 * (pooled["difference"] - pooled["low"])],
-                          [100 * (pooled["high"] - pooled["difference"])]],
-                    fmt="D", color="C0", capsize=4,
-                    label="pooled over seeds" if seeds and row == 0 else None)
+            y = row - 0.65 + 0.5 * (j + 0.5) / len(seeds)          # in seed order, above the mean
+            label = "one seed" if row == j == 0 else None
+            if len(seeds) <= SEED_BARS_UP_TO:
+                interval(r["difference"], r["low"], r["high"], y, fmt="o", color="0.6",
+                         markersize=3, label=label)
+            else:
+                ax.plot(100 * r["difference"], y, "o", color="0.5", markersize=3, label=label)
+        pooled = paired_row(paired[name])
+        interval(pooled["difference"], pooled["low"], pooled["high"], row, fmt="D", color="C0",
+                 capsize=4, label=("mean, two-level bootstrap" if seeds else None) if row == 0 else None)
+        if len(seeds) > 1:
+            mean, half = t_interval([paired_row(p[name])["difference"] for p in seeds])
+            interval(mean, mean - half, mean + half, row + 0.2, fmt="s", color="C1", capsize=4,
+                     label="mean, Student's t over seeds" if row == 0 else None)
     ax.axvline(0, color="black", linewidth=0.8)
     ax.set_yticks(range(len(paired)), list(paired))
     ax.invert_yaxis()
-    ax.set(xlabel="A - B, avg@n over all test questions (points), 95% paired interval",
-           title="paired differences on the same questions")
+    ax.set(xlabel="A - B, avg@n over all test questions (points), 95% intervals",
+           title="paired differences on the same questions"
+           + (f", {len(seeds)} seeds" if seeds else ""))
     if seeds:
         ax.legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.0, 1.0))
     fig.tight_layout()

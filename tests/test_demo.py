@@ -143,6 +143,8 @@ def test_demo_ci_runs_every_stage(demo_ci, tmp_path):
     paired = {f"{a} - {b}": json.loads((out / "compare" / f"{a}_vs_{b}" / "paired.json").read_text())
               for a, b in demo.COMPARISONS}
     assert demo.paired_plot(paired, [paired, paired], tmp_path / "seeds").name == "paired_differences.png"
+    many = [paired] * (demo.SEED_BARS_UP_TO + 1)           # each seed a dot, without its interval
+    assert demo.paired_plot(paired, many, tmp_path / "many").stat().st_size > 0
     # --seeds: the same tables and plots over several seeds' metrics, as mean (min-max)
     other = json.loads(json.dumps(metrics))
     other["seeds"], other["models"]["curio"]["avg"] = [1], metrics["models"]["curio"]["avg"] + 0.5
