@@ -793,11 +793,24 @@ def detectable_effect(values: list[float]) -> float:
     return (T_975[df - 1] + T_80[df - 1]) * mean_sd(values)[1] / len(values) ** 0.5
 
 
+def across_seeds(by_seed: list[dict[str, dict]], pooled: dict[str, dict], name: str,
+                 benchmark: str = "all avg") -> tuple[list[float], list[str]]:
+    """One comparison's A - B in avg@n on `benchmark`, seed by seed, and three cells over the seeds:
+    the mean with its 95% Student's t interval, the two-level bootstrap's, the seeds where A > B."""
+    differences = [paired_row(paired[name], benchmark)["difference"] for paired in by_seed]
+    mean, half = t_interval(differences)
+    o = paired_row(pooled[name], benchmark)
+    return differences, [points(mean, mean - half, mean + half),
+                         points(o["difference"], o["low"], o["high"]),
+                         f"{sum(d > 0 for d in differences)} of {len(differences)}"]
+
+
 def seed_table(metrics: list[dict], by_seed: list[dict[str, dict]],
                pooled: dict[str, dict]) -> list[str]:
     """Markdown lines: each comparison's A - B in avg@n points seed by seed (with the bootstrap over
     that seed's questions), then across seeds: the mean with Student's t interval, the two-level
-    bootstrap, the seeds won, one seed's spread and the smallest mean the seeds detect."""
+    bootstrap, the seeds won, one seed's spread and the smallest mean the seeds detect; then the
+    first three across seeds on each kind of question."""
     names = [f"{a} - {b}" for a, b in COMPARISONS]
     lines = ["", "A − B in points of avg@n (all test questions), seed by seed with a 95% "
                  "bootstrap over that seed's questions, then across seeds:", "",
@@ -806,26 +819,33 @@ def seed_table(metrics: list[dict], by_seed: list[dict[str, dict]],
         overall = [paired_row(paired[name]) for name in names]
         cells = [points(o["difference"], o["low"], o["high"]) for o in overall]
         lines.append(f"| {m['seeds'][0]} | " + " | ".join(cells) + " |")
-    t_cells, bootstrap_cells, won, spread_cells, detectable = [], [], [], [], []
+    columns, spread_cells, detectable = [], [], []
     for name in names:
-        differences = [paired_row(paired[name])["difference"] for paired in by_seed]
-        mean, half = t_interval(differences)
-        t_cells.append(points(mean, mean - half, mean + half))
-        o = paired_row(pooled[name])
-        bootstrap_cells.append(points(o["difference"], o["low"], o["high"]))
-        won.append(f"{sum(d > 0 for d in differences)} of {len(differences)}")
+        differences, cells = across_seeds(by_seed, pooled, name)
+        columns.append(cells)
         spread_cells.append(f"{100 * mean_sd(differences)[1]:.1f} ({100 * min(differences):+.1f} "
                             f"to {100 * max(differences):+.1f})")
         detectable.append(f"{100 * detectable_effect(differences):.1f}")
-    lines += [f"| mean, 95% Student's t over {len(by_seed)} seeds | " + " | ".join(t_cells) + " |",
-              "| mean, 95% two-level bootstrap (seeds, then questions) | "
-              + " | ".join(bootstrap_cells) + " |",
-              "| seeds where A > B | " + " | ".join(won) + " |",
-              "| one seed's A − B: standard deviation over seeds (lowest to highest) | "
+    heads = [f"mean, 95% Student's t over {len(by_seed)} seeds",
+             "mean, 95% two-level bootstrap (seeds, then questions)", "seeds where A > B"]
+    for i, head in enumerate(heads):
+        lines.append(f"| {head} | " + " | ".join(cells[i] for cells in columns) + " |")
+    lines += ["| one seed's A − B: standard deviation over seeds (lowest to highest) | "
               + " | ".join(spread_cells) + " |",
               "| mean A − B these seeds detect with 80% power (two-sided 5%; approx., the seeds' sd "
               "taken as the true one) | "
               + " | ".join(detectable) + " |"]
+    kinds = {"expert's order works": toy.EXPERT_WORKS, "expert's order fails": toy.EXPERT_FAILS}
+    lines += ["", f"The same across the {len(by_seed)} seeds, by kind of question: mean [95% "
+                  "Student's t], mean [95% two-level bootstrap], seeds where A > B:", "",
+              "| A − B | " + " | ".join(f"{kind}: {what}" for kind in kinds
+                                        for what in ("t", "bootstrap", "A > B")) + " |",
+              "| --- |" + " --- |" * (3 * len(kinds))]
+    for name in names:
+        cells = []
+        for benchmark in kinds.values():
+            cells += across_seeds(by_seed, pooled, name, benchmark)[1]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
     return lines
 
 

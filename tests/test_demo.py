@@ -215,8 +215,10 @@ def test_t_quantiles_leave_two_and_a_half_and_twenty_percent_in_each_tail():
 
 
 def test_seed_table_gives_each_seed_then_the_interval_across_seeds():
-    def paired(d):
-        return {"rows": [{"benchmark": "all avg", "metric": "avg", "difference": d, "low": d - 0.01, "high": d + 0.01}]}
+    def paired(d):  # the expert's order works: A - B is d too; where it fails, 2 d
+        return {"rows": [{"benchmark": benchmark, "metric": "avg", "difference": k * d, "low": k * d - 0.01,
+                          "high": k * d + 0.01}
+                         for benchmark, k in (("all avg", 1), (toy.EXPERT_WORKS, 1), (toy.EXPERT_FAILS, 2))]}
     differences = [0.02, -0.01, 0.03, 0.00]
     by_seed = [{f"{a} - {b}": paired(d) for a, b in demo.COMPARISONS} for d in differences]
     pooled = {f"{a} - {b}": paired(0.01) for a, b in demo.COMPARISONS}
@@ -230,6 +232,9 @@ def test_seed_table_gives_each_seed_then_the_interval_across_seeds():
     # (t(3) at 97.5% + t(3) at 80%) * sd / sqrt(4) = (3.182 + 0.978) * 1.826 / 2 = 3.8 points
     assert any(line.endswith(" | " + " | ".join(["3.8"] * columns) + " |") for line in lines)
     assert demo.t_interval([1.0, 3.0]) == (2.0, 12.706 * 2 ** 0.5 / 2 ** 0.5)
+    # by kind of question, the same three across seeds: where it works as overall, where it fails doubled
+    works, fails = "+1.0 [-1.9, +3.9] | +1.0 [+0.0, +2.0] | 2 of 4", "+2.0 [-3.8, +7.8] | +2.0 [+1.0, +3.0] | 2 of 4"
+    assert lines.count(f"| {demo.COMPARISONS[0][0]} - {demo.COMPARISONS[0][1]} | {works} | {fails} |") == 1
 
 
 def test_the_probes_expert_adds_two_positive_numbers_then_the_negative():
