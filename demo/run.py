@@ -709,12 +709,12 @@ def paired_plot(paired: dict[str, dict], by_seed: list[dict] | None, out: Path) 
     return Path(save_png(fig, out / "paired_differences.png", dpi=110))
 
 
-def compare_all(evals: list[Path], out: Path) -> dict[str, dict]:
-    """evaluate.py compare for each of COMPARISONS, over the evaluations of every seed (eval folders
-    of one seed each, a two-level bootstrap with several): {"A - B": its paired.json}. A comparison
-    already written over the same evaluations is reused; one over other seeds is redone."""
-    paired = {}
-    for a, b in COMPARISONS:
+def compare_all(evals: list[Path], out: Path, jobs: int = 1) -> dict[str, dict]:
+    """evaluate.py compare for each of COMPARISONS, `jobs` at a time, over the evaluations of every
+    seed (eval folders of one seed each, a two-level bootstrap with several): {"A - B": its
+    paired.json}. A comparison already written over the same evaluations is reused; one over other
+    seeds is redone."""
+    def compare(a: str, b: str) -> dict:
         path = out / "compare" / f"{a}_vs_{b}" / "paired.json"
         result = json.loads(path.read_text()) if path.exists() else None
         if result is None or [result["a"]["evaluations"], result["b"]["evaluations"]] != [
@@ -723,8 +723,11 @@ def compare_all(evals: list[Path], out: Path) -> dict[str, dict]:
                        *(e / b for e in evals), "--out", path.parent],
                       out / "logs" / f"compare_{a}_vs_{b}.log", name=f"compare {a} - {b}")
             result = json.loads(path.read_text())
-        paired[f"{a} - {b}"] = result
-    return paired
+        return result
+
+    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+        results = list(pool.map(compare, *zip(*COMPARISONS)))
+    return {f"{a} - {b}": result for (a, b), result in zip(COMPARISONS, results)}
 
 
 def paired_row(result: dict, benchmark: str = "all avg", metric: str = "avg") -> dict:
@@ -872,7 +875,8 @@ def main() -> None:
                          "then tabulate the mean, the spread and the "
                          "paired differences seed by seed with intervals")
     ap.add_argument("--jobs", type=int, default=4,
-                    help="stages 3-5 run this many at a time (one thread each)")
+                    help="stages 3-5, then the comparisons, run this many at a time (one thread "
+                         "each)")
     a = ap.parse_args()
     t0, out = time.time(), Path(a.out).resolve()
     try:
@@ -889,11 +893,11 @@ def run(a, out: Path) -> None:
     if a.seeds:
         metrics = [run_seed(SIZES[a.size], out / f"seed_{s}", s, a.jobs) for s in a.seeds]
         evals = [out / f"seed_{s}" / "eval" for s in a.seeds]
-        by_seed = [compare_all([evaluation], evaluation.parent) for evaluation in evals]
+        by_seed = [compare_all([evaluation], evaluation.parent, a.jobs) for evaluation in evals]
     else:
         metrics = [run_seed(SIZES[a.size], out, a.seed, a.jobs)]
         evals, by_seed = [out / "eval"], None
-    report(metrics, compare_all(evals, out), out, by_seed)
+    report(metrics, compare_all(evals, out, a.jobs), out, by_seed)
 
 
 if __name__ == "__main__":

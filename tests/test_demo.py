@@ -296,9 +296,12 @@ def test_a_comparison_is_reused_only_over_the_same_seeds(tmp_path, monkeypatch):
     assert len(runs) == len(demo.COMPARISONS)
     demo.compare_all(one, tmp_path)
     assert len(runs) == len(demo.COMPARISONS)                 # reused
-    paired = demo.compare_all(two, tmp_path)
-    assert len(runs) == 2 * len(demo.COMPARISONS)             # redone over both seeds
-    assert paired["curio - sft"]["a"]["evaluations"] == [str(e / "curio") for e in two]
+    paired = demo.compare_all(two, tmp_path, jobs=3)
+    assert len(runs) == 2 * len(demo.COMPARISONS)             # redone over both seeds, 3 at a time
+    assert list(paired) == [f"{a} - {b}" for a, b in demo.COMPARISONS]
+    for (a, b), result in zip(demo.COMPARISONS, paired.values()):
+        assert [result["a"]["evaluations"], result["b"]["evaluations"]] == [[str(e / a) for e in two],
+                                                                          [str(e / b) for e in two]]
 
 
 def test_no_stage_starts_after_ctrl_c(tmp_path, monkeypatch):
