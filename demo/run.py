@@ -165,6 +165,22 @@ class StageStopped(Exception):
 STOPPING = threading.Event()        # set by Ctrl-C: the stages running stop, no other one starts
 
 
+def wait_for_stages(futures: list[concurrent.futures.Future]) -> None:
+    """Wait for stages running in threads. Ctrl-C raises KeyboardInterrupt in the main thread only:
+    here it stops the queued stages from starting and, once the running ones have saved and stopped,
+    raises StageStopped with what each said. A failed stage raises here."""
+    try:
+        concurrent.futures.wait(futures)
+    except KeyboardInterrupt:                      # the stages got it too: they save and stop
+        STOPPING.set()
+        concurrent.futures.wait(futures)
+    stopped = [str(f.exception()) for f in futures if isinstance(f.exception(), StageStopped)]
+    if stopped or STOPPING.is_set():
+        raise StageStopped("; ".join(stopped) or "once the running stages had finished")
+    for future in futures:
+        future.result()
+
+
 def step_of(line: str) -> int | None:
     """The step of a training log line ("step 12 ..."), else None."""
     m = re.match(r"step (\d+)\b", line)
@@ -410,16 +426,7 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
         futures = [pool.submit(evaluate, "base")] + [pool.submit(branch, loss)
                                                      for loss in SFT_LOSSES]
-        try:
-            concurrent.futures.wait(futures)
-        except KeyboardInterrupt:                  # the stages got it too: they save and stop
-            STOPPING.set()
-            concurrent.futures.wait(futures)
-        stopped = [str(f.exception()) for f in futures if isinstance(f.exception(), StageStopped)]
-        if stopped or STOPPING.is_set():
-            raise StageStopped("; ".join(stopped) or "once the running stages had finished")
-        for future in futures:
-            future.result()  # a failed stage raises here
+        wait_for_stages(futures)
     if len(seconds) > ran_before:  # something ran: the wall-clock time of stages 3-5, side by side
         seconds["stages 3-5"] = time.time() - t0
     ckpts = {name: ckpts[name] for name in ["base", *SFT_LOSSES,
@@ -662,8 +669,9 @@ def validation_plot(metrics: list[dict], plt):
     return fig
 
 
-# Up to this many seeds the paired plot draws each seed's interval over its questions; above it, each
-# seed's difference alone (its interval is in summary.md), so that the seeds' spread stays readable.
+# Up to this many seeds the paired plot draws each seed's interval over its questions; above it,
+# each seed's difference alone (its interval is in summary.md), so that the seeds' spread stays
+# readable.
 SEED_BARS_UP_TO = 8
 
 
@@ -692,7 +700,7 @@ def paired_plot(paired: dict[str, dict], by_seed: list[dict] | None, out: Path) 
                 ax.plot(100 * r["difference"], y, "o", color="0.5", markersize=3, label=label)
         pooled = paired_row(paired[name])
         interval(pooled["difference"], pooled["low"], pooled["high"], row, fmt="D", color="C0",
-                 capsize=4, label=("mean, two-level bootstrap" if seeds else None) if row == 0 else None)
+                 capsize=4, label="mean, two-level bootstrap" if seeds and row == 0 else None)
         if len(seeds) > 1:
             mean, half = t_interval([paired_row(p[name])["difference"] for p in seeds])
             interval(mean, mean - half, mean + half, row + 0.2, fmt="s", color="C1", capsize=4,
@@ -726,8 +734,9 @@ def compare_all(evals: list[Path], out: Path, jobs: int = 1) -> dict[str, dict]:
         return result
 
     with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
-        results = list(pool.map(compare, *zip(*COMPARISONS)))
-    return {f"{a} - {b}": result for (a, b), result in zip(COMPARISONS, results)}
+        futures = {f"{a} - {b}": pool.submit(compare, a, b) for a, b in COMPARISONS}
+        wait_for_stages(list(futures.values()))
+    return {name: future.result() for name, future in futures.items()}
 
 
 def paired_row(result: dict, benchmark: str = "all avg", metric: str = "avg") -> dict:
@@ -832,7 +841,7 @@ def seed_table(metrics: list[dict], by_seed: list[dict[str, dict]],
     heads = [f"mean, 95% Student's t over {len(by_seed)} seeds",
              "mean, 95% two-level bootstrap (seeds, then questions)", "seeds where A > B"]
     for i, head in enumerate(heads):
-        lines.append(f"| {head} | " + " | ".join(cells[i] for cells in columns) + " |")
+        lines.append(f"| {head} | " + " | ".join(column[i] for column in columns) + " |")
     lines += ["| one seed's A − B: standard deviation over seeds (lowest to highest) | "
               + " | ".join(spread_cells) + " |",
               "| mean A − B these seeds detect with 80% power (two-sided 5%; approx., the seeds' sd "
@@ -855,7 +864,7 @@ def seed_table(metrics: list[dict], by_seed: list[dict[str, dict]],
 def report(metrics: list[dict], paired: dict[str, dict], out: Path,
            by_seed: list[dict] | None = None) -> None:
     table = tables(metrics, paired)
-    if by_seed:
+    if by_seed and len(by_seed) > 1:                   # (one seed's spread is not defined)
         table += "\n".join(seed_table(metrics, by_seed, paired)) + "\n"
     (out / "summary.md").write_text(table)
     written = [paired_plot(paired, by_seed, out / "plots"), *plots(metrics, out / "plots")]

@@ -215,10 +215,10 @@ def test_t_quantiles_leave_two_and_a_half_and_twenty_percent_in_each_tail():
 
 
 def test_seed_table_gives_each_seed_then_the_interval_across_seeds():
-    def paired(d):  # the expert's order works: A - B is d too; where it fails, 2 d
+    def paired(d):  # where the expert's order works, A - B is -d; where it fails, 2 d
         return {"rows": [{"benchmark": benchmark, "metric": "avg", "difference": k * d, "low": k * d - 0.01,
                           "high": k * d + 0.01}
-                         for benchmark, k in (("all avg", 1), (toy.EXPERT_WORKS, 1), (toy.EXPERT_FAILS, 2))]}
+                         for benchmark, k in (("all avg", 1), (toy.EXPERT_WORKS, -1), (toy.EXPERT_FAILS, 2))]}
     differences = [0.02, -0.01, 0.03, 0.00]
     by_seed = [{f"{a} - {b}": paired(d) for a, b in demo.COMPARISONS} for d in differences]
     pooled = {f"{a} - {b}": paired(0.01) for a, b in demo.COMPARISONS}
@@ -232,8 +232,8 @@ def test_seed_table_gives_each_seed_then_the_interval_across_seeds():
     # (t(3) at 97.5% + t(3) at 80%) * sd / sqrt(4) = (3.182 + 0.978) * 1.826 / 2 = 3.8 points
     assert any(line.endswith(" | " + " | ".join(["3.8"] * columns) + " |") for line in lines)
     assert demo.t_interval([1.0, 3.0]) == (2.0, 12.706 * 2 ** 0.5 / 2 ** 0.5)
-    # by kind of question, the same three across seeds: where it works as overall, where it fails doubled
-    works, fails = "+1.0 [-1.9, +3.9] | +1.0 [+0.0, +2.0] | 2 of 4", "+2.0 [-3.8, +7.8] | +2.0 [+1.0, +3.0] | 2 of 4"
+    # by kind of question, the same three across seeds: where it works negated, where it fails doubled
+    works, fails = "-1.0 [-3.9, +1.9] | -1.0 [-2.0, +0.0] | 1 of 4", "+2.0 [-3.8, +7.8] | +2.0 [+1.0, +3.0] | 2 of 4"
     assert lines.count(f"| {demo.COMPARISONS[0][0]} - {demo.COMPARISONS[0][1]} | {works} | {fails} |") == 1
 
 
@@ -288,6 +288,8 @@ def test_a_comparison_is_reused_only_over_the_same_seeds(tmp_path, monkeypatch):
                   "b": {"evaluations": [str(p) for p in cmd[i + 1:-2]]}}
         (folder / "paired.json").write_text(json.dumps(record))
         runs.append(name)
+        if name == "compare {} - {}".format(*demo.COMPARISONS[0]):
+            time.sleep(0.3)                                   # the first comparison finishes last
 
     runs = []
     monkeypatch.setattr(demo, "run_stage", compare)
@@ -302,6 +304,27 @@ def test_a_comparison_is_reused_only_over_the_same_seeds(tmp_path, monkeypatch):
     for (a, b), result in zip(demo.COMPARISONS, paired.values()):
         assert [result["a"]["evaluations"], result["b"]["evaluations"]] == [[str(e / a) for e in two],
                                                                           [str(e / b) for e in two]]
+
+
+def test_the_paired_plot_draws_the_t_interval_over_the_seeds_and_each_seed(tmp_path, monkeypatch):
+    def paired(d):
+        return {"rows": [{"benchmark": "all avg", "metric": "avg", "difference": d, "low": d - 0.01, "high": d + 0.01}]}
+    figures = []
+    monkeypatch.setattr(demo, "save_png", lambda fig, path, dpi: figures.append(fig) or path)
+    names = [f"{a} - {b}" for a, b in demo.COMPARISONS]
+    for differences in ([0.02, -0.01, 0.03, 0.00], [0.02, -0.01, 0.03, 0.00] * 3):
+        by_seed = [{name: paired(d) for name in names} for d in differences]
+        demo.paired_plot({name: paired(0.01) for name in names}, by_seed, tmp_path)
+        ax = figures[-1].axes[0]
+        bars = {c.get_label(): c for c in ax.containers}
+        t = bars["mean, Student's t over seeds"]
+        mean, half = demo.t_interval(differences)
+        assert t.lines[0].get_xdata()[0] == pytest.approx(100 * mean)
+        (low, _), (high, _) = t.lines[2][0].get_segments()[0]
+        assert (low, high) == pytest.approx((100 * (mean - half), 100 * (mean + half)))
+        # each seed a bar up to SEED_BARS_UP_TO seeds, above it a dot: the bars are the two means'
+        assert len(ax.containers) == 2 * len(names) + len(names) * len(differences) * (
+            len(differences) <= demo.SEED_BARS_UP_TO)
 
 
 def test_no_stage_starts_after_ctrl_c(tmp_path, monkeypatch):
