@@ -29,6 +29,7 @@ import functools
 import json
 import os
 import re
+import statistics
 import subprocess
 import sys
 import threading
@@ -533,10 +534,15 @@ def tables(metrics: list[dict], paired: dict[str, dict] | None = None) -> str:
         out.append(f"| {loss} | {points('entropy')} | {points('p_expert')} | {points('p_put_off')} "
                    f"| {cell([s['top20'][-1] for s in sft], '{:.3f}')} | "
                    f"{cell([s['ce_end'] for s in sft], '{:.4f}')} | {w} |")
-    stages = list(metrics[0]["seconds"])
-    per_stage = [f"{stage} {cell(over_seeds(metrics, lambda m: m['seconds'].get(stage)), '{:.0f}')}"
-                 for stage in stages]
-    out += ["", "Seconds per stage (stages 3-5 ran side by side, so each took longer than alone): "
+    per_stage = []
+    for stage in metrics[0]["seconds"]:
+        # the median: a stage resumed after Ctrl-C records only the part after it, one paused
+        # (SIGSTOP) the pause too
+        v = over_seeds(metrics, lambda m: m["seconds"].get(stage))
+        spread = f" ({min(v):.0f}–{max(v):.0f})" if len(v) > 1 else ""
+        per_stage.append(f"{stage} {statistics.median(v):.0f}{spread}")
+    out += ["", "Seconds per stage" + (", median (min–max) over seeds" if len(metrics) > 1 else "")
+            + " (stages 3-5 ran side by side, so each took longer than alone): "
             + ", ".join(per_stage) + "."]
     out += ["", "| GRPO run | mixed-reward groups (all steps) | first quarter | last quarter | "
                 "reward, first quarter | reward, last quarter |",

@@ -152,6 +152,11 @@ def test_demo_ci_runs_every_stage(demo_ci, tmp_path):
     assert table.startswith("Seeds: 0, 1.") and "One seed:" not in table
     assert f"| curio | {demo.cell([metrics['models']['curio']['avg'], other['models']['curio']['avg']])} |" in table
     assert [p.name for p in demo.plots([metrics, other], tmp_path / "seeds")] == list(plots)
+    third = json.loads(json.dumps(metrics))
+    for m, seconds in zip((metrics, other, third), (100, 200, 900)):   # one seed's base resumed, say
+        m["seconds"]["base"] = seconds
+    assert "median (min–max) over seeds" in demo.tables([metrics, other, third], paired)
+    assert "base 200 (100–900)" in demo.tables([metrics, other, third], paired)
 
     # The decisive-token probe on this demo's world and base: a curve per loss from the base's value at step 0
     proc = subprocess.run([sys.executable, "demo/decisive_token.py", "--demo", str(out), "--size", "ci", "--n_rows",
