@@ -155,8 +155,8 @@ def test_demo_ci_runs_every_stage(demo_ci, tmp_path):
     third = json.loads(json.dumps(metrics))
     for m, seconds in zip((metrics, other, third), (100, 200, 900)):   # one seed's base resumed, say
         m["seconds"]["base"] = seconds
-    assert "median (min–max) over seeds" in demo.tables([metrics, other, third], paired)
-    assert "base 200 (100–900)" in demo.tables([metrics, other, third], paired)
+    table = demo.tables([metrics, other, third], paired)
+    assert "median (min–max) over seeds" in table and "base 200 (100–900)" in table
 
     # The decisive-token probe on this demo's world and base: a curve per loss from the base's value at step 0
     proc = subprocess.run([sys.executable, "demo/decisive_token.py", "--demo", str(out), "--size", "ci", "--n_rows",
@@ -219,14 +219,18 @@ def test_t_quantiles_leave_two_and_a_half_and_twenty_percent_in_each_tail():
             assert abs(inside - inside_want) < rounding, (df, inside)     # 3 decimals' rounding
 
 
+def stand_in_compare(d):
+    """A stand-in for evaluate.py compare's paired.json: A - B is d over all questions (95% interval
+    +- 0.01), -d where the expert's order works and 2 d where it fails."""
+    return {"rows": [{"benchmark": benchmark, "metric": "avg", "difference": k * d, "low": k * d - 0.01,
+                      "high": k * d + 0.01}
+                     for benchmark, k in (("all avg", 1), (toy.EXPERT_WORKS, -1), (toy.EXPERT_FAILS, 2))]}
+
+
 def test_seed_table_gives_each_seed_then_the_interval_across_seeds():
-    def paired(d):  # where the expert's order works, A - B is -d; where it fails, 2 d
-        return {"rows": [{"benchmark": benchmark, "metric": "avg", "difference": k * d, "low": k * d - 0.01,
-                          "high": k * d + 0.01}
-                         for benchmark, k in (("all avg", 1), (toy.EXPERT_WORKS, -1), (toy.EXPERT_FAILS, 2))]}
     differences = [0.02, -0.01, 0.03, 0.00]
-    by_seed = [{f"{a} - {b}": paired(d) for a, b in demo.COMPARISONS} for d in differences]
-    pooled = {f"{a} - {b}": paired(0.01) for a, b in demo.COMPARISONS}
+    by_seed = [{f"{a} - {b}": stand_in_compare(d) for a, b in demo.COMPARISONS} for d in differences]
+    pooled = {f"{a} - {b}": stand_in_compare(0.01) for a, b in demo.COMPARISONS}
     lines = demo.seed_table([{"seeds": [s]} for s in range(4)], by_seed, pooled)
     columns = len(demo.COMPARISONS)
     assert "| 1 | " + " | ".join(["-1.0 [-2.0, +0.0]"] * columns) + " |" in lines
@@ -312,14 +316,12 @@ def test_a_comparison_is_reused_only_over_the_same_seeds(tmp_path, monkeypatch):
 
 
 def test_the_paired_plot_draws_the_t_interval_over_the_seeds_and_each_seed(tmp_path, monkeypatch):
-    def paired(d):
-        return {"rows": [{"benchmark": "all avg", "metric": "avg", "difference": d, "low": d - 0.01, "high": d + 0.01}]}
     figures = []
     monkeypatch.setattr(demo, "save_png", lambda fig, path, dpi: figures.append(fig) or path)
     names = [f"{a} - {b}" for a, b in demo.COMPARISONS]
     for differences in ([0.02, -0.01, 0.03, 0.00], [0.02, -0.01, 0.03, 0.00] * 3):
-        by_seed = [{name: paired(d) for name in names} for d in differences]
-        demo.paired_plot({name: paired(0.01) for name in names}, by_seed, tmp_path)
+        by_seed = [{name: stand_in_compare(d) for name in names} for d in differences]
+        demo.paired_plot({name: stand_in_compare(0.01) for name in names}, by_seed, tmp_path)
         ax = figures[-1].axes[0]
         bars = {c.get_label(): c for c in ax.containers}
         t = bars["mean, Student's t over seeds"]
