@@ -106,6 +106,9 @@ COMPARISONS = (("curio+grpo", "sft+grpo"), ("entropy+grpo", "sft+grpo"), ("curio
 # runs alone, takes two (1.8x faster steps on 2 cores). A fixed count keeps the float sums, so the
 # results, the same on one machine.
 THREADS, BASE_THREADS = 1, 2
+# A seed's metrics.json. A seed whose every stage had finished reuses it, as finished stages are
+# reused: delete it to measure again after changing how the metrics are computed.
+METRICS_KEYS = ("seeds", "seconds", "models", "sft", "grpo", "validation")
 PROGRESS_EVERY_S = 5.0
 
 
@@ -434,6 +437,11 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
                                             *(f"{loss}+grpo" for loss in SFT_LOSSES)]}
 
     print("\n== 6. tables and plots", flush=True)
+    metrics_file = out / "metrics.json"
+    recorded = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
+    if not seconds and tuple(recorded) == METRICS_KEYS:     # (an older layout is measured again)
+        print(f"every stage had finished: {metrics_file} reused", flush=True)
+        return recorded
     timings_file = out / "seconds.json"
     timings = json.loads(timings_file.read_text()) if timings_file.exists() else {}
     timings |= seconds  # stages skipped this time keep the time of the run that did them
@@ -452,7 +460,8 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
         "validation": {name: validation_records(runs / name)
                        for loss in SFT_LOSSES for name in (loss, f"{loss}+grpo")},
     }
-    (out / "metrics.json").write_text(json.dumps(metrics, indent=1))
+    assert tuple(metrics) == METRICS_KEYS
+    run_dir.write_atomic(metrics_file, json.dumps(metrics, indent=1))
     return metrics
 
 

@@ -200,6 +200,24 @@ def test_demo_ci_runs_every_stage(demo_ci, tmp_path):
     assert proc.returncode != 0 and "holds a run with an unrecorded --seed" in proc.stderr
 
 
+def test_a_finished_seed_reuses_its_metrics_and_measures_an_older_layout_again(demo_ci, tmp_path, monkeypatch):
+    import shutil
+
+    out = tmp_path / "demo"
+    shutil.copytree(demo_ci[0], out, ignore=shutil.ignore_patterns("plots", "compare"))
+    (out / "seed").write_text("0\n")                        # (test_demo_ci_runs_every_stage removes its own)
+    measured, measure = [], demo.branching_stats
+    monkeypatch.setattr(demo, "branching_stats", lambda ckpt, rows: measured.append(ckpt) or measure(ckpt, rows))
+    monkeypatch.setattr(demo, "run_stage", lambda cmd, *args, **kwargs: pytest.fail(f"a stage ran: {cmd}"))
+    recorded = json.loads((out / "metrics.json").read_text())
+    assert demo.run_seed(demo.SIZES["ci"], out, 0, 1) == recorded and not measured
+    older = {key: value for key, value in recorded.items() if key != "validation"}
+    (out / "metrics.json").write_text(json.dumps(older))
+    again = demo.run_seed(demo.SIZES["ci"], out, 0, 1)
+    assert measured and tuple(again) == demo.METRICS_KEYS and again["seeds"] == [0]
+    assert json.loads((out / "metrics.json").read_text()) == again
+
+
 def test_a_running_stage_prints_its_progress(tmp_path, capsys):
     code = "import time; print('step 1 loss 0.5', flush=True); time.sleep(1.5); print('step 2 loss 0.4', flush=True)"
     demo.run_stage([sys.executable, "-c", code], tmp_path / "stage.log", steps=4, name="sft", every_s=0.5)
