@@ -115,15 +115,22 @@ PROGRESS_EVERY_S = 5.0
 # ------------------------------------------------------------------------------------------------
 # Running the stages
 # ------------------------------------------------------------------------------------------------
+def say(line: str) -> None:
+    """Print a line in one write: print() writes the text and its newline apart, so the lines of
+    stages running side by side in threads could run together ("[sft] $ ...[curio] $ ...")."""
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
 def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "",
               every_s: float = PROGRESS_EVERY_S, threads: int = THREADS) -> float:
     """Run one stage command from the repository root, echoing it. Its output goes to `log`; as
     lines arrive, one at most every every_s seconds is printed after the stage's name, for a run of
     `steps` steps as progress and ETA. Returns the seconds taken. Stages may run in parallel
-    threads: each prints whole lines."""
+    threads: each line is one write (`say`)."""
     if STOPPING.is_set():                          # Ctrl-C came: no stage starts after it
         raise StageStopped(f"[{name}] not started")
-    print(f"[{name}] $ " + " ".join(str(c) for c in cmd), flush=True)
+    say(f"[{name}] $ " + " ".join(str(c) for c in cmd))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "TOKENIZERS_PARALLELISM": "false",
            "PYTHONUNBUFFERED": "1"}  # the stage's lines arrive as they are printed, not at exit
@@ -143,7 +150,7 @@ def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "",
                 if last and time.time() - shown >= every_s:
                     shown = time.time()
                     text = progress_text(last, steps, first, shown)
-                    print(f"[{name}] {shown - t0:4.0f}s  {text}", flush=True)
+                    say(f"[{name}] {shown - t0:4.0f}s  {text}")
         except KeyboardInterrupt:               # Ctrl-C reached the stage too: it saves and says so
             STOPPING.set()
             for line in proc.stdout:
@@ -157,7 +164,7 @@ def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "",
     if proc.returncode != 0:
         sys.stdout.write(log.read_text()[-4000:])
         raise SystemExit(f"stage {name} failed (exit {proc.returncode}): see {log}")
-    print(f"[{name}] done in {time.time() - t0:.0f}s (log: {log})", flush=True)
+    say(f"[{name}] done in {time.time() - t0:.0f}s (log: {log})")
     return time.time() - t0
 
 

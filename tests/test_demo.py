@@ -227,6 +227,25 @@ def test_a_running_stage_prints_its_progress(tmp_path, capsys):
     assert "step 1 loss 0.5" in (tmp_path / "stage.log").read_text()
 
 
+def test_a_stage_prints_each_line_in_one_write(tmp_path, monkeypatch):
+    """Stages print side by side from threads: a line written in two parts (print()'s text, then its
+    newline) could run into another stage's line."""
+    writes = []
+
+    class Recorder:
+        def write(self, text):
+            writes.append(text)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stdout", Recorder())
+    code = "import time; print('step 1 loss 0.5', flush=True); time.sleep(0.3); print('step 2 loss 0.4', flush=True)"
+    demo.run_stage([sys.executable, "-c", code], tmp_path / "stage.log", steps=4, name="sft", every_s=0.1)
+    assert len(writes) >= 3 and all(w.startswith("[sft] ") and w.count("\n") == 1 and w.endswith("\n")
+                                    for w in writes), writes
+
+
 def test_t_quantiles_leave_two_and_a_half_and_twenty_percent_in_each_tail():
     import torch
 
