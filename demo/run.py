@@ -137,7 +137,9 @@ def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "",
     t0 = shown = time.time()
     log.parent.mkdir(parents=True, exist_ok=True)
     last, first = "", None              # first: (step, time) of the first step line seen
-    with open(log, "a") as f:                 # (an interrupted stage's log goes on when it resumes)
+    # line-buffered, so that `tail -f` on the log follows the stage; an interrupted stage's log goes
+    # on when it resumes
+    with open(log, "a", buffering=1) as f:
         # text mode reads tqdm's "\r" updates as lines too
         proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=env, stdout=subprocess.PIPE,
                                 stderr=subprocess.STDOUT, text=True)

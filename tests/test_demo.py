@@ -2,6 +2,7 @@
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -246,6 +247,14 @@ def test_a_stage_prints_each_line_in_one_write(tmp_path, monkeypatch):
                                     for w in writes), writes
 
 
+def test_a_stage_log_is_written_line_by_line_while_the_stage_runs(tmp_path):
+    log = tmp_path / "stage.log"
+    code = (f"import time; print('step 1 loss 0.5', flush=True); time.sleep(0.5); "
+            f"print('log so far:', open({str(log)!r}).read().strip(), flush=True)")
+    demo.run_stage([sys.executable, "-c", code], log, steps=2, name="sft")
+    assert "log so far: step 1 loss 0.5" in log.read_text()       # (tail -f follows the stage)
+
+
 def test_t_quantiles_leave_two_and_a_half_and_twenty_percent_in_each_tail():
     import torch
 
@@ -292,10 +301,11 @@ def test_the_probes_expert_adds_two_positive_numbers_then_the_negative():
 @pytest.mark.slow
 def test_an_interrupted_demo_resumes_to_the_uninterrupted_results(demo_ci, tmp_path):
     """Ctrl-C (SIGINT to the demo and its stages, as a terminal sends it) while the SFT branches train
-    side by side, and again, on the rerun, while the GRPO stages do (from the uninterrupted run's world
-    and base, to keep the test short): each time one line saying what was saved; the same command then
-    finishes, and the metrics equal an uninterrupted run's. A finished demo run again trains nothing.
-    (A stage in the main thread, as the base is, takes the same path: run_stage.)"""
+    side by side, and again, on the rerun, while the evaluations after them run (from the uninterrupted
+    run's world and base, to keep the test short; the ci size's GRPO has one step, which a stop signal
+    lets finish): each time one line saying what was saved; the same command then finishes, and the
+    metrics equal an uninterrupted run's. A finished demo run again trains nothing. (A stage in the main
+    thread, as the base is, takes the same path: run_stage.)"""
     import shutil
 
     out = tmp_path / "demo"
@@ -303,15 +313,29 @@ def test_an_interrupted_demo_resumes_to_the_uninterrupted_results(demo_ci, tmp_p
         shutil.copytree(demo_ci[0] / part, out / part)
     (out / "seed").write_text("0\n")                        # (test_demo_ci_runs_every_stage removes its own)
     cmd = [sys.executable, "demo/run.py", "--size", "ci", "--out", str(out)]
-    for stage in ("curio", "curio+grpo"):
-        proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                start_new_session=True)
-        for line in proc.stdout:
-            if line.startswith(f"[{stage}] $"):
-                time.sleep(2.0)                             # into the stage's work
-                os.killpg(proc.pid, signal.SIGINT)
-                break
-        stdout, stderr = proc.communicate(timeout=600)
+
+    def at_work(stage: str, printed: str, before: dict) -> bool:
+        """`stage` has started, and every stage running has printed its first line (sft.py and rl.py
+        once their Ctrl-C handler is in place, evaluate.py from its main): past its imports, where
+        Ctrl-C would end it with a traceback. Logs count from `before`, their sizes at the start."""
+        started = {line[1:line.index("] $")] for line in printed.splitlines() if "] $" in line}
+        running = started - {line[1:line.index("] done")] for line in printed.splitlines() if "] done" in line}
+        logs = [out / "logs" / (name.replace("eval ", "eval_") + ".log") for name in running]
+        first_lines = [log.read_text()[before.get(log, 0):] if log.exists() else "" for log in logs]
+        return stage in started and all(re.search(r" kept|benchmarks:", text) for text in first_lines)
+
+    for stage in ("curio", "eval curio"):
+        printed = tmp_path / f"stdout_{stage}.txt"
+        before = {log: len(log.read_text()) for log in (out / "logs").glob("*.log")}
+        with open(printed, "w") as stdout_file:
+            proc = subprocess.Popen(cmd, cwd=ROOT, stdout=stdout_file, stderr=subprocess.PIPE, text=True,
+                                    start_new_session=True)
+            deadline = time.time() + 600
+            while not at_work(stage, printed.read_text(), before) and proc.poll() is None and time.time() < deadline:
+                time.sleep(0.05)
+            os.killpg(proc.pid, signal.SIGINT)
+            stderr = proc.communicate(timeout=600)[1]
+        stdout = printed.read_text()
         assert proc.returncode != 0 and "Traceback" not in stderr + stdout, stderr[-3000:]
         assert stderr.strip().splitlines()[-1].startswith("demo stopped: "), stderr[-3000:]
         assert "The same command resumes it" in stderr and f"[{stage}]" in stderr
@@ -322,6 +346,7 @@ def test_an_interrupted_demo_resumes_to_the_uninterrupted_results(demo_ci, tmp_p
     assert got == want
     again = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0 and "$ " not in again.stdout, again.stdout[-3000:]        # no stage runs
+    assert f"every stage had finished: {out / 'metrics.json'} reused" in again.stdout        # nor any measurement
 
 
 def test_a_comparison_is_reused_only_over_the_same_seeds(tmp_path, monkeypatch):
