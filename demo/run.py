@@ -122,6 +122,11 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
+def stage_log(logs: Path, name: str) -> Path:
+    """The log of the stage called `name` ("eval curio" -> logs/eval_curio.log)."""
+    return logs / (name.replace(" - ", "_vs_").replace(" ", "_") + ".log")
+
+
 def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "",
               every_s: float = PROGRESS_EVERY_S, threads: int = THREADS) -> float:
     """Run one stage command from the repository root, echoing it. Its output goes to `log`; as
@@ -377,7 +382,7 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
     print(f"\n== 1. the toy world (seed {seed}): data, tokenizer, model config", flush=True)
     if not (world / "model" / "config.json").exists():
         seconds["data"] = run_stage([PY, "demo/toy.py", "--out", world, *seed_flag, *size["data"]],
-                                    logs / "data.log", name="data")
+                                    stage_log(logs, "data"), name="data")
         make_model_dir(world, size["model"])
     pretrain_file, expert_file = world / "train_pretrain.jsonl", world / "train_expert.jsonl"
     rl_file, test_file = world / "train_rl.jsonl", world / "test.jsonl"
@@ -397,7 +402,7 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
             seconds[name] = run_stage([PY, "sft.py", "config/sft_tiny.py", "--model", model,
                                        "--train_file", train_file, "--loss", loss, "--out_dir",
                                        runs / name, "--system_prompt", "row", *seed_flag, *extra],
-                                      logs / f"{name}.log", steps, name, threads=threads)
+                                      stage_log(logs, name), steps, name, threads=threads)
         return checkpoints.latest(runs / name)
 
     print("\n== 2. pre-train the base model from scratch on every order", flush=True)
@@ -410,7 +415,7 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
                 [PY, "evaluate.py", "--model", ckpts[name], "--data", test_file, "--out",
                  evals / name, "--name", name, "--engine", "hf", "--sft_data", expert_file,
                  "--grader_workers", "1", "--system_prompt", "row", *seed_flag, *size["eval"]],
-                logs / f"eval_{name}.log", name=f"eval {name}")
+                stage_log(logs, f"eval {name}"), name=f"eval {name}")
 
     def branch(loss: str) -> None:
         """SFT with `loss` from the base, GRPO from that, and the evaluation of both."""
@@ -424,7 +429,7 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
                                        "--save_every", "0", "--grader_workers", "1",
                                        "--system_prompt", "row", *seed_flag, *size["rl"],
                                        *size["val_rl"], *val_flags],
-                                      logs / f"{name}.log", flag(size["rl"], "--steps", 20), name)
+                                      stage_log(logs, name), flag(size["rl"], "--steps", 20), name)
         ckpts[name] = checkpoints.latest(runs / name)
         evaluate(name)
 
@@ -447,8 +452,8 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
 
     print("\n== 6. tables and plots", flush=True)
     metrics_file = out / "metrics.json"
-    recorded = json.loads(metrics_file.read_text()) if metrics_file.exists() else {}
-    if not seconds and tuple(recorded) == METRICS_KEYS:     # (an older layout is measured again)
+    recorded = json.loads(metrics_file.read_text()) if not seconds and metrics_file.exists() else {}
+    if tuple(recorded) == METRICS_KEYS:     # (an older layout is measured again)
         print(f"every stage had finished: {metrics_file} reused", flush=True)
         return recorded
     timings_file = out / "seconds.json"
@@ -753,7 +758,7 @@ def compare_all(evals: list[Path], out: Path, jobs: int = 1) -> dict[str, dict]:
                 [str(e / a) for e in evals], [str(e / b) for e in evals]]:
             run_stage([PY, "evaluate.py", "compare", "--a", *(e / a for e in evals), "--b",
                        *(e / b for e in evals), "--out", path.parent],
-                      out / "logs" / f"compare_{a}_vs_{b}.log", name=f"compare {a} - {b}")
+                      stage_log(out / "logs", f"compare {a} - {b}"), name=f"compare {a} - {b}")
             result = json.loads(path.read_text())
         return result
 
