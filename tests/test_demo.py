@@ -71,6 +71,9 @@ def test_demo_ci_runs_every_stage(demo_ci, tmp_path):
         result = json.loads((out / "eval" / name / "results.json").read_text())
         assert set(result["benchmarks"]) == {toy.EXPERT_FAILS, toy.EXPERT_WORKS}
     assert (out / "runs" / "curio" / "log.jsonl").read_text().count("w_mean") >= 1
+    # every stage's log is the one stage_log names (the interrupted-demo test below finds them by it)
+    done = re.findall(r"^\[(.+)\] done in \d+s \(log: (.+)\)$", proc.stdout, re.M)
+    assert len(done) == 19 and all(Path(log) == demo.stage_log(out / "logs", name) for name, log in done), done
 
     metrics = json.loads((out / "metrics.json").read_text())
     assert list(metrics["models"]) == names and metrics["seeds"] == [0]
@@ -219,9 +222,14 @@ def test_a_finished_seed_reuses_its_metrics_and_measures_an_older_layout_again(d
     assert json.loads((out / "metrics.json").read_text()) == again
 
 
+def two_step_stage(pause_s: float, then: str = "print('step 2 loss 0.4', flush=True)") -> list:
+    """A stage's command for run_stage: it prints step 1, pauses, then runs `then`."""
+    code = f"import time; print('step 1 loss 0.5', flush=True); time.sleep({pause_s}); {then}"
+    return [sys.executable, "-c", code]
+
+
 def test_a_running_stage_prints_its_progress(tmp_path, capsys):
-    code = "import time; print('step 1 loss 0.5', flush=True); time.sleep(1.5); print('step 2 loss 0.4', flush=True)"
-    demo.run_stage([sys.executable, "-c", code], tmp_path / "stage.log", steps=4, name="sft", every_s=0.5)
+    demo.run_stage(two_step_stage(1.5), tmp_path / "stage.log", steps=4, name="sft", every_s=0.5)
     out = capsys.readouterr().out
     assert "[sft]" in out and "step 2/4, loss 0.4, ETA" in out and "[sft] done in" in out
     assert "step 1/4" not in out  # within every_s of the start: only in the log
@@ -241,17 +249,15 @@ def test_a_stage_prints_each_line_in_one_write(tmp_path, monkeypatch):
             pass
 
     monkeypatch.setattr(sys, "stdout", Recorder())
-    code = "import time; print('step 1 loss 0.5', flush=True); time.sleep(0.3); print('step 2 loss 0.4', flush=True)"
-    demo.run_stage([sys.executable, "-c", code], tmp_path / "stage.log", steps=4, name="sft", every_s=0.1)
+    demo.run_stage(two_step_stage(0.3), tmp_path / "stage.log", steps=4, name="sft", every_s=0.1)
     assert len(writes) >= 3 and all(w.startswith("[sft] ") and w.count("\n") == 1 and w.endswith("\n")
                                     for w in writes), writes
 
 
 def test_a_stage_log_is_written_line_by_line_while_the_stage_runs(tmp_path):
     log = tmp_path / "stage.log"
-    code = (f"import time; print('step 1 loss 0.5', flush=True); time.sleep(0.5); "
-            f"print('log so far:', open({str(log)!r}).read().strip(), flush=True)")
-    demo.run_stage([sys.executable, "-c", code], log, steps=2, name="sft")
+    then = f"print('log so far:', open({str(log)!r}).read().strip(), flush=True)"
+    demo.run_stage(two_step_stage(0.5, then), log, steps=2, name="sft")
     assert "log so far: step 1 loss 0.5" in log.read_text()       # (tail -f follows the stage)
 
 
@@ -320,7 +326,7 @@ def test_an_interrupted_demo_resumes_to_the_uninterrupted_results(demo_ci, tmp_p
         Ctrl-C would end it with a traceback. Logs count from `before`, their sizes at the start."""
         started = {line[1:line.index("] $")] for line in printed.splitlines() if "] $" in line}
         running = started - {line[1:line.index("] done")] for line in printed.splitlines() if "] done" in line}
-        logs = [out / "logs" / (name.replace("eval ", "eval_") + ".log") for name in running]
+        logs = [demo.stage_log(out / "logs", name) for name in running]
         first_lines = [log.read_text()[before.get(log, 0):] if log.exists() else "" for log in logs]
         return stage in started and all(re.search(r" kept|benchmarks:", text) for text in first_lines)
 
