@@ -102,11 +102,11 @@ SFT_LOSSES = ("sft", "curio", "entropy")
 # same questions.
 COMPARISONS = (("curio+grpo", "sft+grpo"), ("entropy+grpo", "sft+grpo"), ("curio", "sft"),
                ("entropy", "sft"))
-# How far one seed's A - B in avg@n strays from the mean over seeds: its standard deviation in
-# points over the 24 seeds of docs/demo.md (`demo/run.py --seeds 0 ... 23`, the default size, one
-# machine). Quoted beside a single seed's table, whose numbers are one draw from that spread.
-ONE_SEED_SD = {"curio+grpo - sft+grpo": 9.4, "entropy+grpo - sft+grpo": 7.7, "curio - sft": 6.0,
-               "entropy - sft": 5.8}
+# Where one seed's A - B in avg@n falls: the mean over the 24 seeds of docs/demo.md (`demo/run.py
+# --seeds 0 ... 23`, the default size, one machine) and one seed's standard deviation around it, in
+# points. Quoted beside a single seed's table, whose numbers are one draw from that spread.
+SEED_SPREAD = {"curio+grpo - sft+grpo": (2.9, 9.4), "entropy+grpo - sft+grpo": (2.5, 7.7),
+               "curio - sft": (2.1, 6.0), "entropy - sft": (0.4, 5.8)}
 # Threads per stage process. The branches run side by side with one thread each; the base, which
 # runs alone, takes two (1.8x faster steps on 2 cores). A fixed count keeps the float sums, so the
 # results, the same on one machine.
@@ -529,13 +529,15 @@ def tables(metrics: list[dict], paired: dict[str, dict] | None = None) -> str:
                    f"{col(name, lambda r: r['branching']['p_put_off'])} |")
     out += paired_table(paired) if paired else []
     if paired and len(metrics) == 1:
-        spread = ", ".join(f"{sd:.0f} ({name})" for name, sd in ONE_SEED_SD.items())
+        spread = ", ".join(f"{mean:+.1f} ± {sd:.0f} ({name})"
+                           for name, (mean, sd) in SEED_SPREAD.items())
         out += ["", "One seed: its differences depend on the machine and the version of the code (the "
                     "CPU's kernels order the floating-point sums, and one seed's training on this toy "
                     "is chaotic enough to move them by tens of points): the same distribution, not the "
-                    "same numbers. Over 24 seeds of the default size, one seed's A − B in avg@n had a "
-                    f"standard deviation of {spread} points: expect a seed within about twice that "
-                    "of the mean. The claim is the mean over many seeds, `--seeds` (docs/demo.md)."]
+                    "same numbers. Over 24 seeds of the default size, one seed's A − B in avg@n had the "
+                    f"mean ± standard deviation {spread} points: expect most seeds within about "
+                    "twice the standard deviation of the mean. The claim is the mean over many "
+                    "seeds, `--seeds` (docs/demo.md)."]
     for source, title in ((fails, "where the expert's order is a dead end"),
                           (works, "where the expert's order works")):
         out += ["", "Samples by the order they took and how they ended "

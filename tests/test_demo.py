@@ -138,7 +138,7 @@ def test_demo_ci_runs_every_stage(demo_ci, tmp_path):
     assert "| model | " + " | ".join(toy.FLOOR_KINDS) + " | mistake, graded right |" in summary
     assert "first-number entropy (nats) at steps 0 / 2 / 4 |" in summary
     assert "One seed: its differences depend on the machine" in summary       # beside its paired differences
-    assert all(f"{sd:.0f} ({name})" in summary for name, sd in demo.ONE_SEED_SD.items())
+    assert all(f"{mean:+.1f} ± {sd:.0f} ({name})" in summary for name, (mean, sd) in demo.SEED_SPREAD.items())
     for stage in ("== 1.", "== 2.", "== 3-5.", "== 6."):
         assert stage in proc.stdout
     plots = ("accuracy_before_after_rl.png", "pass_at_k.png", "entropy_during_sft.png", "strategy_shares.png",
@@ -301,10 +301,14 @@ def test_seed_table_gives_each_seed_then_the_interval_across_seeds():
 
 def test_the_spread_quoted_beside_one_seed_is_the_one_docs_demo_measured():
     docs = (ROOT / "docs" / "demo.md").read_text()
-    row = next(line for line in docs.splitlines() if line.startswith("| one seed's A − B: standard deviation"))
-    measured = [float(cell.split()[0]) for cell in row.strip(" |").split(" | ")[1:]]
-    assert "| seed | " + " | ".join(demo.ONE_SEED_SD) + " |" in docs
-    assert measured == list(demo.ONE_SEED_SD.values())
+
+    def first_numbers(row_start):        # the number opening each comparison's cell in that row
+        row = next(line for line in docs.splitlines() if line.startswith(row_start))
+        return [float(cell.split()[0]) for cell in row.strip(" |").split(" | ")[1:]]
+
+    assert "| seed | " + " | ".join(demo.SEED_SPREAD) + " |" in docs
+    means, sds = first_numbers("| mean, 95% Student's t"), first_numbers("| one seed's A − B: standard deviation")
+    assert list(zip(means, sds)) == list(demo.SEED_SPREAD.values())
 
 
 def test_the_probes_expert_adds_two_positive_numbers_then_the_negative():
