@@ -76,7 +76,7 @@ def sft_curves(a, seed: int, base: Path, train_file: Path, dead_ends: list[str],
                             "--train_file", train_file, "--loss", loss, "--out_dir", run,
                             "--system_prompt", "row", "--seed", str(seed),
                             *demo.SIZES[a.size]["sft"], "--max_steps", str(a.steps), "--save_every",
-                            str(a.save_every)], out / "logs" / f"{loss}.log", a.steps, loss)
+                            str(a.save_every)], out / "logs", loss, a.steps)
         curves[loss] = {0: p_base}
         for step, ckpt in demo.saved_steps(run, a.save_every):
             curves[loss][step] = p_put_off(ckpt, dead_ends)
@@ -94,8 +94,8 @@ def grpo_from(a, seed: int, starts: dict[str, tuple[Path, float]], rl_file: Path
             demo.run_stage([demo.PY, "rl.py", "config/rl_tiny.py", "--model", model, "--train_file",
                             rl_file, "--out_dir", run, "--save_every", "0", "--grader_workers", "1",
                             "--system_prompt", "row", "--seed", str(seed), *rl_flags],
-                           out / "logs" / f"{name}+grpo.log", demo.flag(rl_flags, "--steps", 20),
-                           f"{name}+grpo", threads=2)
+                           out / "logs", f"{name}+grpo", demo.flag(rl_flags, "--steps", 20),
+                           threads=2)
         results[name] = {"p_before": p_before,
                          "p_after": p_put_off(checkpoints.latest(run), dead_ends),
                          **demo.grpo_metrics(run)}

@@ -132,12 +132,12 @@ def stage_log(logs: Path, name: str) -> Path:
     return logs / (name.replace(" - ", "_vs_").replace(" ", "_") + ".log")
 
 
-def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "",
+def run_stage(cmd: list, logs: Path, name: str, steps: int | None = None,
               every_s: float = PROGRESS_EVERY_S, threads: int = THREADS) -> float:
-    """Run one stage command from the repository root, echoing it. Its output goes to `log`; as
-    lines arrive, one at most every every_s seconds is printed after the stage's name, for a run of
-    `steps` steps as progress and ETA. Returns the seconds taken. Stages may run in parallel
-    threads: each line is one write (`say`)."""
+    """Run one stage command from the repository root, echoing it. Its output goes to its log in
+    `logs` (stage_log); as lines arrive, one at most every every_s seconds is printed after the
+    stage's name, for a run of `steps` steps as progress and ETA. Returns the seconds taken. Stages
+    may run in parallel threads: each line is one write (`say`)."""
     if STOPPING.is_set():                          # Ctrl-C came: no stage starts after it
         raise StageStopped(f"[{name}] not started")
     say(f"[{name}] $ " + " ".join(str(c) for c in cmd))
@@ -145,7 +145,8 @@ def run_stage(cmd: list, log: Path, steps: int | None = None, name: str = "",
            "TOKENIZERS_PARALLELISM": "false",
            "PYTHONUNBUFFERED": "1"}  # the stage's lines arrive as they are printed, not at exit
     t0 = shown = time.time()
-    log.parent.mkdir(parents=True, exist_ok=True)
+    log = stage_log(logs, name)
+    logs.mkdir(parents=True, exist_ok=True)
     last, first = "", None              # first: (step, time) of the first step line seen
     # line-buffered, so that `tail -f` on the log follows the stage; an interrupted stage's log goes
     # on when it resumes
@@ -387,7 +388,7 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
     print(f"\n== 1. the toy world (seed {seed}): data, tokenizer, model config", flush=True)
     if not (world / "model" / "config.json").exists():
         seconds["data"] = run_stage([PY, "demo/toy.py", "--out", world, *seed_flag, *size["data"]],
-                                    stage_log(logs, "data"), name="data")
+                                    logs, "data")
         make_model_dir(world, size["model"])
     pretrain_file, expert_file = world / "train_pretrain.jsonl", world / "train_expert.jsonl"
     rl_file, test_file = world / "train_rl.jsonl", world / "test.jsonl"
@@ -407,7 +408,7 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
             seconds[name] = run_stage([PY, "sft.py", "config/sft_tiny.py", "--model", model,
                                        "--train_file", train_file, "--loss", loss, "--out_dir",
                                        runs / name, "--system_prompt", "row", *seed_flag, *extra],
-                                      stage_log(logs, name), steps, name, threads=threads)
+                                      logs, name, steps, threads=threads)
         return checkpoints.latest(runs / name)
 
     print("\n== 2. pre-train the base model from scratch on every order", flush=True)
@@ -420,7 +421,7 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
                 [PY, "evaluate.py", "--model", ckpts[name], "--data", test_file, "--out",
                  evals / name, "--name", name, "--engine", "hf", "--sft_data", expert_file,
                  "--grader_workers", "1", "--system_prompt", "row", *seed_flag, *size["eval"]],
-                stage_log(logs, f"eval {name}"), name=f"eval {name}")
+                logs, f"eval {name}")
 
     def branch(loss: str) -> None:
         """SFT with `loss` from the base, GRPO from that, and the evaluation of both."""
@@ -434,7 +435,7 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
                                        "--save_every", "0", "--grader_workers", "1",
                                        "--system_prompt", "row", *seed_flag, *size["rl"],
                                        *size["val_rl"], *val_flags],
-                                      stage_log(logs, name), flag(size["rl"], "--steps", 20), name)
+                                      logs, name, flag(size["rl"], "--steps", 20))
         ckpts[name] = checkpoints.latest(runs / name)
         evaluate(name)
 
@@ -768,7 +769,7 @@ def compare_all(evals: list[Path], out: Path, jobs: int = 1) -> dict[str, dict]:
                 [str(e / a) for e in evals], [str(e / b) for e in evals]]:
             run_stage([PY, "evaluate.py", "compare", "--a", *(e / a for e in evals), "--b",
                        *(e / b for e in evals), "--out", path.parent],
-                      stage_log(out / "logs", f"compare {a} - {b}"), name=f"compare {a} - {b}")
+                      out / "logs", f"compare {a} - {b}")
             result = json.loads(path.read_text())
         return result
 

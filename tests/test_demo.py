@@ -230,11 +230,11 @@ def two_step_stage(pause_s: float, then: str = "print('step 2 loss 0.4', flush=T
 
 
 def test_a_running_stage_prints_its_progress(tmp_path, capsys):
-    demo.run_stage(two_step_stage(1.5), tmp_path / "stage.log", steps=4, name="sft", every_s=0.5)
+    demo.run_stage(two_step_stage(1.5), tmp_path, "sft", steps=4, every_s=0.5)
     out = capsys.readouterr().out
     assert "[sft]" in out and "step 2/4, loss 0.4, ETA" in out and "[sft] done in" in out
     assert "step 1/4" not in out  # within every_s of the start: only in the log
-    assert "step 1 loss 0.5" in (tmp_path / "stage.log").read_text()
+    assert "step 1 loss 0.5" in (tmp_path / "sft.log").read_text()
 
 
 def test_a_stage_prints_each_line_in_one_write(tmp_path, monkeypatch):
@@ -250,15 +250,15 @@ def test_a_stage_prints_each_line_in_one_write(tmp_path, monkeypatch):
             pass
 
     monkeypatch.setattr(sys, "stdout", Recorder())
-    demo.run_stage(two_step_stage(0.3), tmp_path / "stage.log", steps=4, name="sft", every_s=0.1)
+    demo.run_stage(two_step_stage(0.3), tmp_path, "sft", steps=4, every_s=0.1)
     assert len(writes) >= 3 and all(w.startswith("[sft] ") and w.count("\n") == 1 and w.endswith("\n")
                                     for w in writes), writes
 
 
 def test_a_stage_log_is_written_line_by_line_while_the_stage_runs(tmp_path):
-    log = tmp_path / "stage.log"
+    log = demo.stage_log(tmp_path, "sft")
     then = f"print('log so far:', open({str(log)!r}).read().strip(), flush=True)"
-    demo.run_stage(two_step_stage(0.5, then), log, steps=2, name="sft")
+    demo.run_stage(two_step_stage(0.5, then), tmp_path, "sft", steps=2)
     assert "log so far: step 1 loss 0.5" in log.read_text()       # (tail -f follows the stage)
 
 
@@ -370,7 +370,7 @@ def test_an_interrupted_demo_resumes_to_the_uninterrupted_results(demo_ci, tmp_p
 
 def test_a_comparison_is_reused_only_over_the_same_seeds(tmp_path, monkeypatch):
     """--seeds 0 1 into an --out that holds the comparisons of --seeds 0 redoes them; the same seeds reuse them."""
-    def compare(cmd, log, name):                              # evaluate.py compare's record of its inputs
+    def compare(cmd, logs, name):                              # evaluate.py compare's record of its inputs
         i = cmd.index("--b")
         folder = Path(cmd[-1])
         folder.mkdir(parents=True, exist_ok=True)
@@ -421,8 +421,8 @@ def test_no_stage_starts_after_ctrl_c(tmp_path, monkeypatch):
     import threading
 
     monkeypatch.setattr(demo, "STOPPING", threading.Event())
-    assert demo.run_stage([sys.executable, "-c", "print('ran')"], tmp_path / "a.log", name="a") >= 0
+    assert demo.run_stage([sys.executable, "-c", "print('ran')"], tmp_path, "a") >= 0
     demo.STOPPING.set()
     with pytest.raises(demo.StageStopped, match=r"^\[b\] not started$"):
-        demo.run_stage([sys.executable, "-c", "print('ran')"], tmp_path / "b.log", name="b")
+        demo.run_stage([sys.executable, "-c", "print('ran')"], tmp_path, "b")
     assert not (tmp_path / "b.log").exists()
