@@ -12,6 +12,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 import curio_loss as cl
+from plumbing import attention
 
 
 def normed_hidden(model, batch):
@@ -20,25 +21,37 @@ def normed_hidden(model, batch):
     captured = {}
     hook = model.model.norm.register_forward_hook(lambda mod, inp, out: captured.update(h=out))
     try:
-        model(input_ids=batch["input_ids"], attention_mask=attention_masks(batch), logits_to_keep=1,
-              use_cache=False)                     # no KV cache: nothing here generates
+        model(input_ids=batch["input_ids"], attention_mask={"full_attention": attention_mask(batch)},
+              logits_to_keep=1, use_cache=False,     # no KV cache: nothing here generates
+              **packed_sequences(model, batch))
     finally:
         hook.remove()
     return captured["h"]
 
 
-def attention_masks(batch):
-    """The attention mask the decoder layers use, made here, where the host knows the padding
-    (data.collate's `padded`): from a [B, T] mask transformers would read values back to the host
-    on every forward (is the mask all ones? are sequences packed?), a GPU sync each time. Without
-    padding: no mask, causal by SDPA's flag (flash attention on a GPU). With it: causal and not
-    a padding key, [B, 1, T, T] bool, the mask transformers builds for SDPA."""
-    if not batch["padded"]:
-        return {"full_attention": None}
-    keep = batch["attention_mask"].bool()                                  # [B, T]
-    T = keep.shape[1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=keep.device).tril()   # [T, T]
-    return causal & keep[:, None, None, :]                                 # [B, 1, T, T]
+def attention_mask(batch):
+    """The attention mask the decoder layers use: none, so attention is causal by SDPA's flag (flash
+    attention on a GPU, which skips the tiles causality rules out). Exact for right-padded rows
+    too: under a causal mask no real token attends to a later padding token, and padded positions
+    are never trained (select_targets). transformers would build the mask from the [B, T] padding
+    mask, a dense [B, 1, T, T] one that no attention kernel can skip tiles of, after reading values
+    back to the host (is the mask all ones? are sequences packed?): a GPU sync every forward."""
+    return None
+
+
+def packed_sequences(model, batch) -> dict:
+    """The forward's arguments for a packed batch (data.collate, pack=True): every sequence's
+    positions from 0 and its bounds, which the model's attention (plumbing/attention.py) keeps
+    attention within; none for a padded batch."""
+    if "cu_seq_lens" not in batch:
+        return {}
+    if model.config._attn_implementation != attention.ATTENTION:
+        raise ValueError(f"a packed batch needs the model loaded with attn_implementation="
+                         f"{attention.ATTENTION!r} (plumbing/models.py), not "
+                         f"{model.config._attn_implementation!r}: it would attend across sequences")
+    lens = batch["seq_lens"]
+    return {"position_ids": batch["position_ids"], "cu_seq_lens_q": batch["cu_seq_lens"],
+            "max_length_q": max(lens), "seq_lens": tuple(lens)}
 
 
 def no_grad_logits(head, h):
@@ -61,7 +74,7 @@ def select_targets(hidden, batch):
     """The positions whose next token is trained (response, EOS): [B, T, H] -> h [N, H], y [N].
     By data.collate's target_index, which the host built: a boolean mask would make the GPU
     report N back to the host (a sync) before the step could go on."""
-    index = batch["target_index"]                                 # [N], flat positions b * T + t
+    index = batch["target_index"]                                 # [N], flat positions
     return hidden.flatten(0, 1)[index], batch["input_ids"].flatten()[index + 1]
 
 

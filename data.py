@@ -283,18 +283,24 @@ def build_sft_data(tokenizer, examples: list[Example], max_prompt_len: int = 102
 # --------------------------------------------------------------------------------------------------
 # Batching: one optimiser step = `global_batch` examples, split into length-grouped micro-batches
 # --------------------------------------------------------------------------------------------------
-def _padded(mb: list[int], lengths: list[int]) -> int:
-    return max(lengths[i] for i in mb) * len(mb)
+def _tokens(mb: list[int], lengths: list[int], pack: bool = False) -> int:
+    """The tokens a micro-batch computes: its sequences end to end (pack), else each padded to the
+    longest."""
+    return sum(lengths[i] for i in mb) if pack else max(lengths[i] for i in mb) * len(mb)
 
 
-def _pack(step: list[int], lengths: list[int], token_budget: int) -> list[list[int]]:
-    """Greedy packing, longest first: the first sequence of a micro-batch sets its padded length,
-    so a sequence joins while (n + 1) * that length fits. A sequence over the budget forms a
-    micro-batch alone."""
+def _pack(step: list[int], lengths: list[int], token_budget: int, pack: bool) -> list[list[int]]:
+    """Micro-batches of at most token_budget tokens (_tokens), longest sequence first; a sequence
+    over the budget forms a micro-batch alone. Padded: the first sequence of a micro-batch sets its
+    padded length, so a sequence joins the newest micro-batch while (n + 1) x that length fits.
+    Packed: first fit, a sequence joins the first micro-batch it fits in (fewer, fuller
+    micro-batches: a packed one has no padding to save)."""
     mbs = []
     for i in sorted(step, key=lambda i: (-lengths[i], i)):
-        if mbs and lengths[mbs[-1][0]] * (len(mbs[-1]) + 1) <= token_budget:
-            mbs[-1].append(i)
+        candidates = mbs if pack else mbs[-1:]
+        fits = [mb for mb in candidates if _tokens(mb + [i], lengths, pack) <= token_budget]
+        if fits:
+            fits[0].append(i)
         else:
             mbs.append([i])
     return mbs
@@ -325,27 +331,43 @@ def least_padded_split(lengths: list[int], groups: int, cap: int) -> list[int]:
     return sizes[::-1]
 
 
-def _deal(mbs: list[list[int]], lengths: list[int], world_size: int) -> list[list[list[int]]]:
-    """Equal micro-batch counts per rank, padded tokens balanced: costliest first, dealt in snake
+def balanced_groups(lengths: list[int], groups: int, most: int) -> list[list[int]]:
+    """Indices of `lengths` in `groups` packed micro-batches of at most `most` sequences each, their
+    tokens balanced: longest first, each to the group with the fewest tokens that has room (ties:
+    the first). Each group lists its indices in increasing order."""
+    if groups * most < len(lengths):
+        raise ValueError(f"{len(lengths)} sequences do not fit {groups} micro-batches of {most}")
+    parts, tokens = [[] for _ in range(groups)], [0] * groups
+    for i in sorted(range(len(lengths)), key=lambda i: (-lengths[i], i)):
+        g = min((g for g in range(groups) if len(parts[g]) < most), key=lambda g: tokens[g])
+        parts[g].append(i)
+        tokens[g] += lengths[i]
+    return [sorted(p) for p in parts]
+
+
+def _deal(mbs: list[list[int]], lengths: list[int], world_size: int,
+          pack: bool) -> list[list[list[int]]]:
+    """Equal micro-batch counts per rank, computed tokens balanced: costliest first, dealt in snake
     order (0..w-1, w-1..0, ...). Each rank then runs its largest micro-batch first, so an OOM shows
     at once."""
     ranks = [[] for _ in range(world_size)]
-    for k, mb in enumerate(sorted(mbs, key=lambda mb: -_padded(mb, lengths))):
+    for k, mb in enumerate(sorted(mbs, key=lambda mb: -_tokens(mb, lengths, pack))):
         r = k % world_size
         ranks[r if (k // world_size) % 2 == 0 else world_size - 1 - r].append(mb)
     return ranks
 
 
 def plan_micro_batches(lengths: list[int], global_batch: int, token_budget: int, world_size: int,
-                       seed: int, epoch: int) -> list[list[list[list[int]]]]:
+                       seed: int, epoch: int, pack: bool = False) -> list[list[list[list[int]]]]:
     """The epoch's plan: plan[step][rank] = micro-batches (lists of example indices) that rank runs.
 
     A pure function of its arguments, so every rank computes the same plan without communicating.
     Like DistributedSampler(drop_last=True): shuffled with seed + epoch, and the last len(lengths) %
     global_batch examples of the shuffled order are left out of this epoch. Within a step every
     example appears exactly once, ranks are disjoint, and every rank runs the same number of
-    micro-batches (FSDP's collectives hang otherwise). Padded size (longest * count) stays <=
-    token_budget except for a single sequence longer than it."""
+    micro-batches (FSDP's collectives hang otherwise). The tokens a micro-batch computes (_tokens:
+    packed end to end, or padded to its longest) stay <= token_budget except for a single sequence
+    longer than it."""
     if global_batch % world_size != 0:
         raise ValueError(f"global_batch {global_batch} is not divisible by world_size {world_size}")
     n_steps = len(lengths) // global_batch
@@ -356,49 +378,68 @@ def plan_micro_batches(lengths: list[int], global_batch: int, token_budget: int,
     order = torch.randperm(len(lengths), generator=shuffle).tolist()
     plan = []
     for s in range(n_steps):
-        mbs = _pack(order[s * global_batch : (s + 1) * global_batch], lengths, token_budget)
-        # Split the fullest micro-batch until ranks can get equal counts. This ends: all singletons
-        # give global_batch micro-batches, a multiple of world_size. Halves of a packed batch fit.
+        mbs = _pack(order[s * global_batch : (s + 1) * global_batch], lengths, token_budget, pack)
+        # Split a micro-batch until ranks can get equal counts. This ends: all singletons give
+        # global_batch micro-batches, a multiple of world_size. Parts of a micro-batch fit.
         while len(mbs) % world_size:
-            mb = mbs.pop(max(range(len(mbs)), key=lambda j: len(mbs[j])))
-            mbs += [mb[: len(mb) // 2], mb[len(mb) // 2 :]]
-        plan.append(_deal(mbs, lengths, world_size))
+            if pack:    # the most tokens of those with 2+ sequences, alternately: halves alike
+                size = [(len(mb) > 1, _tokens(mb, lengths, pack)) for mb in mbs]
+                mb = mbs.pop(size.index(max(size)))
+                mbs += [mb[0::2], mb[1::2]]
+            else:       # the most sequences, into its longer and its shorter half
+                mb = mbs.pop(max(range(len(mbs)), key=lambda j: len(mbs[j])))
+                mbs += [mb[: len(mb) // 2], mb[len(mb) // 2 :]]
+        plan.append(_deal(mbs, lengths, world_size, pack))
     return plan
 
 
-def collate(batch: list[tuple[list[int], list[int]]], pad_id: int, device=None) -> dict:
-    """Right-pads a micro-batch to its longest sequence; its tensors on `device` if given.
+def collate(batch: list[tuple[list[int], list[int]]], pad_id: int, device=None,
+            pack: bool = False) -> dict:
+    """A micro-batch as tensors, on `device` if given: right-padded rows [B, T] to its longest
+    sequence, or (pack) one row [1, sum of lengths] of the sequences end to end, without padding.
 
     loss_mask is aligned with input_ids: loss_mask[b, t] = 1 when token input_ids[b, t] is a trained
     target, predicted from positions < t. The trainer therefore scores logits[:, :-1] against
-    input_ids[:, 1:] and weights with loss_mask[:, 1:] (position 0 is never a target). Padding has
-    attention_mask = loss_mask = 0. target_index [N] lists the flat positions b * T + t whose next
-    token is trained, in order: the host knows them here, so selecting them on a GPU needs no
-    boolean mask (a device-to-host sync). padded (a bool) says whether any sequence is shorter than
-    T: without padding the model needs no attention mask (chunked_logits.normed_hidden)."""
-    T = max(len(ids) for ids, _ in batch)
-    input_ids = torch.full((len(batch), T), pad_id, dtype=torch.long)  # [B, T]
-    attention_mask = torch.zeros(len(batch), T, dtype=torch.long)     # [B, T]
-    loss_mask = torch.zeros(len(batch), T, dtype=torch.float32)       # [B, T], float: weighs losses
-    target_index = []
+    input_ids[:, 1:] and weights with loss_mask[:, 1:] (position 0 is never a target). target_index
+    [N] lists the flat positions whose next token is trained, in order: the host knows them here,
+    so selecting them on a GPU needs no boolean mask (a device-to-host sync). seq_lens: the
+    sequences' lengths, on the host.
+    Padded: padding has attention_mask = loss_mask = 0; padded (a bool) says whether any sequence
+    is shorter than T. Packed: position_ids restart at 0 with each sequence and cu_seq_lens [B + 1]
+    (int32) are its offsets: attention stays inside each sequence (plumbing/attention.py)."""
+    lens = [len(ids) for ids, _ in batch]
     for b, (ids, mask) in enumerate(batch):
         if len(ids) != len(mask):
             raise ValueError(f"batch item {b}: {len(ids)} ids but {len(mask)} mask entries")
-        input_ids[b, : len(ids)] = torch.as_tensor(ids)
-        attention_mask[b, : len(ids)] = 1
-        loss_mask[b, : len(ids)] = torch.as_tensor(mask, dtype=torch.float32)
+    rows, T = (1, sum(lens)) if pack else (len(batch), max(lens))
+    input_ids = torch.full((rows, T), pad_id, dtype=torch.long)       # [B, T] or [1, sum]
+    loss_mask = torch.zeros(rows, T, dtype=torch.float32)             # float: weighs losses
+    target_index, start = [], 0
+    for b, (ids, mask) in enumerate(batch):
+        row, col = (0, start) if pack else (b, 0)
+        input_ids[row, col : col + len(ids)] = torch.as_tensor(ids)
+        loss_mask[row, col : col + len(ids)] = torch.as_tensor(mask, dtype=torch.float32)
         flags = mask.tolist() if isinstance(mask, torch.Tensor) else mask
-        target_index += [b * T + t - 1 for t in range(1, len(flags)) if flags[t]]
-    tensors = {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask,
+        first = row * T + col                                         # flat position of token 0
+        target_index += [first + t - 1 for t in range(1, len(flags)) if flags[t]]
+        start += len(ids)
+    tensors = {"input_ids": input_ids, "loss_mask": loss_mask,
                "target_index": torch.tensor(target_index, dtype=torch.long)}          # [N]
+    if pack:
+        tensors["position_ids"] = torch.cat([torch.arange(n) for n in lens]).view(1, -1)
+        offsets = torch.tensor([0] + lens).cumsum(0)
+        tensors["cu_seq_lens"] = offsets.to(torch.int32)
+    else:
+        tensors["attention_mask"] = (torch.arange(T) < torch.tensor(lens)[:, None]).long()
     if device is not None:
         tensors = {k: v.to(device) for k, v in tensors.items()}
-    return tensors | {"padded": any(len(ids) < T for ids, _ in batch)}
+    return tensors | {"seq_lens": lens, "padded": not pack and min(lens) < T}
 
 
-def collate_ids(example_ids: list[int], dataset, pad_id: int, device=None) -> dict:
+def collate_ids(example_ids: list[int], dataset, pad_id: int, device=None,
+                pack: bool = False) -> dict:
     """collate of the examples dataset[i] for i in example_ids: one micro-batch of a plan."""
-    return collate([dataset[i] for i in example_ids], pad_id, device)
+    return collate([dataset[i] for i in example_ids], pad_id, device, pack)
 
 
 def examples_of(batch: list[list[list[int]]], micro_batches: list[int]) -> list[int]:
@@ -411,10 +452,12 @@ def examples_of(batch: list[list[list[int]]], micro_batches: list[int]) -> list[
     return ids
 
 
-def padding_efficiency(lengths: list[int], micro_batches: list[list[int]]) -> float:
-    """Real tokens / padded tokens over the micro-batches (1.0 = no padding), for logging."""
+def padding_efficiency(lengths: list[int], micro_batches: list[list[int]],
+                       pack: bool = False) -> float:
+    """Real tokens / computed tokens over the micro-batches (1.0 = no padding, as when packed), for
+    logging."""
     real = sum(lengths[i] for mb in micro_batches for i in mb)
-    return real / sum(_padded(mb, lengths) for mb in micro_batches)
+    return real / sum(_tokens(mb, lengths, pack) for mb in micro_batches)
 
 
 # --------------------------------------------------------------------------------------------------

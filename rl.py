@@ -128,6 +128,9 @@ class Args(evaluation.ValidationArgs):
     """bf16 compute with float32 master weights and reductions (CUDA only; CPU runs float32)"""
     grad_ckpt: bool = True
     """activation checkpointing of the decoder layers"""
+    pack: bool = True
+    """padding-free micro-batches: the sequences end to end in one row, attention within each
+    (plumbing/attention.py); --no-pack: right-padded rows"""
     engine: Literal[generation.ENGINES] = "auto"
     """auto: vLLM with CUDA and the vllm package, else HF generate | hf | vllm"""
     gpu_memory_utilization: float = 0.6
@@ -374,8 +377,8 @@ def entropy_bonus_scale(mbs: list[MicroBatch], args, device):
     sync), or None (--entropy_coef 0)."""
     if not args.entropy_coef:
         return None
-    tokens = sum(mb.batch["attention_mask"].sum() for mb in mbs).double()
-    counts = torch.stack([tokens, torch.full((), float(len(mbs)), device=device).double()])
+    tokens = sum(sum(mb.batch["seq_lens"]) for mb in mbs)
+    counts = torch.tensor([float(tokens), float(len(mbs))], dtype=torch.float64, device=device)
     dist.all_reduce(counts)                           # the mini-batch's tokens, our micro-batches
     per_gpu = counts[0] / (args.loss_agg_ranks * args.entropy_pack_tokens)
     return args.loss_agg_ranks * torch.ceil(per_gpu) / counts[1]
@@ -409,7 +412,7 @@ def loss_denominator(mbs: list[MicroBatch], args, device):
     if args.loss_agg == "token_mean":
         count = sum(len(mb.adv) for mb in mbs)
     else:
-        count = sum(len(mb.batch["input_ids"]) for mb in mbs) * args.max_response_len
+        count = sum(len(mb.batch["seq_lens"]) for mb in mbs) * args.max_response_len
     denominator = torch.full((), float(count), device=device)    # nccl: CUDA tensors only
     dist.all_reduce(denominator)
     return denominator
@@ -465,10 +468,10 @@ def micro_batches(prompt_ids, samples, adv, args, pad_id, device,
     """Sequences prompt + response (the response, its EOS included when it stopped, is trained),
     grouped into mini-batches (one per optimiser step) of micro-batches: as many as micro-batches of
     `micro_batch` sequences would make (every rank the same count, as FSDP's collectives require),
-    none over micro_batch longest sequences' tokens, sized by length to pad least
-    (data.least_padded_split). adv[i][j]: the advantage of group i's sample j, demo_adv[i][j] that
-    of its expert's tokens (--hybrid prefix_rft; else adv). Returns minis[m] = [MicroBatch],
-    without old log-probs yet."""
+    none over micro_batch longest sequences' tokens: packed with their tokens balanced
+    (data.balanced_groups), or padded, sized by length to pad least (data.least_padded_split).
+    adv[i][j]: the advantage of group i's sample j, demo_adv[i][j] that of its expert's tokens
+    (--hybrid prefix_rft; else adv). Returns minis[m] = [MicroBatch], without old log-probs yet."""
     demo_adv = adv if demo_adv is None else demo_adv
     per_mini = args.mini_batch // dist.get_world_size()          # prompts per mini-batch, this rank
     minis = []
@@ -485,11 +488,18 @@ def micro_batches(prompt_ids, samples, adv, args, pad_id, device,
         seqs.sort(key=lambda t: -len(t[0]))
         groups = -(-len(seqs) // args.micro_batch)
         cap = args.micro_batch * max(args.max_prompt_len + args.max_response_len, len(seqs[0][0]))
-        sizes = data.least_padded_split([len(t[0]) for t in seqs], groups, cap)
-        mbs, first = [], 0
-        for size in sizes:
-            part, first = seqs[first : first + size], first + size
-            batch = data.collate([(ids, mask) for ids, mask, *_ in part], pad_id, device)
+        lengths = [len(t[0]) for t in seqs]
+        if args.pack:
+            parts = data.balanced_groups(lengths, groups, args.micro_batch)
+        else:
+            sizes = data.least_padded_split(lengths, groups, cap)
+            ends = itertools.accumulate(sizes)
+            parts = [range(end - size, end) for end, size in zip(ends, sizes)]
+        mbs = []
+        for indices in parts:
+            part = [seqs[k] for k in indices]
+            batch = data.collate([(ids, mask) for ids, mask, *_ in part], pad_id, device,
+                                 args.pack)
             adv_tok = torch.tensor(list(itertools.chain.from_iterable(t[2] for t in part)))  # [N]
             engine_lp = torch.tensor(list(itertools.chain.from_iterable(t[4] for t in part)))  # [N]
             mb = MicroBatch(batch, adv_tok.to(device), engine_lp=engine_lp.to(device))

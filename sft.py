@@ -61,7 +61,11 @@ class Args(evaluation.ValidationArgs):
     updates_per_batch: int = 1
     """optimiser steps per data batch; PSFT's ratio needs more than 1"""
     token_budget: int = 16384
-    """padded tokens per micro-batch per rank (gradient accumulation fills the data batch)"""
+    """tokens per micro-batch per rank (gradient accumulation fills the data batch): its sequences
+    end to end with --pack, else each padded to the longest"""
+    pack: bool = True
+    """padding-free micro-batches: the sequences end to end in one row, attention within each
+    (plumbing/attention.py); --no-pack: right-padded rows"""
     max_prompt_len: int = 1024
     """longer prompts are dropped, and counted"""
     max_response_len: int = 8192
@@ -262,7 +266,7 @@ def plan_steps(lengths, world, args, epoch, batch_idx):
     rank (every rank has as many micro-batches)."""
     for e in range(epoch, args.epochs):
         batches = data.plan_micro_batches(lengths, args.global_batch, args.token_budget, world,
-                                          args.seed, e)
+                                          args.seed, e, args.pack)
         for b in range(batch_idx if e == epoch else 0, len(batches)):
             parts = torch.arange(len(batches[b][0])).tensor_split(args.updates_per_batch)
             for update, part in enumerate(parts):
@@ -416,7 +420,7 @@ def train(args, user_loss_cfg, device):
     # ---- ALGO LOGIC: one optimiser step per iteration (Alg. 1 lines 2-17)
     for epoch, batch_idx, update, batch, step_mbs in steps:
         if update == 0:                 # a new data batch: this rank's micro-batches, on the device
-            mine = [data.collate_ids(mb, dataset, tokenizer.pad_token_id, device)
+            mine = [data.collate_ids(mb, dataset, tokenizer.pad_token_id, device, args.pack)
                     for mb in batch[rank]]
             old_logp = baselines.old_log_probs(model, mine, args)     # PSFT's ratio; else None
         step_examples = data.examples_of(batch, step_mbs)                # every rank's, this step
@@ -460,7 +464,8 @@ def train(args, user_loss_cfg, device):
                            "lr": lr_at(step - 1, total_steps, args),
                            "tokens_per_s": sum(lengths[i] for i in step_examples) / dt,
                            "step_time_s": dt,
-                           "padding_efficiency": data.padding_efficiency(lengths, sum(batch, [])),
+                           "padding_efficiency": data.padding_efficiency(lengths, sum(batch, []),
+                                                                         args.pack),
                            **cl.summarize(all_diags, cfg.alpha)})
         if evaluation.eval_due(step, args.eval_every):      # validation, a part of this step
             evaluation.validate(engine, model, tokenizer, val_set, val_cfg, step, log, val_samples)

@@ -9,7 +9,8 @@ data.plan_micro_batches over one epoch with the paper's preset (global batch 256
 32,768-token budget). GRPO: rl.micro_batches for one rank's share of a mini-batch (the paper's
 preset: 64 prompts x 8 rollouts per mini-batch, micro-batches of 4 sequences), over --mini_batches
 mini-batches. Padding share = padded tokens / computed tokens (micro-batch size x its longest
-sequence).
+sequence); each plan padded (--no-pack) and packed (the default: no padding by construction,
+and fewer, fuller micro-batches).
 """
 import argparse
 import dataclasses
@@ -32,33 +33,36 @@ def response_lengths(n: int, rng: random.Random) -> list[int]:
     return [min(8192, max(200, round(rng.lognormvariate(7.6, 0.8)))) for _ in range(n)]
 
 
-def sft_share(lengths: list[int]) -> float:
-    plan = data.plan_micro_batches(lengths, 256, 32768, GPUS, seed=0, epoch=0)
-    computed = real = 0
-    for step in plan:
-        for rank in step:
-            for mb in rank:
-                computed += len(mb) * max(lengths[i] for i in mb)
-                real += sum(lengths[i] for i in mb)
-    return 1 - real / computed
+def sft_plan(lengths: list[int], pack: bool) -> tuple[float, float]:
+    """Padding share of computed tokens and micro-batches per optimiser step per GPU, over one
+    epoch of sft.py's plan at the paper's preset."""
+    plan = data.plan_micro_batches(lengths, 256, 32768, GPUS, seed=0, epoch=0, pack=pack)
+    mbs = [mb for step in plan for rank in step for mb in rank]
+    computed = sum(data._tokens(mb, lengths, pack) for mb in mbs)
+    real = sum(lengths[i] for mb in mbs for i in mb)
+    return 1 - real / computed, len(mbs) / len(plan) / GPUS
 
 
-def rl_share(rng: random.Random, minis: int) -> float:
-    (args,) = parse_config(rl.Args,
-                           argv=["config/rl_paper.py", "--model", "-", "--train_file", "-"])
+def rl_plan(rng: random.Random, minis: int, pack: bool) -> tuple[float, float]:
+    """Padding share of computed tokens and the fullest micro-batch's tokens over the mean, over
+    `minis` mini-batches of one rank under rl.py's plan at the paper's preset."""
+    argv = ["config/rl_paper.py", "--model", "-", "--train_file", "-"]
+    (args,) = parse_config(rl.Args, argv=argv + ["--pack" if pack else "--no-pack"])
     # one rank's prompts, world of one
     args = dataclasses.replace(args, mini_batch=args.mini_batch // GPUS)
     computed = real = 0
+    fullest = []
     for _ in range(minis):
         prompts = [[0] * rng.randint(40, 600) for _ in range(args.mini_batch)]
         samples = [[rl.generation.Sample([0] * n, "", None, None, "stop")
                     for n in response_lengths(args.rollouts, rng)] for _ in prompts]
         adv = [[0.0] * args.rollouts for _ in prompts]
-        for mb in rl.micro_batches(prompts, samples, adv, args, 0, None)[0]:
-            ids = mb.batch["input_ids"]
-            computed += ids.numel()
-            real += int(mb.batch["attention_mask"].sum())
-    return 1 - real / computed
+        sizes = [mb.batch["input_ids"].numel()
+                 for mb in rl.micro_batches(prompts, samples, adv, args, 0, None)[0]]
+        fullest.append(max(sizes) / (sum(sizes) / len(sizes)))
+        computed += sum(sizes)
+        real += sum(len(p) + len(s.token_ids) for p, group in zip(prompts, samples) for s in group)
+    return 1 - real / computed, sum(fullest) / len(fullest)
 
 
 def main() -> None:
@@ -72,10 +76,16 @@ def main() -> None:
     lengths = [rng.randint(40, 600) + n for n in response_lengths(args.examples, rng)]
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     torch.set_num_threads(1)
-    print(f"SFT, {args.examples} examples, one epoch: padding {sft_share(lengths):.2%} of computed "
-          "tokens")
-    print(f"GRPO, {args.mini_batches} mini-batches of one rank: padding "
-          f"{rl_share(rng, args.mini_batches):.2%} of computed tokens")
+    for pack in (False, True):
+        layout = "packed" if pack else "padded"
+        share, per_gpu = sft_plan(lengths, pack)
+        print(f"SFT, {args.examples} examples, one epoch, {layout}: padding {share:.2%} of computed "
+              f"tokens, {per_gpu:.2f} micro-batches a step per GPU")
+    for pack in (False, True):
+        layout = "packed" if pack else "padded"
+        share, fullest = rl_plan(random.Random(args.seed + 1), args.mini_batches, pack)
+        print(f"GRPO, {args.mini_batches} mini-batches of one rank, {layout}: padding {share:.2%} "
+              f"of computed tokens, the fullest micro-batch {fullest:.2f}x the mean")
     dist.destroy_process_group()
 
 

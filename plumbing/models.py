@@ -10,6 +10,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from plumbing import attention
 from plumbing.distributed import print0
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name, as the Hugging Face hub names models
@@ -84,15 +85,17 @@ def load_full_model(path: str, scratch: bool, seed: int):
     from transformers import AutoConfig, AutoModelForCausalLM
 
     check_model_dir(path, weights=not scratch)
-    # no trust_remote_code: architectures transformers knows
+    # no trust_remote_code: architectures transformers knows. The attention that keeps a packed
+    # micro-batch's sequences apart (transformers' SDPA otherwise)
     config = AutoConfig.from_pretrained(path)
+    kwargs = {"dtype": torch.float32, "attn_implementation": attention.ATTENTION}
     if dist.get_rank() != 0:
         with torch.device("meta"):
-            return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+            return AutoModelForCausalLM.from_config(config, **kwargs)
     if scratch:
         torch.manual_seed(seed)
-        return AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    return AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32, use_safetensors=True)
+        return AutoModelForCausalLM.from_config(config, **kwargs)
+    return AutoModelForCausalLM.from_pretrained(path, use_safetensors=True, **kwargs)
 
 
 def shard_model(model, device, bf16: bool, grad_ckpt: bool, trainable: bool = True,

@@ -224,13 +224,18 @@ def test_build_sft_data_drops_and_counts_overlong(tok):
 # ---------------------------------------------------------------------------------------------------------
 # Micro-batch plan
 # ---------------------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("pack", [False, True])
 @pytest.mark.parametrize("world_size", [1, 2, 8])
 @pytest.mark.parametrize("token_budget", [600, 10**6])
-def test_plan_covers_each_example_once_with_equal_counts(world_size, token_budget):
+def test_plan_covers_each_example_once_with_equal_counts(world_size, token_budget, pack):
     rng = random.Random(world_size)
     lengths = [rng.randint(10, 300) for _ in range(203)] + [700, 900]  # two over the 600 budget
     global_batch = 32
-    plan = data.plan_micro_batches(lengths, global_batch, token_budget, world_size, seed=0, epoch=0)
+    plan = data.plan_micro_batches(lengths, global_batch, token_budget, world_size, seed=0, epoch=0, pack=pack)
+
+    def tokens(mb):   # computed: end to end when packed, else padded to the longest
+        return sum(lengths[i] for i in mb) if pack else max(lengths[i] for i in mb) * len(mb)
+
     assert len(plan) == len(lengths) // global_batch  # last partial batch dropped
     seen = []
     for step in plan:
@@ -242,11 +247,43 @@ def test_plan_covers_each_example_once_with_equal_counts(world_size, token_budge
         costs = []
         for mbs in step:
             for mb in mbs:
-                assert mb and (max(lengths[i] for i in mb) * len(mb) <= token_budget or len(mb) == 1)
-            costs.append(sum(max(lengths[i] for i in mb) * len(mb) for mb in mbs))
-        biggest = max(max(lengths[i] for i in mb) * len(mb) for mbs in step for mb in mbs)
+                assert mb and (tokens(mb) <= token_budget or len(mb) == 1)
+            costs.append(sum(tokens(mb) for mb in mbs))
+        biggest = max(tokens(mb) for mbs in step for mb in mbs)
         assert max(costs) - min(costs) <= biggest  # snake dealing keeps ranks within one micro-batch
     assert len(seen) == len(set(seen))  # no example twice in an epoch
+
+
+def test_a_packed_plan_fills_micro_batches_first_fit():
+    # budget 10: padded, 6 then 5 cannot share (2 x 6 > 10) and 4 joins only 5 (2 x 5); packed,
+    # first fit puts 4 beside 6 and 5 alone: 2 micro-batches of 10 and 5 tokens, none padded
+    lengths = [6, 5, 4]
+    padded = data.plan_micro_batches(lengths, 3, 10, 1, seed=0, epoch=0)[0][0]
+    packed = data.plan_micro_batches(lengths, 3, 10, 1, seed=0, epoch=0, pack=True)[0][0]
+    assert sorted(map(sorted, padded)) == [[0], [1, 2]]
+    assert sorted(map(sorted, packed)) == [[0, 2], [1]]
+    assert data.padding_efficiency(lengths, packed, pack=True) == 1.0
+    assert data.padding_efficiency(lengths, padded) == 15 / 16
+
+
+def test_balanced_groups_balance_tokens_within_the_sequence_count():
+    lengths = [9, 8, 7, 3, 2, 1]
+    # longest first to the emptier group: 9 | 8, 7 | 3, 2 to the first (9 < 15, 12 < 15) | 1 to the second (full)
+    assert data.balanced_groups(lengths, 2, 3) == [[0, 3, 4], [1, 2, 5]]          # 14 and 16 tokens
+    rng = random.Random(0)
+    for _ in range(50):
+        lengths = [rng.randint(1, 100) for _ in range(rng.randint(1, 30))]
+        most = rng.randint(1, 6)
+        groups = -(-len(lengths) // most)
+        parts = data.balanced_groups(lengths, groups, most)
+        assert sorted(i for p in parts for i in p) == list(range(len(lengths)))
+        assert len(parts) == groups and all(len(p) <= most for p in parts)
+        sums = [sum(lengths[i] for i in p) for p in parts]
+        # LPT: the fullest is within one sequence of the emptiest when no group is full
+        if all(len(p) < most for p in parts):
+            assert max(sums) - min(sums) <= max(lengths)
+    with pytest.raises(ValueError, match="do not fit 1 micro-batches of 2"):
+        data.balanced_groups([1, 2, 3], 1, 2)
 
 
 def test_plan_deals_in_snake_order():
@@ -287,6 +324,22 @@ def test_collate_right_pads():
     assert out["padded"] is True and data.collate(batch[1:], pad_id=0)["padded"] is False
     with pytest.raises(ValueError, match="batch item 0"):
         data.collate([([1, 2], [1])], pad_id=0)
+
+
+def test_collate_packs_end_to_end():
+    batch = [([5, 6, 7], [0, 1, 1]), ([8, 9, 10, 11, 12], [0, 0, 1, 1, 1])]
+    out = data.collate(batch, pad_id=0, pack=True)
+    assert out["input_ids"].tolist() == [[5, 6, 7, 8, 9, 10, 11, 12]]
+    assert out["position_ids"].tolist() == [[0, 1, 2, 0, 1, 2, 3, 4]]
+    assert out["cu_seq_lens"].tolist() == [0, 3, 8] and out["cu_seq_lens"].dtype == torch.int32
+    assert out["loss_mask"].tolist() == [[0, 1, 1, 0, 0, 1, 1, 1]]
+    assert "attention_mask" not in out and out["padded"] is False and out["seq_lens"] == [3, 5]
+    # the same trained tokens as the padded layout, at their packed positions (never across a boundary:
+    # the first sequence's last token predicts nothing)
+    padded = data.collate(batch, pad_id=0)
+    assert out["input_ids"].flatten()[out["target_index"] + 1].tolist() == \
+        padded["input_ids"].flatten()[padded["target_index"] + 1].tolist() == [6, 7, 10, 11, 12]
+    assert out["target_index"].tolist() == [0, 1, 4, 5, 6]
 
 
 def test_padding_efficiency_by_hand():
@@ -436,16 +489,21 @@ def test_least_padded_split_is_the_cheapest_split_within_the_cap():
         assert cost(sizes) == min(cost(c) for c in feasible)
 
 
-def test_the_paper_presets_pad_under_5_percent_of_computed_tokens():
+def test_the_paper_presets_pad_under_5_percent_and_packing_pads_nothing_in_fewer_micro_batches():
     """bench/padding.py: long-tailed lengths (a few hundred to 8,192 tokens) through sft.py's and rl.py's own
-    micro-batch plans at the paper's presets."""
+    micro-batch plans at the paper's presets, padded and packed."""
     root = Path(__file__).resolve().parents[1]
     done = subprocess.run([sys.executable, str(root / "bench" / "padding.py"), "--examples", "8000",
                            "--mini_batches", "20"], cwd=root,
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr[-2000:]
     shares = [float(x) for x in re.findall(r"padding ([\d.]+)%", done.stdout)]
-    assert len(shares) == 2 and all(0 < s < 5 for s in shares), done.stdout
+    assert len(shares) == 4 and all(0 < s < 5 for s in shares[0::2]), done.stdout
+    assert shares[1::2] == [0, 0], done.stdout
+    padded, packed = (float(x) for x in re.findall(r"([\d.]+) micro-batches a step", done.stdout))
+    assert packed < padded, done.stdout          # fuller micro-batches, as the budget now counts real tokens
+    padded, packed = (float(x) for x in re.findall(r"fullest micro-batch ([\d.]+)x", done.stdout))
+    assert packed < 1.2 < padded, done.stdout    # packed: tokens balanced; padded: long ones go alone
 
 
 def test_a_chat_template_that_breaks_or_escapes_its_sandbox_is_one_line(tok):

@@ -266,14 +266,15 @@ def test_policy_update_combines_its_micro_batches_as_loss_agg_says(checkpoint, w
     assert grad_norm == pytest.approx(torch.stack([w.norm() for w in want]).norm().item(), rel=1e-4)
 
 
-def test_micro_batches_give_every_response_token_its_group_advantage(world_of_one):
+@pytest.mark.parametrize("pack", [True, False])
+def test_micro_batches_give_every_response_token_its_group_advantage(world_of_one, pack):
     G, n = 4, 3
     prompt_ids = [[1, 2, 3], [1, 2], [4, 5, 6, 7], [1]]
     # response tokens 100 + n*i + j identify their (prompt i, rollout j); lengths vary, to need padding
     samples = [[generation.Sample([100 + n * i + j] * (1 + (i + 2 * j) % 4), "", [], [], "stop") for j in range(n)]
                for i in range(G)]
     adv = torch.arange(G * n, dtype=torch.float32).view(G, n) / 10 - 0.5
-    args = rl.Args(mini_batch=2, micro_batch=2)
+    args = rl.Args(mini_batch=2, micro_batch=2, pack=pack)
     minis = rl.micro_batches(prompt_ids, samples, adv, args, pad_id=0, device=torch.device("cpu"))
     assert len(minis) == G // args.mini_batch
     seen = []

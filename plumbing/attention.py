@@ -1,0 +1,63 @@
+"""Plumbing (a reader of the method may skip this file): attention over a packed micro-batch.
+
+The trainers pack a micro-batch's sequences into one row without padding (data.collate with
+pack=True), as verl's `use_remove_padding` does: no token of a padded position is computed, and
+attention runs inside each sequence only (causal, restarting at each sequence's first token). The
+model is loaded with ATTENTION, a function transformers calls in every decoder layer in place of
+its SDPA one:
+- with the packed row's sequence boundaries (chunked_logits.normed_hidden passes them):
+  torch's varlen flash attention on CUDA (one kernel over every sequence, causal tiles skipped),
+  else causal SDPA over each sequence in turn (the CPU; a torch without varlen_attn's GQA);
+- without them (HF generate, a test's plain forward): transformers' own SDPA, unchanged.
+"""
+import inspect
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+ATTENTION = "curio_varlen"          # the name models are loaded with (plumbing/models.py)
+
+
+def _varlen_attn():
+    """torch's varlen_attn if it has this call's form (torch >= 2.11: window_size and enable_gqa),
+    else None."""
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:
+        return None
+    params = inspect.signature(varlen_attn).parameters
+    return varlen_attn if {"window_size", "enable_gqa"} <= params.keys() else None
+
+
+VARLEN_ATTN = _varlen_attn()
+
+
+def packed_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
+                     cu_seq_lens_q=None, max_length_q=None, seq_lens=None, **kwargs):
+    """Causal attention within each sequence of a packed row: query [1, Hq, T, D], key and value
+    [1, Hkv, T, D], the sequences' lengths (seq_lens, on the host) and their offsets
+    (cu_seq_lens_q [n + 1] int32, on the device) -> ([1, T, Hq, D], None), as transformers'
+    attention functions return. Without seq_lens: transformers' SDPA."""
+    if seq_lens is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, **kwargs)
+    if attention_mask is not None or dropout:
+        raise ValueError("packed attention takes no attention mask and no dropout")
+    if query.is_cuda and VARLEN_ATTN is not None:
+        q, k, v = (x.transpose(1, 2)[0] for x in (query, key, value))          # [T, H, D]
+        out = VARLEN_ATTN(q, k, v, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q,
+                          scale=scaling, window_size=(-1, 0), enable_gqa=q.shape[1] != k.shape[1])
+        return out.unsqueeze(0), None
+    outs, start = [], 0
+    for n in seq_lens:
+        part = [x[:, :, start : start + n] for x in (query, key, value)]
+        outs.append(sdpa_attention_forward(module, *part, None, scaling=scaling,
+                                           is_causal=True)[0])                    # [1, n, Hq, D]
+        start += n
+    return torch.cat(outs, dim=1), None
+
+
+AttentionInterface.register(ATTENTION, packed_attention)
+AttentionMaskInterface.register(ATTENTION, sdpa_mask)     # masks as for SDPA when not packed
