@@ -388,6 +388,20 @@ def rule_rows(n=64, v=20000, k=512):
     return torch.cat([tied, rival, straddle, masked])
 
 
+@pytest.mark.parametrize("v", [V_BIG, 152064, V_BIG + 7, 4096])
+def test_top_k_values_are_torch_topks_to_the_bit(v):
+    """The top-k from block maxima (the teacher side's App. D entropy reads it) against torch.topk over the whole
+    row: LLM-like rows, rows of integer logits (ties across blocks at the k-th value), an all-equal row, -inf
+    entries, a vocabulary with a tail block, one too small for the blocks."""
+    z = llm_like_logits(40, v, seed=5)
+    z[:12] = (z[:12] * 2).round()
+    z[12] = 0.0
+    z[13, : v // 2] = float("-inf")
+    for k in (1, 64, 512):
+        assert torch.equal(cl._top_k_values(z, k), z.topk(k, dim=-1).values)
+        assert torch.equal(cl._top_k_values(z.bfloat16(), k), z.bfloat16().topk(k, dim=-1).values)
+
+
 def test_low_entropy_rule_is_exact():
     """The forced-tau_min decision equals the exact float64 H_full <= 0.03 on rule_rows, on both sides of the
     threshold, including rows whose top-k entropy is low while the full one is not."""
