@@ -14,12 +14,14 @@ the end. Each part has a time limit; a part that would not end before the check'
 skipped, and says so.
 
 1. SFT steps of sft, curio and curio_self_teacher on random weights with a real model's shapes, one
-   padded micro-batch of 8k-token sequences, bf16, activation checkpointing, the presets' logging,
-   logits scaled to a real model's entropy, sft.train's own runs under torchrun (nccl):
-   bench/sft_step.py. Tokens/s, MFU and HFU, peak memory next to the memory planner's prediction,
-   and the CurioSFT / SFT step-time ratios.
+   micro-batch of 8k-token sequences, bf16, activation checkpointing, the presets' logging, logits
+   scaled to a real model's entropy, sft.train's own runs under torchrun (nccl):
+   bench/sft_step.py, packed (the default) and in the old padded form with a dense mask, side by
+   side in the same rounds. Tokens/s, MFU and HFU, peak memory next to the memory planner's
+   prediction, the CurioSFT / SFT step-time ratios, and each variant's packed / old step time.
 2. The teacher side of the loss (curio_loss.teacher_log_prob) against one logsumexp pass over the
-   same logits, 4096 x 151936, bf16 on CUDA.
+   same logits, 4096 x 151936, bf16 on CUDA; its top-k from block maxima beside torch.topk over
+   the whole row (the old form).
 3. The bf16 error of lp, lq and w_t: a bf16 head against a float32 one on the same hidden states,
    4096 x 151936.
 4. evaluate.py (HF engine, bf16) on the demo's toy task (demo/toy.py) with a small random model.
@@ -42,6 +44,7 @@ import tarfile
 import tempfile
 import time
 from pathlib import Path
+from unittest import mock
 
 import torch
 
@@ -159,13 +162,17 @@ SFT_FIGURES += [("curio / sft step time", "x"), ("curio_self_teacher / sft step 
 SFT_FIGURES += [(f"{v} {what}", unit) for v in sft_step.VARIANTS
                 for what, unit in (("peak memory", "GiB"), ("planner prediction", "GiB"),
                                    ("measured / planned", "x"))]
+OLD_FORM = "dense_mask"          # sft.py's form at 6fbcbf7, timed beside the default (packed)
+SFT_FIGURES += [(f"{v} {what}", unit) for v in sft_step.VARIANTS
+                for what, unit in ((f"step time, {OLD_FORM}", "s"), (f"packed / {OLD_FORM}", "x"),
+                                   (f"peak memory, {OLD_FORM}", "GiB"))]
 
 
 def sft_steps(a, scratch: Path, summary: Summary, timeout_s: float):
     result_file = scratch / "sft_step.json"
     cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
            "bench/sft_step.py", "--shape", a.shape, "--rounds", str(a.rounds), "--json",
-           result_file]
+           result_file, "--forms", OLD_FORM, "packed"]
     cmd += ["--layers", str(a.layers)] if a.layers else []
     cmd += ["--peak_tflops", str(a.peak_tflops)] if a.peak_tflops else []
     # smoke: one thread, as this process takes (tiny models on a shared CPU: more only spin-wait)
@@ -207,13 +214,24 @@ def sft_steps(a, scratch: Path, summary: Summary, timeout_s: float):
                     note=m["planner_note"])
         summary.add(sec, f"{v} measured / planned", ratio, "x", f"within {TARGETS['planner']:.0%}",
                     None if ratio is None else abs(ratio - 1) <= TARGETS["planner"])
+    old = r["forms"][OLD_FORM]["variants"]
+    for v, m in r["variants"].items():
+        summary.add(sec, f"{v} step time, {OLD_FORM}", old[v]["step_s"], "s",
+                    note=sft_step.FORMS[OLD_FORM] + "; timed in the same rounds")
+        summary.add(sec, f"{v} packed / {OLD_FORM}", m["ratio_to_first_form"], "x",
+                    note="step time, the same sequences")
+        peak = old[v]["peak_bytes"]
+        summary.add(sec, f"{v} peak memory, {OLD_FORM}", peak and peak / GIB, "GiB",
+                    status=None if peak else "n/a")
 
 
 # ------------------------------------------------------------------------------------------------
 # 2. The teacher side of the loss against one logsumexp pass
 # ------------------------------------------------------------------------------------------------
 TEACHER_FIGURES = [("logsumexp pass", "ms"), ("teacher_log_prob (bisection)", "ms"),
-                   ("bisection / logsumexp", "x"), ("newton / logsumexp", "x")]
+                   ("bisection / logsumexp", "x"), ("newton / logsumexp", "x"),
+                   ("top-k from block maxima", "ms"), ("torch.topk, whole row (old)", "ms"),
+                   ("bisection with torch.topk (old) / logsumexp", "x")]
 
 
 def teacher_side(tokens: int, vocab: int, reps: int, device, summary: Summary):
@@ -224,7 +242,10 @@ def teacher_side(tokens: int, vocab: int, reps: int, device, summary: Summary):
     targets = torch.distributions.Categorical(logits=logits.float()).sample()      # [N]
     runs = {"logsumexp": lambda: torch.logsumexp(logits, -1),
             "bisection": lambda: cl.teacher_log_prob(logits, targets, cl.LossConfig()),
-            "newton": lambda: cl.teacher_log_prob(logits, targets, cl.LossConfig(solver="newton"))}
+            "newton": lambda: cl.teacher_log_prob(logits, targets, cl.LossConfig(solver="newton")),
+            "top_k": lambda: cl._top_k_values(logits, cl.LossConfig().top_k),
+            "topk_old": lambda: logits.topk(cl.LossConfig().top_k, dim=-1, sorted=False),
+            "bisection_old": lambda: old_top_k(cl.teacher_log_prob, logits, targets)}
     times = {k: [] for k in runs}
     for i in range(reps + 1):                                                     # round 0 warms up
         for k, fn in runs.items():
@@ -244,6 +265,20 @@ def teacher_side(tokens: int, vocab: int, reps: int, device, summary: Summary):
                 ratio <= TARGETS["teacher_side"])
     summary.add(sec, "newton / logsumexp", t["newton"] / t["logsumexp"], "x",
                 note="--solver newton")
+    summary.add(sec, "top-k from block maxima", t["top_k"] * 1e3, "ms",
+                note="curio_loss._top_k_values, the teacher side's top 512")
+    summary.add(sec, "torch.topk, whole row (old)", t["topk_old"] * 1e3, "ms")
+    summary.add(sec, "bisection with torch.topk (old) / logsumexp",
+                t["bisection_old"] / t["logsumexp"], "x", note="the teacher side at 6fbcbf7")
+
+
+def old_top_k(fn, logits, targets):
+    """fn with the teacher side's top-k as it was at 6fbcbf7: torch.topk over the whole row."""
+    def whole_row(z, k):
+        return z.topk(k, dim=-1, sorted=False).values
+
+    with mock.patch.object(cl, "_top_k_values", whole_row):
+        return fn(logits, targets, cl.LossConfig())
 
 
 # ------------------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """Benchmark (not a test): SFT optimiser steps of vanilla SFT, CurioSFT with a separate teacher, and
 CurioSFT without one (the student's own detached logits), as sft.py takes them: step time, tokens/s,
 MFU, peak memory next to the memory planner's prediction (bench/memory.py), and the CurioSFT / SFT
-step-time ratios.
+step-time ratios; for each form of the micro-batch (--forms, FORMS), old and new timed side by side
+in one run, with the step-time ratio of each form to the first.
 
     python bench/sft_step.py            # CPU-sized default (Qwen vocabulary, small trunk)
     torchrun --standalone --nproc_per_node 1 bench/sft_step.py --shape qwen2.5-1.5b
@@ -57,6 +58,7 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+import chunked_logits  # noqa: E402
 import curio_loss as cl  # noqa: E402
 import data  # noqa: E402
 import sft  # noqa: E402
@@ -87,6 +89,11 @@ RUN_DEFAULTS = {"smoke": dict(batch=2, seq=256, loss_chunk=128),
 # config/sft_paper.py: token_budget 32768, loss_chunk 4096
 GPU_RUN = dict(batch=4, seq=8192, loss_chunk=4096)
 VARIANTS = ["sft", "curio", "curio_self_teacher"]
+# The micro-batch's forms, old to new: what attention and the layout cost
+FORMS = {"dense_mask": "right-padded rows, a dense [B, 1, T, T] padding mask (sft.py at 6fbcbf7, "
+                       "as one H200 measured it)",
+         "padded": "right-padded rows, causal attention without a mask (--no-pack)",
+         "packed": "the sequences end to end, attention within each (--pack, the default)"}
 TEACHER_EVERY = sft.Args().teacher_every
 
 # Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's datasheets, TFLOP/s; first matching rule
@@ -129,14 +136,14 @@ def model_flops(shape: dict, lengths: list[int], trained: int) -> dict:
             "total": layers + head + attention}
 
 
-def recompute_flops(shape: dict, padded: int, seq: int, trained: int, variant: str,
+def recompute_flops(shape: dict, computed: list[int], trained: int, variant: str,
                     grad_ckpt: bool) -> int:
-    """FLOPs the step computes beyond the model FLOPs, on `padded` tokens of sequences padded to
-    `seq`: the layers' and attention's forward again (activation checkpointing), lm_head's forward
-    again (chunked logits), and for curio the teacher's forward (its layers, attention and
-    lm_head)."""
-    layers = 2 * layer_matmul_params(shape) * padded
-    attention = 2 * shape["layers"] * shape["hidden"] * seq * padded
+    """FLOPs the step computes beyond the model FLOPs, on sequences of `computed` tokens each (padded
+    rows count their padding): the layers' and attention's forward again (activation
+    checkpointing), lm_head's forward again (chunked logits), and for curio the teacher's forward
+    (its layers, attention and lm_head)."""
+    layers = 2 * layer_matmul_params(shape) * sum(computed)
+    attention = 2 * shape["layers"] * shape["hidden"] * sum(t**2 for t in computed)
     head = 2 * shape["hidden"] * shape["vocab"] * trained
     extra = (layers + attention if grad_ckpt else 0) + head
     return extra + (layers + attention + head if variant == "curio" else 0)
@@ -240,7 +247,7 @@ def write_inputs(args, shape: dict, run: dict, entropy: float, device) -> dict:
     logits = scale_to_entropy(model.to(device), batch, entropy, args.bf16)
     model.to(torch.bfloat16).save_pretrained(model_dir)
     return {"logits": logits, "params": sum(p.numel() for p in model.parameters()),
-            "trained_tokens": sum(n_targets), "padded_tokens": batch["input_ids"].numel()}
+            "trained_tokens": sum(n_targets)}
 
 
 @torch.no_grad()
@@ -262,74 +269,99 @@ def scale_to_entropy(model, batch, median_entropy: float, bf16: bool) -> dict:
             "share_at_most_0.03": (h_scaled <= 0.03).float().mean().item()}
 
 
-def train_once(args, device) -> tuple[list[dict], int | None]:
-    """sft.train(args), checkpoint writing stubbed out: its log records and, on CUDA, the peak bytes
-    allocated during the call beyond those allocated before it."""
+def dense_padding_mask(batch):
+    """sft.py's attention mask at 6fbcbf7, for the dense_mask form: causal and not a padding key,
+    [B, 1, T, T] bool (the mask transformers builds for SDPA), for any padded batch."""
+    if not batch["padded"]:
+        return None
+    keep = batch["attention_mask"].bool()                                  # [B, T]
+    T = keep.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=keep.device).tril()
+    return causal & keep[:, None, None, :]
+
+
+def train_once(args, form: str, device) -> tuple[list[dict], int | None]:
+    """sft.train(args) in `form`, checkpoint writing stubbed out: its log records and, on CUDA, the
+    peak bytes allocated during the call beyond those allocated before it."""
     gc.collect()                                     # the previous run's models, before counting
     if device.type == "cuda":
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
+    args = dataclasses.replace(args, pack=form == "packed")
+    mask = dense_padding_mask if form == "dense_mask" else chunked_logits.attention_mask
     with mock.patch.object(checkpoints, "save", lambda *a, **k: "nothing (bench/sft_step.py)"), \
-            mock.patch.object(checkpoints, "trainer_state", lambda *a: None):
+            mock.patch.object(checkpoints, "trainer_state", lambda *a: None), \
+            mock.patch.object(chunked_logits, "attention_mask", mask):
         sft.train(args, cl.LossConfig(), device)
     peak = torch.cuda.max_memory_allocated(device) - before if device.type == "cuda" else None
     lines = (Path(args.out_dir) / "log.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines], peak
 
 
-def measure(tmp: Path, shape: dict, run: dict, rounds: int, bf16: bool, grad_ckpt: bool,
-            entropy: float, device) -> dict:
-    """Rounds of an sft.train run per variant: step times, runs' means, CUDA peaks (the largest)."""
+def measure(tmp: Path, shape: dict, run: dict, forms: list[str], rounds: int, bf16: bool,
+            grad_ckpt: bool, entropy: float, device) -> dict:
+    """Rounds of an sft.train run per form and variant: step times, runs' means, CUDA peaks (the
+    largest), keyed (form, variant)."""
     # sft.py's defaults (the presets' optimiser, teacher schedule, a log record every step) for
-    # 1 + teacher_every steps, each of one micro-batch: the bench's sequences
+    # 1 + teacher_every steps, each of one micro-batch: the bench's sequences, as sft.train's own
+    # plan makes them (one micro-batch in every form: they fit the budget padded too)
     base = sft.Args(model=str(tmp / "model"), train_file=str(tmp / "train.jsonl"),
                     epochs=1 + TEACHER_EVERY, global_batch=run["batch"],
                     token_budget=run["batch"] * run["seq"], max_prompt_len=run["seq"],
                     max_response_len=run["seq"], system_prompt="messages",
                     loss_chunk=run["loss_chunk"], bf16=bf16, grad_ckpt=grad_ckpt, log_every=1)
     inputs, tokens = write_inputs(base, shape, run, entropy, device), sum(sequence_lengths(run))
-    times, means, peaks = {v: [] for v in VARIANTS}, {v: [] for v in VARIANTS}, {}
+    keys = [(f, v) for f in forms for v in VARIANTS]
+    times, means, peaks = {k: [] for k in keys}, {k: [] for k in keys}, {}
     for r in range(rounds):
-        for v in VARIANTS:
-            args = dataclasses.replace(base, loss=v, out_dir=str(tmp / f"run{r}_{v}"))
-            records, peak = train_once(args, device)
+        for form, v in keys:                # interleaved: a slow spell slows every form alike
+            args = dataclasses.replace(base, loss=v, out_dir=str(tmp / f"run{r}_{form}_{v}"))
+            records, peak = train_once(args, form, device)
             timed = records[1:]                      # step 1 creates AdamW's states
             if any(round(x["tokens_per_s"] * x["step_time_s"]) != tokens for x in timed):
                 raise SystemExit(f"{args.out_dir}: a step trained other than the bench's "
                                  f"{tokens} tokens")
-            times[v] += [x["step_time_s"] for x in timed]
-            means[v].append(statistics.fmean(x["step_time_s"] for x in timed))
-            peaks[v] = max(peaks.get(v, 0), peak or 0)
+            times[form, v] += [x["step_time_s"] for x in timed]
+            means[form, v].append(statistics.fmean(x["step_time_s"] for x in timed))
+            peaks[form, v] = max(peaks.get((form, v), 0), peak or 0)
     return {**inputs, "times": times, "run_means": means,
             "peak_bytes": peaks if device.type == "cuda" else None}
 
 
-def summarize(m: dict, shape: dict, run: dict, plans: dict, peak: float, grad_ckpt: bool) -> dict:
-    """Per variant: step time (the median over rounds of a run's mean: curio's holds its EMA
-    update), ratio to SFT, tokens/s, MFU, HFU, peak memory and the planner's prediction."""
+def summarize(m: dict, shape: dict, run: dict, forms: list[str], plans: dict, peak: float,
+              grad_ckpt: bool) -> dict:
+    """Per form and variant: step time (the median over rounds of a run's mean: curio's holds its
+    EMA update), ratio to SFT's in the same form and to the same variant's in the first form,
+    tokens/s, MFU, HFU, peak memory and the planner's prediction. "variants" is the last form's."""
     lengths = sequence_lengths(run)
     tokens, flops = sum(lengths), model_flops(shape, lengths, m["trained_tokens"])
-    step_s = {v: statistics.median(m["run_means"][v]) for v in VARIANTS}
-    variants = {}
-    for v, t in step_s.items():
-        measured = m["peak_bytes"][v] if m["peak_bytes"] else None
-        planned, note = plans[v]
-        extra = recompute_flops(shape, m["padded_tokens"], run["seq"], m["trained_tokens"], v,
-                                grad_ckpt)
-        variants[v] = {"step_s": t, "times_s": m["times"][v], "ratio_to_sft": t / step_s["sft"],
-                       "tokens_per_s": tokens / t, "mfu": flops["total"] / t / (peak * 1e12),
-                       "hfu": (flops["total"] + extra) / t / (peak * 1e12), "peak_bytes": measured,
-                       "planner_bytes": planned, "planner_note": note,
-                       "measured_over_planned": measured / planned if measured and planned
-                       else None}
-    return {"tokens": tokens, "lengths": lengths, "model_flops": flops, "variants": variants}
+    step_s = {k: statistics.median(t) for k, t in m["run_means"].items()}
+    out = {}
+    for form in forms:
+        computed = lengths if form == "packed" else [run["seq"]] * len(lengths)
+        variants = {}
+        for v in VARIANTS:
+            t, measured = step_s[form, v], m["peak_bytes"][form, v] if m["peak_bytes"] else None
+            planned, note = plans[form, v]
+            extra = recompute_flops(shape, computed, m["trained_tokens"], v, grad_ckpt)
+            variants[v] = {"step_s": t, "times_s": m["times"][form, v],
+                           "ratio_to_sft": t / step_s[form, "sft"],
+                           "ratio_to_first_form": t / step_s[forms[0], v],
+                           "tokens_per_s": tokens / t, "mfu": flops["total"] / t / (peak * 1e12),
+                           "hfu": (flops["total"] + extra) / t / (peak * 1e12),
+                           "peak_bytes": measured, "planner_bytes": planned, "planner_note": note,
+                           "measured_over_planned": measured / planned if measured and planned
+                           else None}
+        out[form] = {"computed_tokens": sum(computed), "variants": variants}
+    return {"tokens": tokens, "lengths": lengths, "model_flops": flops, "forms": out,
+            "variants": out[forms[-1]]["variants"]}
 
 
 def report(r: dict):
     shape, flops = r["model"], r["model_flops"]
     print(f"{r['device']}, shape {r['shape']} ({r['params'] / 1e6:.0f}M params, {shape['layers']} "
-          f"layers), sequences of {r['lengths']} tokens padded to {r['seq']} "
+          f"layers), one micro-batch of sequences of {r['lengths']} tokens "
           f"({r['trained_tokens']} trained), loss chunk {r['loss_chunk']}, "
           f"{'bf16' if r['bf16'] else 'float32'}, activation checkpointing "
           f"{'on' if r['grad_ckpt'] else 'off'}, median of {r['rounds']} rounds of sft.train runs "
@@ -341,15 +373,20 @@ def report(r: dict):
           f"{flops['layers'] / 1e12:.3g}, lm_head {flops['lm_head'] / 1e12:.3g}, attention "
           f"{flops['attention'] / 1e12:.3g}); peak {r['peak_tflops']:.3g} TFLOP/s "
           f"({r['peak_source']})")
-    for v, x in r["variants"].items():
-        mem = "n/a on CPU" if x["peak_bytes"] is None else f"{x['peak_bytes'] / 2**30:6.2f} GiB"
-        plan = x["planner_note"] if x["planner_bytes"] is None \
-            else f"planner {x['planner_bytes'] / 2**30:.2f} GiB"
-        if x["measured_over_planned"]:
-            plan += f", measured/planned {x['measured_over_planned']:.2f}"
-        print(f"{v:20s} step {x['step_s']:8.3f} s ({x['ratio_to_sft']:.2f}x)  "
-              f"{x['tokens_per_s']:9.0f} tokens/s  MFU {x['mfu']:6.1%}  HFU {x['hfu']:6.1%}  peak "
-              f"memory {mem}  ({plan})")
+    first = r["forms_run"][0]
+    for form in r["forms_run"]:
+        f = r["forms"][form]
+        print(f"{form}: {FORMS[form]}; {f['computed_tokens']} tokens computed")
+        for v, x in f["variants"].items():
+            mem = "n/a on CPU" if x["peak_bytes"] is None else f"{x['peak_bytes'] / 2**30:6.2f} GiB"
+            plan = x["planner_note"] if x["planner_bytes"] is None \
+                else f"planner {x['planner_bytes'] / 2**30:.2f} GiB"
+            if x["measured_over_planned"]:
+                plan += f", measured/planned {x['measured_over_planned']:.2f}"
+            vs = f", {x['ratio_to_first_form']:.2f}x {first}'s" if form != first else ""
+            print(f"  {v:20s} step {x['step_s']:8.3f} s ({x['ratio_to_sft']:.2f}x sft{vs})  "
+                  f"{x['tokens_per_s']:9.0f} tokens/s  MFU {x['mfu']:6.1%}  HFU {x['hfu']:6.1%}  "
+                  f"peak memory {mem}  ({plan})")
 
 
 def main():
@@ -366,7 +403,11 @@ def main():
                         help="median entropy of the logits, nats")
     parser.add_argument("--loss_chunk", type=int, default=0,
                         help="tokens per logits chunk (default: 4096)")
-    parser.add_argument("--rounds", type=int, default=3, help="rounds of a run per variant")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of a run per form and variant")
+    parser.add_argument("--forms", nargs="+", default=["dense_mask", "packed"], choices=FORMS,
+                        help="the micro-batch's forms, each timed: the ratios are to the first; "
+                             "the last is the headline")
     parser.add_argument("--grad_ckpt", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True,
                         help="CUDA only, as in sft.py")
@@ -384,19 +425,24 @@ def main():
         raise SystemExit("bench/sft_step.py times one process: run it with --nproc_per_node 1")
     bf16 = a.bf16 and device.type == "cuda"
     with tempfile.TemporaryDirectory() as tmp:
-        m = measure(Path(tmp), shape, run, a.rounds, bf16, a.grad_ckpt, a.entropy, device)
-        sizes = (run["batch"] * run["seq"], run["seq"], m["trained_tokens"], run["loss_chunk"])
+        m = measure(Path(tmp), shape, run, a.forms, a.rounds, bf16, a.grad_ckpt, a.entropy, device)
         config_json = Path(tmp, "model", "config.json")
-        plans = {v: planner_prediction(Path(a.planner), config_json, v, *sizes,
-                                       {"bf16": bf16, "grad_ckpt": a.grad_ckpt}) for v in VARIANTS}
+        plans = {}
+        for form in a.forms:         # the planner's options where it has them (--help lists them)
+            options = {"bf16": bf16, "grad_ckpt": a.grad_ckpt, "pack": form == "packed",
+                       "dense_mask": form == "dense_mask"}
+            sizes = (run["batch"] * run["seq"], run["seq"], m["trained_tokens"], run["loss_chunk"])
+            for v in VARIANTS:
+                plans[form, v] = planner_prediction(Path(a.planner), config_json, v, *sizes, options)
     peak, peak_source = peak_tflops(device, torch.bfloat16 if bf16 else torch.float32,
                                     a.peak_tflops)
     result = {"device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
               "torch": torch.__version__, "cuda": torch.version.cuda, "shape": a.shape,
               "model": shape, **run, "trained_tokens": m["trained_tokens"], "params": m["params"],
-              "bf16": bf16, "grad_ckpt": a.grad_ckpt, "rounds": a.rounds,
+              "bf16": bf16, "grad_ckpt": a.grad_ckpt, "rounds": a.rounds, "forms_run": a.forms,
               "teacher_every": TEACHER_EVERY, "peak_tflops": peak, "peak_source": peak_source,
-              "logits": m["logits"], **summarize(m, shape, run, plans, peak, a.grad_ckpt)}
+              "logits": m["logits"],
+              **summarize(m, shape, run, a.forms, plans, peak, a.grad_ckpt)}
     report(result)
     if a.json:
         Path(a.json).parent.mkdir(parents=True, exist_ok=True)

@@ -74,7 +74,7 @@ def test_smoke_run_fills_every_row_with_a_finite_number(smoke):
     # CPU has no allocator statistics: the measured peaks (and so the planner ratio) are the only figures left out,
     # and the planner's prediction while bench/memory.py does not exist
     not_on_cpu = {("SFT step", f"{v} {what}") for v in sft_step.VARIANTS
-                  for what in ("peak memory", "measured / planned")}
+                  for what in ("peak memory", "measured / planned", f"peak memory, {gpu_check.OLD_FORM}")}
     if not (ROOT / "bench" / "memory.py").exists():
         not_on_cpu |= {("SFT step", f"{v} planner prediction") for v in sft_step.VARIANTS}
         assert rows[("SFT step", "sft planner prediction")]["note"] == "planner: not available"
@@ -99,8 +99,8 @@ def test_smoke_run_leaves_three_files_in_out(smoke, tmp_path):
         names = {Path(n).name: n for n in tar.getnames()}
         assert {"sft_step.log", "toy_data.log", "evaluate.log", "rl.log"} <= names.keys()
         sft_log = tar.extractfile(names["sft_step.log"]).read().decode()
-    # the SFT figures are sft.train's own: its log lines, a run of 1 + teacher_every steps per variant
-    assert sft_log.count(f"step {sft_step.TEACHER_EVERY + 1} epoch") == len(sft_step.VARIANTS)
+    # the SFT figures are sft.train's own: its log lines, a run of 1 + teacher_every steps per variant and form
+    assert sft_log.count(f"step {sft_step.TEACHER_EVERY + 1} epoch") == 2 * len(sft_step.VARIANTS)
 
 
 def test_smoke_run_figures_agree_with_each_other(smoke):
@@ -113,6 +113,8 @@ def test_smoke_run_figures_agree_with_each_other(smoke):
     assert rows["curio MFU"]["value"] == pytest.approx(rows["sft MFU"]["value"] * base / curio)  # same FLOPs
     parts = sum(rows[f"rl.py {p}"]["value"] for p in ("generation", "reward", "training", "weight sync"))
     assert rows["rl.py step time"]["value"] == pytest.approx(parts)
+    old = rows[f"sft step time, {gpu_check.OLD_FORM}"]["value"]
+    assert rows[f"sft packed / {gpu_check.OLD_FORM}"]["value"] == pytest.approx(base / old)
     teacher = rows["bisection / logsumexp"]["value"]
     assert teacher == pytest.approx(rows["teacher_log_prob (bisection)"]["value"] / rows["logsumexp pass"]["value"])
 
