@@ -326,15 +326,15 @@ def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
     policy_loss = policy_loss_fn(args)                              # ppo_clip_loss: the paper's
 
     def chunk_loss(h_c, y_c, old_c, adv_c, demo_c, bonus_c, _memo):
-        logits = model.lm_head(h_c).float() / args.temperature                      # [n, V]
-        lp, _ = cl.student_log_prob(logits, y_c)                                     # [n]
+        logits = model.lm_head(h_c)                                                  # [n, V]
+        lp, _ = cl.student_log_prob(logits, y_c, args.temperature)                   # [n]
         loss, diag = policy_loss(lp, old_c, adv_c, args)
         if demo_c is not None:                # --hybrid: the expert's tokens take its own loss
             demo_loss = hybrid.demonstration_loss(args.hybrid, lp, old_c, adv_c)
             loss = torch.where(demo_c, demo_loss, loss)
         total = loss.sum()
         if bonus_c is not None:               # --entropy_coef: the bonus, with gradient
-            bonus = (bonus_c * cl.entropy(logits)).sum()
+            bonus = (bonus_c * cl.entropy(logits, args.temperature)).sum()
             total = total - bonus
             diag = diag | {"entropy_bonus": bonus.detach().view(1)}    # not in the logged loss
         return total, diag
