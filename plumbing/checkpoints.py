@@ -356,6 +356,11 @@ def read_metadata(file: Path):
     return metadata
 
 
+class Refused(pickle.UnpicklingError):
+    """A saved value that is not a plain one (it names a callable): the one-line message says
+    where and what."""
+
+
 def _safe_dcp(directory: Path):
     """(storage_reader, planner) for dcp.load that unpickle nothing beyond metadata and plain
     values: the reader reads .metadata (or a rank's, DCP's fallback) with read_metadata, the
@@ -378,7 +383,18 @@ def _safe_dcp(directory: Path):
 
     class Planner(DefaultLoadPlanner):
         def load_bytes(self, read_item, value):
-            obj = torch.load(value, weights_only=True)
+            try:
+                obj = torch.load(value, weights_only=True)
+            except pickle.UnpicklingError:            # torch's message: bold, cut, many lines
+                value.seek(0)
+                try:
+                    names = torch.serialization.get_unsafe_globals_in_checkpoint(value)
+                except Exception:                     # not even a torch.save file
+                    names = []
+                file = directory / self.metadata.storage_data[read_item.storage_index].relative_path
+                what = f"names {names[0]}" if names else "is not a torch.save value"
+                raise Refused(f"{file}: its saved value {read_item.dest_index.fqn} {what}, which is "
+                              "not a plain value; refused, nothing in it was run") from None
             if self.flatten_state_dict:
                 set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
             else:
@@ -399,6 +415,8 @@ def load(path: Path, trainer_state: dict) -> dict:
         dcp.load(trainer_state, storage_reader=reader, planner=planner)
     except _checkpoint_exception() as e:
         errors = [exc for exc, _ in e.failures.values()]
+        if isinstance(errors[0], Refused):
+            raise SystemExit(str(errors[0])) from None
         raise SystemExit(f"{path / 'trainer'}: cannot be loaded ({type(errors[0]).__name__}: "
                          f"{str(errors[0]).strip().splitlines()[0]})") from None
     rng_file, state_file = path / f"rng_rank{dist.get_rank()}.pt", path / "state.json"
