@@ -403,10 +403,12 @@ def _safe_dcp(directory: Path):
     return Reader(str(directory)), Planner()
 
 
-def load(path: Path, trainer_state: dict) -> dict:
+def load(path: Path, trainer_state: dict, floats: tuple[str, ...] = ()) -> dict:
     """Loads trainer/ into `trainer_state` in place (same structure as saved) and restores this
-    rank's RNG; returns state.json's counters, checked. Nothing is unpickled but checkpoint metadata
-    (read_metadata) and weights_only loads: a crafted file stops the run with one line."""
+    rank's RNG; returns state.json's counters, checked: non-negative integers, or for the names in
+    `floats` (measured values a resume needs) non-negative floats. Nothing is unpickled but
+    checkpoint metadata (read_metadata) and weights_only loads: a crafted file stops the run with
+    one line."""
     import torch.distributed.checkpoint as dcp
 
     read_metadata(path / "trainer" / ".metadata")      # a refusal here is one line on every rank
@@ -433,11 +435,15 @@ def load(path: Path, trainer_state: dict) -> dict:
     except (ValueError, UnicodeDecodeError) as e:
         raise SystemExit(f"{state_file}: not valid JSON ({e})") from None
     counters = state.items() if isinstance(state, dict) else ()
-    if not state or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                            for _, v in counters):
+    if not state or not all(_counter(v) or (k in floats and isinstance(v, float) and v >= 0)
+                            for k, v in counters):
         raise SystemExit(f"{state_file}: expected counters such as {{\"step\": 12}}, got "
                          f"{json.dumps(state)[:80]}")
     return state
+
+
+def _counter(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def is_trainer_file(name: str) -> bool:
@@ -495,11 +501,11 @@ def trainer_state(model, optimizer, teacher):
     return state
 
 
-def restore(path, model, optimizer, teacher):
+def restore(path, model, optimizer, teacher, floats: tuple[str, ...] = ()):
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
     state = trainer_state(model, optimizer, teacher)
-    position = load(path, state)
+    position = load(path, state, floats)
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
     if teacher is not None:
