@@ -106,7 +106,8 @@ class Args(evaluation.ValidationArgs):
     prefix_warmup_ratio: float = 0.0
     """prefix_rft: the decays first rise from 0 over this share of --prefix_schedule_steps"""
     prefix_schedule_steps: int = 0
-    """prefix_rft: the steps the bounds take from start to end (0: --steps)"""
+    """prefix_rft: the steps the bounds take from start to end (0: the --steps the run starts with,
+    recorded in run_config.json: a resume to another --steps keeps the schedule)"""
     prefix_entropy_mask: float = 0.8
     """prefix_rft: the lowest-entropy share of a micro-batch's prefix tokens whose advantage is 0
     (0.8: the top fifth keep theirs)"""
@@ -608,6 +609,18 @@ def engine_logp_diff(minis) -> tuple[float, float]:
     return (math.nan, math.nan) if none else (mean, top)
 
 
+def pin_prefix_schedule(args, recorded: dict) -> None:
+    """--prefix_schedule_steps 0: the schedule spans the --steps the run started with, recorded as
+    the setting (a resume compares it as any other), so that a run taken on to more steps samples
+    as one run with that horizon would, not as one that had always had the new --steps. A record of
+    0 (a run begun before the horizon was recorded) keeps following --steps."""
+    horizon = recorded.get("prefix_schedule_steps", args.steps)
+    if horizon and horizon != args.steps:
+        print0(f"--hybrid prefix_rft: the prefix schedule spans {horizon} steps, the --steps the "
+               f"run started with (run_config.json), not --steps {args.steps}")
+    args.prefix_schedule_steps = horizon
+
+
 def check_world(args, world):
     """Refuses a GPU count that does not divide the mini-batch (or a mini-batch that does not divide
     the step's prompts)."""
@@ -640,8 +653,10 @@ def train(args, device, reward_fn=None):
     val_set = evaluation.load_eval_file(args.eval_file, tokenizer, val_cfg) if args.eval_every \
         else None                                     # a bad eval file: refused now, not later
     train_data = {**run_dir.file_identity(args.train_file), "rows": rows} if rank == 0 else None
-    run_dir.claim(out_dir, asdict(args), MAY_CHANGE_ON_RESUME,
-                  resuming=checkpoints.latest(out_dir) is not None, data=train_data,
+    resuming = checkpoints.latest(out_dir) is not None
+    if args.hybrid == "prefix_rft" and not args.prefix_schedule_steps:
+        pin_prefix_schedule(args, run_dir.recorded(out_dir) if resuming else {})
+    run_dir.claim(out_dir, asdict(args), MAY_CHANGE_ON_RESUME, resuming=resuming, data=train_data,
                   defaults=asdict(Args()))
     resume_from = checkpoints.resume_point(out_dir)                # the newest intact checkpoint
     # the learning rate is constant and the prompts and seeds a function of the step: a finished

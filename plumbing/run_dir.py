@@ -48,6 +48,17 @@ def claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool,
     return lock
 
 
+def recorded(out_dir: Path) -> dict:
+    """The settings run_config.json in out_dir records ({} for none, or an unreadable one: claim
+    then says why). Read before claim, on every rank: a value the run started with, which a resume
+    keeps (claim rewrites the file with the same value)."""
+    try:
+        settings = json.loads((Path(out_dir) / "run_config.json").read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    return settings if isinstance(settings, dict) else {}
+
+
 def release() -> None:
     """End of a run: release the directories this process claimed (a later run in the process may
     claim them)."""
