@@ -201,8 +201,11 @@ class Args(evaluation.ValidationArgs):
 
 
 # settings a resumed run may change: they change nothing it computes, bit for bit (run_dir.claim
-# checks the rest; tests/test_reliability.py, test_rl.py). Not --loss_chunk or --offload (they
-# reorder float sums), --engine (another sampler), --grader_timeout (it sets overrunning rewards)
+# checks the rest; tests/test_resume_settings.py changes each on resume), but that a batched
+# forward's rounding may move a draw that falls within it of a boundary (HF's --gen_batch_size;
+# vLLM on GPUs batches by its KV cache where it binds: --gpu_memory_utilization). Not --loss_chunk
+# or --offload (they reorder float sums), --engine (another sampler), --grader_timeout (it sets
+# overrunning rewards). Prefix-RFT's default schedule horizon is the --steps the run started with
 MAY_CHANGE_ON_RESUME = {"out_dir", "steps", "save_every", "keep_last", "loggers", "log_line",
                         "grad_ckpt", "dist_timeout_min", "gpu_memory_utilization", "vllm_sleep",
                         "sync_bucket_mb", "engine_logp_tol", "gen_batch_size", "grader_workers",
