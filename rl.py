@@ -140,7 +140,7 @@ class Args(evaluation.ValidationArgs):
     engine_logp_tol: float = 0.1
     """the engine check's ceiling: stop before the update when the engine's log-probs of its samples
     differ from the trainer's by more than this (mean over the step's tokens, in nats), or by more
-    than ENGINE_FLOOR_FACTOR x step 1's difference: a weight the sync missed
+    than 10 x step 1's difference (ENGINE_FLOOR_FACTOR): a weight the sync missed
     (engine_logp_diff_mean, docs/metrics.md)"""
     gen_batch_size: int = 16
     """HF engine: prompts per generate call (vLLM schedules its own batches); no sample depends on
