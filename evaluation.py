@@ -65,8 +65,10 @@ def benchmark_metrics(samples: list[list[Sample]], scores: list[list[float]]) ->
         "mixed_frac": float(np.mean((correct > 0) & (correct < n))),
         "pass_at_k": pass_k,
         "response_length": n_tokens / len(flat),  # tokens, EOS included
-        # token-mean entropy of the sampling distribution, temperature and top-p applied
-        "entropy": sum(sum(s.entropy) for s in flat) / max(n_tokens, 1),
+        # token-mean entropy of the sampling distribution, temperature and top-p applied (None from
+        # an engine without it: rl.py's vLLM engine returns the model's raw log-probs)
+        "entropy": sum(sum(s.entropy) for s in flat) / max(n_tokens, 1)
+        if all(s.entropy is not None for s in flat) else None,
         "diversity": float(np.mean(diversities)) if diversities else None,
         "truncated": float(np.mean([s.finish_reason == "length" for s in flat])),
     }
@@ -364,17 +366,19 @@ def validation_fields(metrics: dict[str, dict], failures: int) -> dict:
     samples = {b: m["questions"] * m["n"] for b, m in metrics.items()}
     tokens = {b: samples[b] * m["response_length"] for b, m in metrics.items()}
     n_samples, n_tokens = sum(samples.values()), max(sum(tokens.values()), 1e-9)
+    entropy = all(m["entropy"] is not None for m in metrics.values())    # else none is logged
     fields = {
         "val_accuracy": sum(m["avg"] * samples[b] for b, m in metrics.items()) / n_samples,
-        "val_entropy": sum(m["entropy"] * tokens[b] for b, m in metrics.items()) / n_tokens,
+        **({"val_entropy": sum(m["entropy"] * tokens[b] for b, m in metrics.items()) / n_tokens}
+           if entropy else {}),
         "val_response_len": sum(tokens.values()) / n_samples,
         "val_truncated_frac": sum(m["truncated"] * samples[b] for b, m in metrics.items())
         / n_samples,
         "val_grader_failures": failures}
     if len(metrics) > 1:
         for b, m in metrics.items():
-            fields |= {f"val_accuracy/{b}": m["avg"], f"val_entropy/{b}": m["entropy"],
-                       f"val_response_len/{b}": m["response_length"]}
+            fields |= {f"val_accuracy/{b}": m["avg"], f"val_response_len/{b}": m["response_length"],
+                       **({f"val_entropy/{b}": m["entropy"]} if entropy else {})}
     return fields
 
 

@@ -106,7 +106,8 @@ class Args(evaluation.ValidationArgs):
     prefix_warmup_ratio: float = 0.0
     """prefix_rft: the decays first rise from 0 over this share of --prefix_schedule_steps"""
     prefix_schedule_steps: int = 0
-    """prefix_rft: the steps the bounds take from start to end (0: --steps)"""
+    """prefix_rft: the steps the bounds take from start to end (0: the --steps the run starts with,
+    recorded in run_config.json: a resume to another --steps keeps the schedule)"""
     prefix_entropy_mask: float = 0.8
     """prefix_rft: the lowest-entropy share of a micro-batch's prefix tokens whose advantage is 0
     (0.8: the top fifth keep theirs)"""
@@ -140,9 +141,10 @@ class Args(evaluation.ValidationArgs):
     sync_bucket_mb: int = 1024
     """weight sync: MB of full tensors gathered from the FSDP shards per load into the engine"""
     engine_logp_tol: float = 0.1
-    """stop before the update when the engine's log-probs of its samples differ from the trainer's
-    by more than this (mean over the step's tokens, in nats) beyond what top-p explains
-    (log(1/top_p)): a weight the sync missed (engine_logp_diff_mean, docs/metrics.md)"""
+    """the engine check's ceiling: stop before the update when the engine's log-probs of its samples
+    differ from the trainer's by more than this (mean over the step's tokens, in nats), or by more
+    than 10 x step 1's difference (ENGINE_FLOOR_FACTOR): a weight the sync missed
+    (engine_logp_diff_mean, docs/metrics.md)"""
     gen_batch_size: int = 16
     """HF engine: prompts per generate call (vLLM schedules its own batches); no sample depends on
     it: each draws from a seed of its own"""
@@ -202,8 +204,11 @@ class Args(evaluation.ValidationArgs):
 
 
 # settings a resumed run may change: they change nothing it computes, bit for bit (run_dir.claim
-# checks the rest; tests/test_reliability.py, test_rl.py). Not --loss_chunk or --offload (they
-# reorder float sums), --engine (another sampler), --grader_timeout (it sets overrunning rewards)
+# checks the rest; tests/test_resume_settings.py changes each on resume), but that a batched
+# forward's rounding may move a draw that falls within it of a boundary (HF's --gen_batch_size;
+# vLLM on GPUs batches by its KV cache where it binds: --gpu_memory_utilization). Not --loss_chunk
+# or --offload (they reorder float sums), --engine (another sampler), --grader_timeout (it sets
+# overrunning rewards). Prefix-RFT's default schedule horizon is the --steps the run started with
 MAY_CHANGE_ON_RESUME = {"out_dir", "steps", "save_every", "keep_last", "loggers", "log_line",
                         "grad_ckpt", "dist_timeout_min", "gpu_memory_utilization", "vllm_sleep",
                         "sync_bucket_mb", "engine_logp_tol", "gen_batch_size", "grader_workers",
@@ -314,6 +319,7 @@ class MicroBatch:
     entropy: torch.Tensor | None = None  # [N] that policy's entropy there (logged)
     demo: torch.Tensor | None = None     # [N] bool, --hybrid: the token is the expert's
     engine_lp: torch.Tensor | None = None  # [N] the engine's log-probs of its samples (NaN: none)
+    raw_lp: torch.Tensor | None = None   # [N] the trainer's at temperature 1, as the engine's are
 
 
 def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
@@ -576,18 +582,37 @@ def step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norm
 # ================================================================================================
 # The loop
 # ================================================================================================
+# The engine check: step 1 samples from the checkpoint the engine and the trainer both loaded, so
+# its difference is this device's and dtype's numeric floor between the two implementations (float32
+# on a CPU, HF and vLLM engines: 1.2e-7 to 1.9e-7 nats). Later steps move it little, a weight the
+# sync got wrong by orders of magnitude: on CPUs, 10 healthy runs of 4 steps stayed within 1.1 x
+# their step 1, layer 0's down_proj delivered x3 gave 0.03 nats, 1e5 x (tests/test_rl.py
+# test_the_engine_check_*, tests/test_vllm_cpu.py); 10 x leaves room to both sides. The floor counts
+# as at least ENGINE_FLOOR_MIN (float32's rounding of log-probs of a few nats); --engine_logp_tol
+# stays the ceiling (bf16 engines: a floor of hundredths, not measured here). A sleeping engine (vLLM
+# on GPUs) drops its weights at creation, so its step 1 already syncs: a sync wrong from its first
+# load is then left to the ceiling.
+ENGINE_FLOOR_FACTOR = 10.0
+ENGINE_FLOOR_MIN = 1e-6
+
+
+def engine_logp_limit(floor: float, args) -> float:
+    """The largest mean engine difference a step may have, given step 1's (floor)."""
+    return min(args.engine_logp_tol, ENGINE_FLOOR_FACTOR * max(floor, ENGINE_FLOOR_MIN))
+
+
 @torch.no_grad()
 def engine_logp_diff(minis) -> tuple[float, float]:
-    """(mean, max) over all ranks of |engine log-prob - trainer's old log-prob| per response token
-    the engine sampled: the same distribution (temperature, top-p: the engine's are after top-p,
-    the trainer's are not, which adds up to log(1/top_p) per token) from two implementations. With
-    the trainer's weights in the engine they differ by numerics only; (nan, nan) without tokens.
-    No mask indexing (a host sync on a GPU): one read, the step's check before its update."""
+    """(mean, max) over all ranks of |engine log-prob - trainer's log-prob| per response token the
+    engine sampled, both the model's own at temperature 1 before top-p (the engine's raw log-probs:
+    generation.rollout_engine), i.e. the same quantity from two implementations: with the trainer's
+    weights in the engine they differ by numerics only; (nan, nan) without tokens. No mask indexing
+    (a host sync on a GPU): one read, the step's check before its update."""
     mbs = list(itertools.chain.from_iterable(minis))
     engine_lp = torch.cat([mb.engine_lp for mb in mbs])                                 # [N]
-    old_lp = torch.cat([mb.old_lp for mb in mbs]).float()
+    trainer_lp = torch.cat([mb.raw_lp for mb in mbs]).float()
     sampled = ~engine_lp.isnan()                       # the expert's tokens have no engine log-p
-    diff = torch.where(sampled, (engine_lp - old_lp).abs(), 0.0)
+    diff = torch.where(sampled, (engine_lp - trainer_lp).abs(), 0.0)
     sums = torch.stack([diff.double().sum(), sampled.double().sum()])
     top = torch.cat([diff, diff.new_zeros(1)]).amax().double()
     dist.all_reduce(sums)
@@ -595,6 +620,18 @@ def engine_logp_diff(minis) -> tuple[float, float]:
     read = torch.stack([sums[0] / sums[1].clamp(min=1), top, (sums[1] == 0).double()])
     mean, top, none = read.cpu().tolist()                                     # the host read
     return (math.nan, math.nan) if none else (mean, top)
+
+
+def pin_prefix_schedule(args, recorded: dict) -> None:
+    """--prefix_schedule_steps 0: the schedule spans the --steps the run started with, recorded as
+    the setting (a resume compares it as any other), so that a run taken on to more steps samples
+    as one run with that horizon would, not as one that had always had the new --steps. A record of
+    0 (a run begun before the horizon was recorded) keeps following --steps."""
+    horizon = recorded.get("prefix_schedule_steps", args.steps)
+    if horizon and horizon != args.steps:
+        print0(f"--hybrid prefix_rft: the prefix schedule spans {horizon} steps, the --steps the "
+               f"run started with (run_config.json), not --steps {args.steps}")
+    args.prefix_schedule_steps = horizon
 
 
 def check_world(args, world):
@@ -629,8 +666,10 @@ def train(args, device, reward_fn=None):
     val_set = evaluation.load_eval_file(args.eval_file, tokenizer, val_cfg) if args.eval_every \
         else None                                     # a bad eval file: refused now, not later
     train_data = {**run_dir.file_identity(args.train_file), "rows": rows} if rank == 0 else None
-    run_dir.claim(out_dir, asdict(args), MAY_CHANGE_ON_RESUME,
-                  resuming=checkpoints.latest(out_dir) is not None, data=train_data,
+    resuming = checkpoints.latest(out_dir) is not None
+    if args.hybrid == "prefix_rft" and not args.prefix_schedule_steps:
+        pin_prefix_schedule(args, run_dir.recorded(out_dir) if resuming else {})
+    run_dir.claim(out_dir, asdict(args), MAY_CHANGE_ON_RESUME, resuming=resuming, data=train_data,
                   defaults=asdict(Args()))
     resume_from = checkpoints.resume_point(out_dir)                # the newest intact checkpoint
     # the learning rate is constant and the prompts and seeds a function of the step: a finished
@@ -643,15 +682,17 @@ def train(args, device, reward_fn=None):
         args.model, args.engine, "bfloat16" if bf16 else "float32", args.seed + rank,
         args.gpu_memory_utilization,
         args.max_prompt_len + max(args.max_response_len, val_cfg.max_new_tokens), args.vllm_sleep,
-        has_trainer_weights=resume_from is None)
+        has_trainer_weights=resume_from is None, raw_logprobs=True)
     model = shard_model(load_full_model(args.model, scratch=False, seed=args.seed), device, bf16,
                         args.grad_ckpt, offload=args.offload)
     optimizer = make_optimizer(model, args.lr, args.weight_decay, 0.999, device, args.offload)
     if args.offload:
         torch.set_num_threads(cpu_threads_per_rank())  # the optimiser step runs on the CPU
-    step = 0
+    step, floor = 0, None        # floor: step 1's engine difference, which the checkpoints carry
     if resume_from is not None:
-        step = checkpoints.restore(resume_from, model, optimizer, None)["step"]
+        position = checkpoints.restore(resume_from, model, optimizer, None,
+                                       floats=("engine_logp_floor",))
+        step, floor = position["step"], position.get("engine_logp_floor")
         print0(f"resumed from {resume_from} at step {step}")
     log, rollouts_file = None, out_dir / "rollouts.jsonl"
     val_samples = out_dir / "val_samples.jsonl"                       # --eval_every's samples
@@ -715,18 +756,23 @@ def train(args, device, reward_fn=None):
             for mb in mbs:
                 mb.old_lp, mb.entropy = token_log_probs(model, mb.batch, args.loss_chunk,
                                                         args.temperature)
+                mb.raw_lp = mb.old_lp if args.temperature == 1.0 else token_log_probs(
+                    model, mb.batch, args.loss_chunk, with_entropy=False)[0]   # the check's
         model.reshard()                 # a no-grad forward leaves the FSDP root's weights gathered
         # the engine sampled from the trainer's policy? A weight the sync missed shows here, as
         # plausible losses would not: stop before training on stale rollouts
         logp_diff = engine_logp_diff(minis)
-        if not logp_diff[0] <= args.engine_logp_tol + math.log(1 / args.top_p):   # nan stops too
+        floor = logp_diff[0] if floor is None else floor      # a resume without one: its first
+        limit = engine_logp_limit(floor, args)
+        if not logp_diff[0] <= limit:                                         # nan stops too
             cause = ("a weight the sync missed or left stale" if synced else
                      "the engine does not run the trainer's model (dtype? checkpoint?)")
             raise SystemExit(f"step {step + 1}: the engine's log-probs of its samples differ from "
-                             f"the trainer's by {logp_diff[0]:.4f} nats on average (max "
-                             f"{logp_diff[1]:.4f}; --engine_logp_tol {args.engine_logp_tol}): "
-                             f"{cause}; stopped before the update, nothing after step "
-                             f"{last_saved} is saved")
+                             f"the trainer's by {logp_diff[0]:.3g} nats on average (max "
+                             f"{logp_diff[1]:.3g}), above {limit:.3g} ({ENGINE_FLOOR_FACTOR:g} x "
+                             f"step 1's {floor:.3g}, at least {ENGINE_FLOOR_MIN:g}; at most "
+                             f"--engine_logp_tol {args.engine_logp_tol}): {cause}; stopped before "
+                             f"the update, nothing after step {last_saved} is saved")
 
         # ---- one optimiser step per mini-batch (Table 6: 128 prompts, mini-batches of 64: 2);
         # the first mini-batch of a step is on-policy (ratio 1)
@@ -759,7 +805,8 @@ def train(args, device, reward_fn=None):
         stopping = step < args.steps and stop.requested(device)        # every rank agrees
         if (args.save_every and step % args.save_every == 0) or step == args.steps or stopping:
             state = checkpoints.trainer_state(model, optimizer, None)
-            path = checkpoints.save(out_dir, step, model, tokenizer, state, {"step": step},
+            path = checkpoints.save(out_dir, step, model, tokenizer, state,
+                                    {"step": step, "engine_logp_floor": floor},
                                     dtype=torch.bfloat16 if bf16 else torch.float32,
                                     keep_last=args.keep_last, keep=resume_from)
             last_saved = step

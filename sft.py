@@ -153,8 +153,10 @@ def check_world(args, world):
 
 
 # settings a resumed run may change: they change nothing it computes, bit for bit (run_dir.claim
-# checks the rest; tests/test_reliability.py). Not --loss_chunk or --offload (float sums' order).
-# Nor does validation (its --eval_* flags, its engine, its graders): it changes only val_* records
+# checks the rest; tests/test_resume_settings.py changes each on resume), but that a batched
+# forward's rounding may move a draw that falls within it of a boundary (HF's --gen_batch_size).
+# Not --loss_chunk or --offload (float sums' order). Validation's (its --eval_* flags, its engine)
+# change only val_* records
 MAY_CHANGE_ON_RESUME = {"out_dir", "max_steps", "save_every", "keep_last", "log_every", "loggers",
                         "log_line", "grad_ckpt", "dist_timeout_min", "engine",
                         "gpu_memory_utilization", "gen_batch_size", "grader_workers",

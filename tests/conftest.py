@@ -22,8 +22,9 @@ def pytest_configure(config):
 
 # The files that take minutes, first: `bash run.sh test` hands whole files to its workers in this order, and a
 # long file started last would run alone while the other cores wait (measured: 23.5 min with them last)
-LONGEST_FILES = ["test_demo.py", "test_dryrun.py", "test_reliability.py", "test_vllm_cpu.py", "test_bench.py",
-                 "test_sft.py", "test_hybrid.py", "test_paper_scale.py", "test_rl.py", "test_evaluate_run.py"]
+LONGEST_FILES = ["test_demo.py", "test_dryrun.py", "test_reliability.py", "test_vllm_cpu.py", "test_resume_settings.py",
+                 "test_bench.py", "test_sft.py", "test_hybrid.py", "test_paper_scale.py", "test_rl.py",
+                 "test_evaluate_run.py"]
 
 
 def pytest_collection_modifyitems(config, items):
