@@ -13,7 +13,8 @@ Qwen/Qwen2.5-Math-1.5B; no weights are read, nothing is downloaded), and default
 model: 7B, or 1.5B with the small presets.
 
 One process plays one rank (rank 1 of --gpus; rank 0 only adds reading the weights and writing
-logs) on torch's fake tensors (shapes, dtypes and devices, no data) on `cuda`, with the fake
+logs; with --gpus 1 rank 0 itself, its weights loaded on the CPU as a real run loads them, its log
+written) on torch's fake tensors (shapes, dtypes and devices, no data) on `cuda`, with the fake
 process group: what bench/sim_gpu.py sets up. It runs the trainer itself, sft.train or rl.train,
 for two optimiser steps of two micro-batches each, on a model directory with the preset's
 config.json and a train file of the longest rows the preset admits (the longest sequence, as many
@@ -453,7 +454,8 @@ SEAMS = {
     "object collectives": "torch.distributed.gather_object, broadcast_object_list: the fake "
                           "process group moves no objects and fake tensors cannot be pickled; "
                           "rank 1's objects go nowhere, rank 0's answer is the list as rank 1 "
-                          "passed it ([None]: run_dir.claim's 'no error')",
+                          "passed it ([None]: run_dir.claim's 'no error'); on one GPU, rank 0 "
+                          "gathers its own object (its log record's diagnostics)",
     "checkpoint writing": "plumbing.checkpoints.save: torch.distributed.checkpoint cannot pickle "
                           "fake tensors; the call is recorded, nothing is written",
     "host work": "sft.load_sft_data, sft.plan_steps, sft.token_weights, rl.step_prompts run "
@@ -464,6 +466,9 @@ SEAMS = {
                       "cannot run on fake tensors; generate returns the longest responses, a "
                       "token short here and there",
     "reward": "rl.train's reward_fn (GRPO): rewards 0, 1, 0, 1, ... (the grader reads text)",
+    "log summary": "curio_loss.summarize on rank 0 (one GPU: the rank the dry run plays): the "
+                   "gathered diagnostics are fake host tensors whose values a quantile's mask "
+                   "needs; it runs on real zeros of their shapes, outside fake mode",
     "validation": "--eval_every (run after both steps): the engine a stand-in, whose wake "
                   "gathers the trainer's weights in sync buckets and loads them nowhere; the "
                   "samples the longest, graded 0; all_gather_object gives rank 1's block",
@@ -487,7 +492,7 @@ class Seams:
         self.on_step, self.validating = on_step, False
         patch = self.patch
         patch(models, "broadcast_weights", allocate_shards(offload))
-        patch(dist, "gather_object", lambda obj, object_gather_list=None, dst=0, group=None: None)
+        patch(dist, "gather_object", gather_object)
         patch(dist, "broadcast_object_list", lambda object_list, src=0, group=None: None)
         patch(checkpoints, "save", lambda out_dir, step, *a, **k: self.saved.append(step)
               or Path(out_dir) / f"step_{step:06d}")
@@ -523,6 +528,8 @@ class Seams:
                     yield planned_step
 
             patch(trainer, "plan_steps", marked_steps)
+            patch(cl, "summarize", on_host(lambda diag, *a: cl_summarize(
+                {k: torch.zeros(v.shape, dtype=v.dtype) for k, v in diag.items()}, *a)))
             read_step = trainer.read_step
 
             def checked_read(loss, grad_norm, diag):
@@ -601,6 +608,16 @@ def longest_samples(engine, tokenizer, prompts, n, temperature, top_p, max_new_t
     return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
 
 
+cl_summarize = cl.summarize
+
+
+def gather_object(obj, object_gather_list=None, dst=0, group=None):
+    """dist.gather_object's stand-in: the destination's list holds this rank's object for every
+    rank (the one rank's, on one GPU); elsewhere nothing moves."""
+    if object_gather_list is not None:
+        object_gather_list[:] = [obj] * len(object_gather_list)
+
+
 def on_host(fn):
     """fn run outside fake mode: host work on real values."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily
@@ -676,6 +693,7 @@ def simulate(argv) -> dict:
     kernels = collections.Counter()
     sim_gpu.install_cuda_shims()
     sim_gpu.mesh_outside_fake_mode()
+    sim_gpu.fsdp_moves_fake_tensors()
     sim_gpu.fake_pinned_memory()
     sim_gpu.route_attention_like_cuda(kernels)
     sim_gpu.fake_process_group(own.gpus, rank=1 if own.gpus > 1 else 0)
