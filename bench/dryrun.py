@@ -46,10 +46,17 @@ stop-signal check. It fails, in one line naming the place, unless:
              it names the largest token budget (GRPO: micro-batch; else GPU count) that fits by
              the planner, and confirms it with a second dry run
 It reports the host reads with the lines that ask for them, FLOPs per step (FlopCounterMode), and
-a roofline estimate of the step's time and MFU on the GPU given by --peak_tflops, --hbm_tbs
-(bench/roofline.py: a lower bound on the time, never a measurement), by region (student, teacher
-forward, logits and loss, optimiser) with the costliest ops. What it does not cover is listed in
-its output: see NOT_COVERED.
+an estimate of the step's time and MFU on the GPU given by --peak_tflops, --hbm_tbs
+(bench/roofline.py: each op at its class's efficiency measured on one H200, --calibration; an
+estimate, never a measurement), by region (student, teacher forward, logits and loss, optimiser)
+and op class, with the costliest ops. What it does not cover is listed in its output: see
+NOT_COVERED.
+
+    python bench/dryrun.py --against bench/data/h200-2026-11-27/summary.json [--fit]
+
+dry-runs what a `bash bench/gpu_check.sh` summary measured (bench/sft_step.py's three variants at
+its shapes and sequences, one GPU, and the teacher side), prices it on that GPU's roofs and prints
+predicted / measured per figure; --fit refits the calibration from the profiles beside it first.
 """
 import argparse
 import collections
@@ -104,7 +111,9 @@ NOT_COVERED = [
     "rank 0's own work: its run-directory checks, gathering and summary of the logged diagnostics, "
     "log.jsonl (the object collectives carry nothing here)",
     "checkpoint writing and resuming (torch.distributed.checkpoint, safetensors)",
-    "kernel speed, NCCL and its buffers, the CUDA context and the allocator's fragmentation",
+    "kernel speed beyond the calibration's classes (measured on one H200 at 1.5B shapes, a dense "
+    "mask: causal and packed attention's efficiency is assumed equal), time the GPU waits on "
+    "the host, NCCL and its buffers, the CUDA context and the allocator's fragmentation",
     "numerics on a GPU (fake tensors hold no values: bf16 rounding, NaN, the loss's values)",
 ]
 NOT_COVERED_OFFLOAD = ("with --offload, the estimated time leaves out the optimiser step on the "
@@ -911,7 +920,7 @@ def memory_result(config, stage, args, shape, own, measured, peak_snapshot) -> d
 
 def speed_result(roof, gpu, cal, flops: int, weights: int, shape: dict, config, watch) -> dict:
     """Host syncs, FLOPs and the roofline's estimate of the step (per rank), its regions, op
-    classes and costliest ops; `work` is the record the estimate prices (roofline.totals), for
+    classes and costliest ops; `work` is the record the estimate prices (roofline.compact), for
     bench/roofline.py's fit."""
     record = roofline.compact(roof.work)
     parts = roofline.seconds(record, gpu, cal)
@@ -1045,10 +1054,12 @@ def describe(r: dict) -> str:
     lines += [f"  FLOPs per step: {r['flops_per_step'] / 1e12:.1f} TFLOP (torch's FlopCounterMode)",
               f"  estimated step time: {r['est_ms_per_step'] / 1e3:.2f} s, MFU {r['mfu_est']:.0%} "
               f"(a roofline estimate on {r['gpu_roofs']['bf16_tflops']:g} TFLOP/s, "
-              f"{r['gpu_roofs']['hbm_tbs']:g} TB/s: a lower bound on the time, not a measurement)",
+              f"{r['gpu_roofs']['hbm_tbs']:g} TB/s, {r['calibration']}; not a measurement)",
               f"    ms: {parts}; collectives {r['comm_ms_est']:.0f} (overlapped)"
               + (f"; host <-> GPU copies {r['host_copy_gib']:.1f} GiB (not in the estimate)"
-                 if r["host_copy_gib"] else "")]
+                 if r["host_copy_gib"] else ""),
+              "    by op class, ms: " + ", ".join(f"{c} {ms:.0f}"
+                                                 for c, ms in r["est_ms_by_class"].items())]
     if r.get("validations"):
         lines.append(f"  validation (--eval_every): {r['validations']} evaluations, through the "
                      f"'validation' seam")

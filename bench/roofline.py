@@ -1,42 +1,43 @@
-"""A step's time on a GPU, op by op, from the ops a (simulated) step dispatches, each op costed at
+"""A step's time on a GPU, op by op, from the ops a (simulated) step dispatches, each op priced at
 its class's efficiency measured on a real GPU. Plumbing for bench/dryrun.py: a reader of the method
 may skip it.
 
 `Roofline` (a dispatch mode) records what each op does: its class, FLOPs, bytes moved, output
 elements, and the region open when it ran (Roofline.region, Roofline.watch_module: the teacher's
 forward, the teacher's head, the optimiser, ...; "student" otherwise, its backward included).
-`seconds` prices the record with a GPU's roofs (`GPU`) and a `Calibration`: each op takes what its
-class takes, and at least the shortest kernel:
-  matmul      FLOPs / (bf16 peak x matmul)        mm, addmm, bmm (float32 ones on the float32 peak)
-  gemv        bytes / (bandwidth x gemv)          a matmul with a dimension of 1 (batched dot
-                                                  products: cuBLAS's gemv kernels)
-  attention   FLOPs / (bf16 peak x attention[form]), forward and backward apart, the forms:
-                dense_mask  a [B, 1, T, T] mask (a right-padded batch): every tile computed, B T^2
-                causal      is_causal, no mask: the tiles above the diagonal skipped, B T^2 / 2
-                varlen      a packed row, each sequence its own causal square, sum(l_i^2) / 2
-  topk        passes x input bytes / (bandwidth x topk)   radix selection, a pass per 8 bits of key
-  broadcast   output elements / broadcast              a pointwise op with a broadcast or strided
-                                                  operand (CUDA's non-vectorized kernel, bound by
-                                                  elements, not bytes: measured alike for bf16 and
-                                                  float32)
-  memory      bytes / (bandwidth x memory)        every other op: vectorized pointwise ops,
+`seconds` prices the record with a GPU's roofs (`GPU`) and a `Calibration`, each op at least the
+shortest kernel:
+  matmul     FLOPs / (bf16 peak x matmul)         mm, addmm, bmm (float32 ones on the fp32 peak)
+  gemv       bytes / (bandwidth x gemv)           a matmul with an output dimension of 1 (batched
+                                                  dot products: cuBLAS's gemv kernels)
+  attention  FLOPs / (bf16 peak x attention[form]), forward and backward apart; the forms:
+               dense_mask  a [B, 1, T, T] mask (a right-padded batch): every tile, 4 B H T^2 d
+               causal      is_causal, no mask: the tiles above the diagonal skipped, half of it
+               varlen      a packed row, each sequence its own causal square: sum(l_i^2) / 2
+  topk       passes x input bytes / (bandwidth x topk)   radix selection, a pass per 8 bits of key
+  broadcast  output elements / broadcast (G/s)    a pointwise op with a broadcast or strided
+                                                  operand: CUDA's non-vectorized kernel, bound by
+                                                  elements rather than bytes (bf16 and float32
+                                                  alike on the H200)
+  memory     bytes / (bandwidth x memory)         every other op: vectorized pointwise ops,
                                                   reductions, copies
-  optimizer   bytes / (bandwidth x memory) + tensors x optimizer_us   the fused AdamW
+  optimizer  bytes / (bandwidth x memory) + tensors x optimizer_us   the fused AdamW
 Composite ops are counted by the passes their ATen kernels make, which a dispatch mode cannot see:
 logsumexp (ReduceOps.cpp: amax, x - max, exp, sum), softmax and log-softmax and their backward
-(three reads and a write each: max, sum of exp, output). FLOPs are torch.utils.flop_counter's formulas;
-bytes every tensor an op reads and writes (views move none; an op that only allocates, none).
+(three reads and a write each). FLOPs are torch.utils.flop_counter's formulas; bytes every tensor an
+op reads and writes (views move none; an op that only allocates, none).
 
 The sum over the ops is the device's busy time in eager PyTorch (a kernel per op). Not modelled:
-time the GPU waits on the host (after the step's read, a sync, until the next kernels are
-queued), NCCL (collectives are costed apart, on the links: FSDP overlaps them), the CPU's work (an
+time the GPU waits on the host (after the step's read, a sync, until the next kernels are queued),
+NCCL (collectives are costed apart, on the links: FSDP overlaps them), the CPU's work (an
 offloaded optimiser step) and host-device copies (their bytes are counted).
 
-Calibrations: DATASHEET (every efficiency 1, the roofs themselves: a lower bound on the time) and
-H200_2026_11_27, each constant fitted by `fit` from one H200's profile (bench/data/, its README)
-against the dry run's record of the same steps. A new GPU run refits them: `python bench/dryrun.py
---against DIR/summary.json --fit` (DIR: the run's summary.json and profile_{sft,curio,
-curio_self_teacher}.txt).
+Calibrations: DATASHEET (every efficiency 1: the roofs themselves, a lower bound on the time) and
+H200_2026_11_27, each constant fitted by `fit` from one H200's profiles (bench/data/, its README)
+against the dry run's record of the same steps (FIT_SOURCES names each one's rows). A new GPU run
+refits them: its profiles (`python -m torch.distributed.run --standalone --nproc_per_node 1
+bench/roofline.py --out DIR`, on the GPU) beside its gpu_check summary.json, then `python
+bench/dryrun.py --against DIR/summary.json --fit`.
 """
 import collections
 import contextlib
