@@ -8,17 +8,20 @@ forward, the teacher's head, the optimiser, ...; "student" otherwise, its backwa
 `seconds` prices the record with a GPU's roofs (`GPU`) and a `Calibration`, each op at least the
 shortest kernel:
   matmul     FLOPs / (bf16 peak x matmul)         mm, addmm, bmm (float32 ones on the fp32 peak)
-  gemv       bytes / (bandwidth x gemv)           a matmul with an output dimension of 1 (batched
+  gemv       bytes / gemv (GB/s)                  a matmul with an output dimension of 1 (batched
                                                   dot products: cuBLAS's gemv kernels)
   attention  FLOPs / (bf16 peak x attention[form]), forward and backward apart; the forms:
                dense_mask  a [B, 1, T, T] mask (a right-padded batch): every tile, 4 B H T^2 d
                causal      is_causal, no mask: the tiles above the diagonal skipped, half of it
                varlen      a packed row, each sequence its own causal square: sum(l_i^2) / 2
-  topk       passes x input bytes / (bandwidth x topk)   radix selection, a pass per 8 bits of key
+  topk       passes x input bytes / topk (GB/s)   radix selection, a pass per 8 bits of key
   broadcast  output elements / broadcast (G/s)    a pointwise op with a broadcast or strided
                                                   operand: CUDA's non-vectorized kernel, bound by
                                                   elements rather than bytes (bf16 and float32
                                                   alike on the H200)
+gemv, topk and broadcast run far below the memory's bandwidth (a tenth or less of it on the H200):
+their rates are absolute, the same on a GPU of the same SMs and clocks whatever its memory (an H100
+SXM's are an H200's); each is at least its bytes at the bandwidth.
   memory     bytes / (bandwidth x memory)         every other op: vectorized pointwise ops,
                                                   reductions, copies
   optimizer  bytes / (bandwidth x memory) + tensors x optimizer_us   the fused AdamW
@@ -82,17 +85,17 @@ class GPU:
 
 @dataclasses.dataclass(frozen=True)
 class Calibration:
-    """What each op class achieves, as a share of its roof (broadcast: G output elements per
-    second; optimizer_us: microseconds per parameter tensor beyond the fused AdamW's bytes;
-    kernel_us: the shortest kernel). `sources` names where each was measured (FIT_SOURCES for a
-    fitted one)."""
+    """What each op class achieves: matmul, attention and memory as a share of their roof; gemv
+    and topk in GB/s, broadcast in G output elements/s (DATASHEET's inf: the roof); optimizer_us
+    per parameter tensor beyond the fused AdamW's bytes; kernel_us the shortest kernel. `sources`
+    names where each was measured (FIT_SOURCES for a fitted one)."""
     name: str
     matmul: float = 1.0
-    gemv: float = 1.0
+    gemv: float = math.inf
     attention: dict = dataclasses.field(default_factory=lambda: {f: (1.0, 1.0) for f in FORMS})
     memory: float = 1.0
     broadcast: float = math.inf
-    topk: float = 1.0
+    topk: float = math.inf
     optimizer_us: float = 0.0
     kernel_us: float = 2.0
     sources: dict = dataclasses.field(default_factory=dict)
@@ -125,7 +128,7 @@ FIT_SOURCES = {
     "kernel_us": "not measured: a kernel's launch latency (assumed, 2 us)"}
 H200_2026_11_27 = Calibration(
     "calibrated on one H200 (2026-11-27, 6fbcbf7)",
-    matmul=0.809, gemv=0.232, memory=0.856, broadcast=372.9, topk=0.061, optimizer_us=48.6,
+    matmul=0.809, gemv=1110.0, memory=0.856, broadcast=372.9, topk=292.0, optimizer_us=48.6,
     attention={"dense_mask": (0.359, 0.294), "causal": (0.359, 0.294), "varlen": (0.359, 0.294)},
     sources=FIT_SOURCES)
 
@@ -310,13 +313,13 @@ def work_seconds(w: Work, gpu: GPU, cal: Calibration) -> float:
         peak = (gpu.fp32_tflops if w.fp32 else gpu.bf16_tflops) * 1e12
         t = max(w.flops / (peak * cal.matmul), w.bytes / (bw * cal.memory))
     elif w.cls == "gemv":
-        t = w.bytes / (bw * cal.gemv)
+        t = max(w.bytes / bw, w.bytes / (cal.gemv * 1e9))
     elif w.cls == "attention":
         pass_, form = w.key.split()
         eff = cal.attention[form][0 if pass_ == "fwd" else 1]
         t = max(w.flops / (gpu.bf16_tflops * 1e12 * eff), w.bytes / (bw * cal.memory))
     elif w.cls == "topk":
-        t = w.elements / (bw * cal.topk)
+        t = max(w.elements / bw, w.elements / (cal.topk * 1e9))
     elif w.cls == "broadcast":
         t = max(w.elements / (cal.broadcast * 1e9), w.bytes / (bw * cal.memory))
     elif w.cls == "optimizer":
@@ -425,17 +428,16 @@ def fit(records: dict, profiles: dict, steps: int, gpu: GPU, kernel_us: float = 
     broadcast = work("sft", "broadcast", field=3) / (
         _rows(sft, r"^void at::native::elementwise_kernel<") * per_step) / 1e9
     topk = (work("curio", "topk", field=3) + work("curio_self_teacher", "topk", field=3)) / (
-        bw * (_rows(curio, r"^aten::topk$", True) + _rows(self_t, r"^aten::topk$", True))
+        1e9 * (_rows(curio, r"^aten::topk$", True) + _rows(self_t, r"^aten::topk$", True))
         * per_step)
     gemv = work("curio_self_teacher", "gemv", field=2) / (
-        bw * _rows(self_t, r"gemv2T_kernel") * per_step)
+        1e9 * _rows(self_t, r"gemv2T_kernel") * per_step)
     # the range around AdamW's step, at its least (each profile's first step creates the states)
     opt_s = min(_rows(p, r"^Optimizer\.step#") for p in profiles.values()) * per_step
     adamw_bytes, tensors = (work("sft", "optimizer", field=f) for f in (2, 3))
     optimizer_us = (opt_s - adamw_bytes / (bw * memory)) / tensors * 1e6
-    rounded = {k: round(v, 3) for k, v in dict(matmul=matmul, gemv=gemv, memory=memory,
-                                               topk=topk).items()}
-    return Calibration(name, **rounded, broadcast=round(broadcast, 1),
+    return Calibration(name, matmul=round(matmul, 3), memory=round(memory, 3),
+                       gemv=round(gemv, -1), topk=round(topk, 1), broadcast=round(broadcast, 1),
                        optimizer_us=round(optimizer_us, 1), kernel_us=kernel_us,
                        attention={f: (round(fwd, 3), round(bwd, 3)) for f in FORMS},
                        sources=FIT_SOURCES)

@@ -47,7 +47,9 @@ def test_paper_presets_run_on_8_simulated_gpus_within_10_percent_of_the_plan(lib
         assert r["syncs_per_step"] == len(own) and sorted(s[s.index("("):] for s in r["sync_sites"]) == own, r
         if r["stage"] == "sft":
             assert {"teacher update", "teacher forward"} <= set(r["est_ms_parts"]) or name == "sft_baseline", r
-        assert 0.2 < r["mfu_est"] < 0.8 and r["est_ms_per_step"] > 1000 and r["flops_per_step"] > 1e15, r
+        # calibrated on one H200 (tests/test_roofline.py): an SFT step's MFU in the 20s at 7B, not the roofs' 44%
+        assert 0.15 < r["mfu_est"] < 0.6 and r["est_ms_per_step"] > 1000 and r["flops_per_step"] > 1e15, r
+        assert r["calibration"].startswith("calibrated on one H200") and r["est_ms_by_class"]["matmul"] > 0, r
         assert r["not_covered"] and "failed" not in r
         assert "peak per GPU, step 2: measured" in out and "a roofline estimate" in out
     curio, sft = (json.loads((tmp_path / name).read_text()) for name in ("sft_curio", "sft_baseline"))
@@ -57,10 +59,11 @@ def test_paper_presets_run_on_8_simulated_gpus_within_10_percent_of_the_plan(lib
     assert json.loads((tmp_path / "rl_paper").read_text())["validations"] == 2     # rl.py's, with its rollout engine
     share = 0.5 * curio["gpu_gib"]                                       # sft.py's --gpu_memory_utilization
     assert curio["peak_gib_planned_all_phases"] > share + 10 and share > curio["peak_gib_planned"], curio
-    # the paper's cost claim, 1.25x SFT's step: one teacher forward against the student's three passes
+    # the paper's cost claim, 1.25x SFT's step: one teacher forward against the student's three passes; in time,
+    # calibrated, the teacher side's top-k (its radix passes at 6% of the memory's bandwidth on the H200) adds more
     assert 1.2 < curio["flops_per_step"] / sft["flops_per_step"] <= 1.27
-    assert 1.2 < curio["est_ms_per_step"] / sft["est_ms_per_step"] <= 1.30
-    assert 0.15 < curio["teacher_share"] < 0.25 and sft["teacher_share"] == 0
+    assert 1.2 < curio["est_ms_per_step"] / sft["est_ms_per_step"] <= 1.40
+    assert 0.15 < curio["teacher_share"] < 0.30 and sft["teacher_share"] == 0
 
 
 

@@ -120,7 +120,7 @@ def test_a_profile_table_is_read_and_a_class_costs_its_work_at_its_efficiency():
     cut = "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocas..."
     assert rows[cut][2] == 3036 + 336 + 1848 + 840                                  # four rows of that cut name
     gpu, cal = roofline.GPU(bf16_tflops=1000, hbm_tbs=4.0), roofline.Calibration(
-        "test", matmul=0.5, memory=0.5, broadcast=100.0, topk=0.1, gemv=0.25, optimizer_us=10.0,
+        "test", matmul=0.5, memory=0.5, broadcast=100.0, topk=400.0, gemv=1000.0, optimizer_us=10.0,
         attention={f: (0.4, 0.2) for f in roofline.FORMS}, kernel_us=3.0)
     work = roofline.Work
     assert roofline.work_seconds(work("r", "matmul", "mm", flops=10**15), gpu, cal) == pytest.approx(2.0)
