@@ -176,3 +176,18 @@ def grpo_step_peak(memory, config, batch, loss_chunk: int, device, micro_batches
             rl.policy_update(model, optimizer, [rl.MicroBatch(batch, adv, lp, ent) for lp, ent in old], args, device)
             del old
     return measured, n
+
+
+@pytest.fixture(scope="session")
+def library():
+    """bench/dryrun.py's simulated-GPU C++ library: built on first use (~40 s with g++ and ninja), cached outside the
+    repository; its path."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import sim_gpu; print(sim_gpu.build())"
+    done = subprocess.run([sys.executable, "-c", code, str(bench)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]

@@ -13,15 +13,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DRYRUN = str(ROOT / "bench" / "dryrun.py")
 
 
-@pytest.fixture(scope="module")
-def library():
-    """The simulated-GPU C++ library: built on first use (~40 s with g++ and ninja), cached outside the repo."""
-    code = "import sys; sys.path.insert(0, sys.argv[1]); import sim_gpu; print(sim_gpu.build())"
-    done = subprocess.run([sys.executable, "-c", code, str(ROOT / "bench")], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1]
-
-
 def test_paper_presets_run_on_8_simulated_gpus_within_10_percent_of_the_plan(library, tmp_path):
     """CurioSFT and one baseline with the paper's SFT preset, and GRPO with the paper's RL preset, at 7B on 8
     simulated GPUs, the three at once (two cores)."""

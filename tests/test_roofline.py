@@ -16,15 +16,6 @@ import roofline  # noqa: E402
 H200 = ROOT / "bench" / "data" / "h200-2026-11-27"
 
 
-@pytest.fixture(scope="module")
-def library():
-    """The simulated-GPU C++ library: built on first use (~40 s with g++ and ninja), cached outside the repo."""
-    code = "import sys; sys.path.insert(0, sys.argv[1]); import sim_gpu; print(sim_gpu.build())"
-    done = subprocess.run([sys.executable, "-c", code, str(ROOT / "bench")], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1]
-
-
 def test_the_dry_run_predicts_the_h200_run_within_15_percent(tmp_path):
     """python bench/dryrun.py --against the H200's gpu_check summary, with --fit: bench/sft_step.py's three variants
     dry-run at its shapes and sequences on one simulated H200 (each a --gpus 1 dry run of sft.train, rank 0), the
