@@ -1229,6 +1229,17 @@ def against(own, env) -> int:
     if found is None:
         raise SystemExit(f"{path}: no bandwidth known for {device!r} (dryrun.GPUS)")
     gpu = roofline.GPU(bf16_tflops=sft_step.datasheet_peak_tflops(device), hbm_tbs=found[0])
+    need = [f"{v} step time" for v in VARIANTS] + ["logsumexp pass", "bisection / logsumexp",
+                                                    "teacher_log_prob (bisection)",
+                                                    "logits' median entropy"]
+    missing = [f for f in need if f not in {r["figure"] for r in summary.get("rows", [])}]
+    if missing:
+        raise SystemExit(f"{path}: no {', '.join(repr(f) for f in missing)} row (a part of "
+                         f"gpu_check that did not run?)")
+    profiles = [path.parent / f"profile_{v}.txt" for v in VARIANTS]
+    if own.fit and not all(f.is_file() for f in profiles):
+        raise SystemExit(f"--fit: {', '.join(str(f) for f in profiles if not f.is_file())} not "
+                         f"found beside {path} (python bench/roofline.py --out DIR on the GPU)")
     run = bench_run(summary)
     what_if = own.attention_form not in ("trainer", run["attention_form"])
     if what_if:                         # the same steps in another attention form: predictions
@@ -1262,8 +1273,7 @@ def against(own, env) -> int:
                                  f"{results[v].get('failed', 'no result')}")
     cal = CALIBRATIONS[own.calibration]
     if own.fit:
-        profiles = {v: roofline.read_profile((path.parent / f"profile_{v}.txt").read_text())
-                    for v in VARIANTS}
+        profiles = {v: roofline.read_profile(f.read_text()) for v, f in zip(VARIANTS, profiles)}
         cal = roofline.fit({v: roofline.totals(results[v]["work"]) for v in VARIANTS}, profiles,
                            run["teacher_every"] + 1, gpu, name=f"fitted to {path}")
         print("fitted: " + ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(cal).items()
