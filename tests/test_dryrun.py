@@ -13,15 +13,6 @@ ROOT = Path(__file__).resolve().parents[1]
 DRYRUN = str(ROOT / "bench" / "dryrun.py")
 
 
-@pytest.fixture(scope="module")
-def library():
-    """The simulated-GPU C++ library: built on first use (~40 s with g++ and ninja), cached outside the repo."""
-    code = "import sys; sys.path.insert(0, sys.argv[1]); import sim_gpu; print(sim_gpu.build())"
-    done = subprocess.run([sys.executable, "-c", code, str(ROOT / "bench")], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1]
-
-
 def test_paper_presets_run_on_8_simulated_gpus_within_10_percent_of_the_plan(library, tmp_path):
     """CurioSFT and one baseline with the paper's SFT preset, and GRPO with the paper's RL preset, at 7B on 8
     simulated GPUs, the three at once (two cores)."""
@@ -47,7 +38,9 @@ def test_paper_presets_run_on_8_simulated_gpus_within_10_percent_of_the_plan(lib
         assert r["syncs_per_step"] == len(own) and sorted(s[s.index("("):] for s in r["sync_sites"]) == own, r
         if r["stage"] == "sft":
             assert {"teacher update", "teacher forward"} <= set(r["est_ms_parts"]) or name == "sft_baseline", r
-        assert 0.2 < r["mfu_est"] < 0.8 and r["est_ms_per_step"] > 1000 and r["flops_per_step"] > 1e15, r
+        # calibrated on one H200 (tests/test_roofline.py): an SFT step's MFU in the 20s at 7B, not the roofs' 44%
+        assert 0.15 < r["mfu_est"] < 0.6 and r["est_ms_per_step"] > 1000 and r["flops_per_step"] > 1e15, r
+        assert r["calibration"].startswith("calibrated on one H200") and r["est_ms_by_class"]["matmul"] > 0, r
         assert r["not_covered"] and "failed" not in r
         assert "peak per GPU, step 2: measured" in out and "a roofline estimate" in out
     curio, sft = (json.loads((tmp_path / name).read_text()) for name in ("sft_curio", "sft_baseline"))
@@ -57,10 +50,11 @@ def test_paper_presets_run_on_8_simulated_gpus_within_10_percent_of_the_plan(lib
     assert json.loads((tmp_path / "rl_paper").read_text())["validations"] == 2     # rl.py's, with its rollout engine
     share = 0.5 * curio["gpu_gib"]                                       # sft.py's --gpu_memory_utilization
     assert curio["peak_gib_planned_all_phases"] > share + 10 and share > curio["peak_gib_planned"], curio
-    # the paper's cost claim, 1.25x SFT's step: one teacher forward against the student's three passes
+    # the paper's cost claim, 1.25x SFT's step: one teacher forward against the student's three passes; in time,
+    # calibrated, the teacher side's top-k (its radix passes at 6% of the memory's bandwidth on the H200) adds more
     assert 1.2 < curio["flops_per_step"] / sft["flops_per_step"] <= 1.27
-    assert 1.2 < curio["est_ms_per_step"] / sft["est_ms_per_step"] <= 1.30
-    assert 0.15 < curio["teacher_share"] < 0.25 and sft["teacher_share"] == 0
+    assert 1.2 < curio["est_ms_per_step"] / sft["est_ms_per_step"] <= 1.40
+    assert 0.15 < curio["teacher_share"] < 0.30 and sft["teacher_share"] == 0
 
 
 
@@ -320,3 +314,18 @@ def test_a_host_read_or_move_added_to_a_trainers_loop_fails_naming_its_line(libr
         assert line in failed and (failed.startswith("syncs: ") or failed.startswith("devices: ")), (slip, line,
                                                                                                      failed)
         print(slip, "->", failed)
+
+
+def test_one_gpu_runs_as_rank_0(library, tmp_path):
+    """--gpus 1, what most users try first: the dry run plays rank 0, which loads the weights on the CPU and lets
+    fully_shard move them to the GPU (bench/sim_gpu.py's fsdp_moves_fake_tensors), gathers its own log record and
+    writes it. GRPO here; SFT on one GPU runs in tests/test_roofline.py (the H200's configurations)."""
+    model = tiny_model(tmp_path)
+    out = tmp_path / "rl.json"
+    done = subprocess.run([sys.executable, DRYRUN, "config/rl_paper.py", "--model", str(model), "--max_prompt_len",
+                           "64", "--max_response_len", "448", "--loss_chunk", "256", "--gpus", "1", "--json", str(out)],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    r = json.loads(out.read_text())
+    assert r["gpus"] == 1 and r["steps_run"] == 2 and "failed" not in r and 0.9 <= r["ratio"] <= 1.1, r
+    assert "step 2 " in done.stdout                                 # rank 0's log line of the second step
