@@ -86,8 +86,15 @@ def _fp32(x: torch.Tensor) -> torch.Tensor:
 
 def _half(x: torch.Tensor) -> bool:
     """bf16 or fp16 logits, as a GPU's head makes them: the speed helpers read them in blocks
-    instead of one float32 copy of all of them."""
-    return x.dtype in (torch.bfloat16, torch.float16)
+    instead of one float32 copy of all of them (unless BLOCKWISE is off)."""
+    return BLOCKWISE and x.dtype in (torch.bfloat16, torch.float16)
+
+
+def loss_logits(logits: torch.Tensor) -> torch.Tensor:
+    """A chunk's logits as the trainers' losses take them: a GPU's bf16 ones as they are (the
+    speed helpers read them in float32 blocks), else at least float32, one copy for the loss and
+    the logged entropy."""
+    return logits if _half(logits) else _fp32(logits)
 
 
 def entropy(logits: torch.Tensor, tau: torch.Tensor | float = 1.0) -> torch.Tensor:
@@ -366,6 +373,10 @@ def _full_entropy(z, z_max):
     return h
 
 
+# The speed helpers below on (True), or the forms of commit 6fbcbf7, which one H200 measured (False:
+# one float32 copy of a chunk's bf16 logits, torch.topk over the whole row): bench/forms.py turns
+# them off to replay that run, as bench/dryrun.py --against does. The same results either way.
+BLOCKWISE = True
 TOPK_BLOCK = 32     # _top_k_values: vocabulary entries per block (Qwen's 151,936 and 152,064 divide)
 
 
@@ -383,6 +394,8 @@ def _top_k_values(z, k):
     to the bit, whatever order a kernel returns ties in. Rows too short to gain: z.topk itself."""
     n, v = z.shape
     blocks = v // TOPK_BLOCK
+    if not BLOCKWISE:
+        return z.topk(k, dim=-1, sorted=False).values
     if blocks < 4 * k:
         return z.topk(k, dim=-1).values
     body = z[:, : blocks * TOPK_BLOCK].unfold(1, TOPK_BLOCK, TOPK_BLOCK)         # [N, blocks, b]

@@ -332,7 +332,7 @@ def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
     policy_loss = policy_loss_fn(args)                              # ppo_clip_loss: the paper's
 
     def chunk_loss(h_c, y_c, old_c, adv_c, demo_c, bonus_c, _memo):
-        logits = model.lm_head(h_c)                                                  # [n, V]
+        logits = cl.loss_logits(model.lm_head(h_c))                                  # [n, V]
         lp, _ = cl.student_log_prob(logits, y_c, args.temperature)                   # [n]
         loss, diag = policy_loss(lp, old_c, adv_c, args)
         if demo_c is not None:                # --hybrid: the expert's tokens take its own loss

@@ -186,7 +186,7 @@ def curio_micro_batch_loss(model, teacher, batch, args, cfg, want_entropy, weigh
 
     def chunk_loss(h_c, y_c, lq_c, w_c, memo):
         # line 4: student logits [n, V] (bf16 on a GPU: the loss reads them without a float32 copy)
-        logits = model.lm_head(h_c)
+        logits = cl.loss_logits(model.lm_head(h_c))
         loss, diag = cl.curio_sft_loss(logits, y_c, lq_c, cfg)     # lines 12-13: Eq. 5, 6
         if check:
             cl.check_finite(loss, logits, y_c, lq_c)
