@@ -942,7 +942,7 @@ def run(a, out: Path) -> None:
     if a.seeds:
         metrics = [run_seed(SIZES[a.size], out / f"seed_{s}", s, a.jobs) for s in a.seeds]
         evals = [out / f"seed_{s}" / "eval" for s in a.seeds]
-        by_seed = [compare_all([evaluation], measure.parent, a.jobs) for evaluation in evals]
+        by_seed = [compare_all([evaluation], evaluation.parent, a.jobs) for evaluation in evals]
     else:
         metrics = [run_seed(SIZES[a.size], out, a.seed, a.jobs)]
         evals, by_seed = [out / "eval"], None
