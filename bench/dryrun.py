@@ -609,7 +609,7 @@ class Seams:
         self.stack.enter_context(mock.patch.object(owner, name, value))
 
     def wake(self, engine, model, bucket_bytes):
-        """generation.wake's stand-in. In validation (evaluation.validate): the sync's all-gathers,
+        """generation.wake's stand-in. In validation (measure.validate): the sync's all-gathers,
         bucket by bucket as the sync gathers (every rank), loaded into no engine. Else GRPO's
         rollouts: each step begins here (their sync is not covered)."""
         from plumbing import generation
@@ -636,9 +636,9 @@ class Seams:
         longest, their grades 0; all_gather_object gives rank 1's block."""
         import torch.distributed as dist
 
-        import evaluation
+        import measure
 
-        validate = evaluation.validate
+        validate = measure.validate
 
         def validating(*a, **k):
             self.validating = True
@@ -650,10 +650,10 @@ class Seams:
         def all_gather_object(object_list, obj, group=None):
             object_list[:] = [obj] * len(object_list)
 
-        self.patch(evaluation, "validate", validating)
+        self.patch(measure, "validate", validating)
         self.patch(dist, "all_gather_object", all_gather_object)
-        self.patch(evaluation, "generate", longest_samples)
-        self.patch(evaluation, "grade", lambda texts, *a, **k: ([0.0] * len(texts), 0))
+        self.patch(measure, "generate", longest_samples)
+        self.patch(measure, "grade", lambda texts, *a, **k: ([0.0] * len(texts), 0))
 
     def close(self):
         self.stack.close()

@@ -233,7 +233,8 @@ def write_inputs(args, shape: dict, run: dict, entropy: float, device) -> dict:
                      "prompt": [{"role": "user", "content": text[: prompt - overhead]}],
                      "target": [{"role": "assistant", "content": text[prompt + 1 :]}]})  # + EOS
     data.write_jsonl(rows, args.train_file)
-    dataset, loaded, n_targets, _ = sft.load_sft_data(args, tokenizer)
+    # (the weights are written below: the data path asks for the config and tokenizer only)
+    _, dataset, loaded, n_targets, _ = sft.load_sft_data(dataclasses.replace(args, scratch=True))
     if loaded != lengths:
         raise SystemExit(f"--seq {run['seq']}: sequences of {loaded} tokens, not {lengths} (an "
                          f"eighth of each must hold the chat template's {overhead} tokens)")

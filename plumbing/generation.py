@@ -10,6 +10,7 @@ they were read.
 import importlib.metadata
 import importlib.util
 import itertools
+import math
 import os
 import sys
 import time
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import transformers
 from tqdm import tqdm
 
@@ -542,3 +544,68 @@ def sleep(engine: Engine) -> None:
     """After the rollouts: the trainer has the GPU until the next wake."""
     if engine.sleeps:
         engine.model.sleep(level=2)
+
+
+# ------------------------------------------------------------------------------------------------
+# The engine check (rl.py): did the engine sample from the trainer's policy?
+# ------------------------------------------------------------------------------------------------
+# Step 1 samples from the checkpoint the engine and the trainer both loaded, so its difference is
+# this device's and dtype's numeric floor between the two implementations (float32 on a CPU, HF and
+# vLLM engines: 1.2e-7 to 1.9e-7 nats). Later steps move it little, a weight the sync got wrong by
+# orders of magnitude: on CPUs, 10 healthy runs of 4 steps stayed within 1.1 x their step 1, layer
+# 0's down_proj delivered x3 gave 0.03 nats, 1e5 x (tests/test_rl.py test_the_engine_check_*,
+# tests/test_vllm_cpu.py); 10 x leaves room to both sides. The floor counts as at least
+# ENGINE_FLOOR_MIN (float32's rounding of log-probs of a few nats); --engine_logp_tol stays the
+# ceiling (bf16 engines: a floor of hundredths, not measured here). A sleeping engine (vLLM on
+# GPUs) drops its weights at creation, so its step 1 already syncs: a sync wrong from its first load
+# is then left to the ceiling.
+ENGINE_FLOOR_FACTOR = 10.0
+ENGINE_FLOOR_MIN = 1e-6
+
+
+@torch.no_grad()
+def engine_logp_diff(engine_lp: list[torch.Tensor], trainer_lp: list[torch.Tensor]):
+    """(mean, max) over all ranks of |engine log-prob - trainer's log-prob| per response token the
+    engine sampled (NaN in engine_lp: a token it did not sample, the expert's), both the model's
+    own at temperature 1 before top-p (the engine's raw log-probs: rollout_engine), i.e. the same
+    quantity from two implementations: with the trainer's weights in the engine they differ by
+    numerics only; (nan, nan) without tokens. No mask indexing (a host sync on a GPU): one read,
+    the step's check before its update."""
+    engine, trainer = torch.cat(engine_lp), torch.cat(trainer_lp).float()             # [N]
+    sampled = ~engine.isnan()
+    diff = torch.where(sampled, (engine - trainer).abs(), 0.0)
+    sums = torch.stack([diff.double().sum(), sampled.double().sum()])
+    top = torch.cat([diff, diff.new_zeros(1)]).amax().double()
+    dist.all_reduce(sums)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    read = torch.stack([sums[0] / sums[1].clamp(min=1), top, (sums[1] == 0).double()])
+    mean, top, none = read.cpu().tolist()                                     # the host read
+    return (math.nan, math.nan) if none else (mean, top)
+
+
+class EngineCheck:
+    """rl.py's check before each update that the engine sampled from the trainer's policy: a weight
+    the sync missed shows here, as plausible losses would not. floor: step 1's difference (a
+    resumed run's, from its checkpoint; else its first step's); tol: --engine_logp_tol."""
+
+    def __init__(self, tol: float, floor: float | None = None):
+        self.tol, self.floor = tol, floor
+
+    def limit(self) -> float:
+        """The largest mean difference a step may have."""
+        return min(self.tol, ENGINE_FLOOR_FACTOR * max(self.floor, ENGINE_FLOOR_MIN))
+
+    def __call__(self, engine_lp, trainer_lp, synced: bool, failed) -> tuple[float, float]:
+        """The step's (mean, max) difference (engine_logp_diff), or failed(why), the run's
+        one-line stop, when the mean is above the limit (nan too)."""
+        mean, top = engine_logp_diff(engine_lp, trainer_lp)
+        self.floor = mean if self.floor is None else self.floor
+        if not mean <= self.limit():
+            cause = ("a weight the sync missed or left stale" if synced else
+                     "the engine does not run the trainer's model (dtype? checkpoint?)")
+            raise failed(f"the engine's log-probs of its samples differ from the trainer's by "
+                         f"{mean:.3g} nats on average (max {top:.3g}), above {self.limit():.3g} "
+                         f"({ENGINE_FLOOR_FACTOR:g} x step 1's {self.floor:.3g}, at least "
+                         f"{ENGINE_FLOOR_MIN:g}; at most --engine_logp_tol {self.tol}): {cause}; "
+                         f"stopped before the update")
+        return mean, top

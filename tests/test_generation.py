@@ -9,7 +9,7 @@ import torch
 import transformers
 
 import evaluate as ev
-import evaluation
+import measure
 from data import build_prompt
 from plumbing.synthetic import build_toy_tokenizer
 from fake_vllm import install
@@ -220,7 +220,7 @@ def test_vllm_sampling_params_finish_reasons_and_lean_engine(chat_checkpoint, mo
     assert len(stopped.logprobs) == len(stopped.token_ids) and max(stopped.logprobs) < 0
     assert stopped.entropy == [-lp for lp in stopped.logprobs]      # vLLM's one-sample estimate
     scores = [[1.0, 0.0], [0.0, 0.0]]
-    assert evaluation.benchmark_metrics(out, scores)["truncated"] == 0.25    # abort and repetition are not truncations
+    assert measure.benchmark_metrics(out, scores)["truncated"] == 0.25    # abort and repetition are not truncations
 
     # a lean engine: built without processed log-probs, asked for none
     lean, _ = generation.load_engine(chat_checkpoint, "vllm", "bfloat16", logprobs=False)

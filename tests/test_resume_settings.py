@@ -1,5 +1,5 @@
 """Every setting a resumed run may change (sft.py's and rl.py's MAY_CHANGE_ON_RESUME, the --eval_* flags of
-evaluation.VALIDATION_MAY_CHANGE among them) changes nothing it feeds: a run begun with another value of it,
+measure.VALIDATION_MAY_CHANGE among them) changes nothing it feeds: a run begun with another value of it,
 stopped after step 2 and resumed with the reference's value, ends with the reference run's weights, checkpoint
 counters (the engine check's floor among them), log.jsonl (timing fields aside), rollouts.jsonl and
 val_samples.jsonl, bit for bit. A test per setting for sft.py and rl.py; with each hybrid, every setting changed
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 import curio_loss as cl
-import evaluation
+import measure
 import rl
 import sft
 from plumbing import run_dir
@@ -41,7 +41,7 @@ class Change:
     may_differ: str | None = None        # KEPT, VALIDATION
 
 
-# A value other than the reference's for every setting of evaluation.VALIDATION_MAY_CHANGE, the same in both
+# A value other than the reference's for every setting of measure.VALIDATION_MAY_CHANGE, the same in both
 # scripts (the reference: --eval_every 1 --eval_n 1 --eval_temperature 0.6 --eval_top_p 0.95
 # --eval_max_new_tokens 4 --eval_grading paper). They change only the val_* records of the steps run with them.
 VALIDATION_CHANGES = {
@@ -56,7 +56,8 @@ COMMON_CHANGES = {
     "out_dir": [Change(MOVED)], "save_every": [Change(1)], "keep_last": [Change(1)],
     "loggers": [Change(["tensorboard"])],            # a stand-in backend: the package is not a requirement
     "log_line": [Change("full")], "grad_ckpt": [Change(True)], "dist_timeout_min": [Change(5.0)],
-    "gpu_memory_utilization": [Change(0.3)], "gen_batch_size": [Change(1)], "grader_workers": [Change(1)]}
+    "gpu_memory_utilization": [Change(0.3)], "gen_batch_size": [Change(1)], "grader_workers": [Change(1)],
+    "sync_bucket_mb": [Change(1)]}
 SFT_CHANGES = {
     **COMMON_CHANGES, **VALIDATION_CHANGES,
     "max_steps": [Change(STOP), Change(5)],          # finished at step 2; stopped at 2 of 5 (every epoch's steps)
@@ -64,7 +65,7 @@ SFT_CHANGES = {
 RL_CHANGES = {
     **COMMON_CHANGES, **VALIDATION_CHANGES,
     "steps": [Change(STOP), Change(STEPS + 2)],      # finished at step 2; stopped at 2 of 5
-    "vllm_sleep": [Change(False)], "sync_bucket_mb": [Change(1)], "engine_logp_tol": [Change(1e-3)],
+    "vllm_sleep": [Change(False)], "engine_logp_tol": [Change(1e-3)],
     "log_rollouts": [Change(1, KEPT)]}
 
 
@@ -81,7 +82,7 @@ def quick_grader_and_stand_ins(monkeypatch):
     """tests/test_validation.py's grader, a logger backend that records nothing, and a stop request that
     test_*'s first parts arm: after step STOP the run saves and leaves as after SIGTERM (here by raising
     Stopped, where the script would exit)."""
-    monkeypatch.setattr(evaluation, "grade", lambda texts, *args: ([float(len(t) % 2) for t in texts], 0))
+    monkeypatch.setattr(measure, "grade", lambda texts, *args: ([float(len(t) % 2) for t in texts], 0))
     monkeypatch.setattr(rl, "grade", lambda texts, *args: ([float(len(t) % 2) for t in texts], 0))
     monkeypatch.setattr(run_dir, "_open_backend", lambda *args: (lambda record: None))
 
@@ -241,7 +242,7 @@ def check(trainer, changes: dict[str, Change], may_differ, reference, paths, tmp
 def test_every_setting_a_resume_may_change_has_an_entry_here_and_no_stale_one():
     assert SFT_CHANGES.keys() == sft.MAY_CHANGE_ON_RESUME
     assert RL_CHANGES.keys() == rl.MAY_CHANGE_ON_RESUME
-    assert VALIDATION_CHANGES.keys() == evaluation.VALIDATION_MAY_CHANGE
+    assert VALIDATION_CHANGES.keys() == measure.VALIDATION_MAY_CHANGE
 
 
 @pytest.mark.parametrize("name", sorted(sft.MAY_CHANGE_ON_RESUME))

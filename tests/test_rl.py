@@ -461,13 +461,12 @@ def test_vllm_settings_a_resume_may_change_change_no_request(checkpoint, toy_sft
 def test_engine_logp_diff_counts_only_the_tokens_the_engine_sampled(world_of_one):
     """Mean and max of |engine - trainer| over the engine's tokens; an expert's (NaN: no engine log-prob) are left
     out; a step without any is (nan, nan), which stops a run as an excess would."""
-    def mb(raw, engine):
-        return rl.MicroBatch({}, torch.zeros(len(raw)), raw_lp=torch.tensor(raw), engine_lp=torch.tensor(engine))
+    def diff(pairs):                                              # [(trainer's, engine's) per micro-batch]
+        return generation.engine_logp_diff([torch.tensor(e) for _, e in pairs], [torch.tensor(t) for t, _ in pairs])
 
-    minis = [[mb([-1.0, -2.0, -3.0], [-1.5, float("nan"), -3.0])], [mb([-0.1], [-0.4])]]
-    mean, top = rl.engine_logp_diff(minis)
+    mean, top = diff([([-1.0, -2.0, -3.0], [-1.5, float("nan"), -3.0]), ([-0.1], [-0.4])])
     assert mean == pytest.approx((0.5 + 0.0 + 0.3) / 3) and top == pytest.approx(0.5)
-    nothing = rl.engine_logp_diff([[mb([-1.0], [float("nan")])]])
+    nothing = diff([([-1.0], [float("nan")])])
     assert all(x != x for x in nothing)
 
 
@@ -526,7 +525,7 @@ def engine_check_args(checkpoint, toy_sft_file, out, **kw):
 def test_the_engine_check_lets_healthy_runs_through(checkpoint, toy_sft_file, world_of_one, tmp_path, capsys):
     """Healthy runs, 3 seeds x top_p 1, 0.95, 0.7 (and one at temperature 0.7, where the trainer's log-probs for
     the check are a second pass at temperature 1, as the engine's raw ones are), 4 steps each: none stops, and
-    every step's mean difference stays near step 1's (the floor rl.ENGINE_FLOOR_FACTOR multiplies)."""
+    every step's mean difference stays near step 1's (the floor generation.ENGINE_FLOOR_FACTOR multiplies)."""
     ratios, floors = [], []
     for seed, top_p, temperature in [(s, p, 1.0) for s in range(3) for p in (1.0, 0.95, 0.7)] + [(0, 0.95, 0.7)]:
         args = engine_check_args(checkpoint, toy_sft_file, tmp_path / f"{seed}_{top_p}_{temperature}", seed=seed,
@@ -538,7 +537,7 @@ def test_the_engine_check_lets_healthy_runs_through(checkpoint, toy_sft_file, wo
     with capsys.disabled():
         print(f"\nthe engine check, {len(ratios)} healthy runs: step 1's mean difference {min(floors):.2g} to "
               f"{max(floors):.2g} nats; later steps' / step 1's at most {max(ratios):.2f}")
-    assert max(ratios) < rl.ENGINE_FLOOR_FACTOR / 3
+    assert max(ratios) < generation.ENGINE_FLOOR_FACTOR / 3
 
 
 @pytest.mark.parametrize("top_p", [1.0, 0.95])
@@ -553,7 +552,7 @@ def test_the_engine_check_stops_a_stale_weight_at_the_step_it_first_shows(top_p,
         rl.train(args, world_of_one, reward_fn=in_lower_quarter)
     said = str(stop.value)
     assert said.startswith("step 2: the engine's log-probs of its samples differ from the trainer's by ") and \
-        "a weight the sync missed or left stale; stopped before the update, nothing after step 0 is saved" in said
+        "a weight the sync missed or left stale; stopped before the update; nothing after step 0 is saved" in said
     mean = float(said.split(" by ")[1].split(" nats")[0])
     assert 1e-3 < mean < args.engine_logp_tol and "\n" not in said, said
     assert [json.loads(line)["step"] for line in (tmp_path / "log.jsonl").read_text().splitlines()] == [1]

@@ -274,7 +274,7 @@ def prompt_mode(args) -> str:
 # ================================================================================================
 @dataclass
 class ValidationArgs:
-    """validation during training: evaluation.validate, the measurement evaluate.py makes
+    """validation during training: measure.validate, the measurement evaluate.py makes
 
     sft.py's and rl.py's Args inherit these flags."""
     eval_every: int = 0
@@ -357,6 +357,36 @@ def eval_due(step: int, every: int) -> bool:
     """--eval_every: after optimiser step `step` (counted from 1), as verl's test_freq (without its
     extra evaluation at the last step: a finished run asked for more steps goes on as one run)."""
     return every > 0 and step % every == 0
+
+
+class Validation:
+    """A training run's --eval_every: its settings and questions, read when the run starts (a bad
+    eval file is refused before anything is written), the colocated engine (rl.py's rollout
+    engine, or sft.py's own: own_engine) and, after each due step, validate()."""
+
+    def __init__(self, args, tokenizer):
+        self.every, self.engine, self.bucket_bytes = args.eval_every, None, args.sync_bucket_mb << 20
+        self.settings = eval_settings(args, args.gen_batch_size, args.grader_timeout,
+                                      args.grader_workers)
+        self.questions = load_eval_file(args.eval_file, tokenizer, self.settings) \
+            if self.every else None
+
+    def own_engine(self, args, device, bf16: bool, random_weights: bool = False) -> None:
+        """sft.py's engine, asleep until a validation (made before the models: vLLM's share of the
+        GPU must be free), seeded outside the training's random stream."""
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            self.engine, _ = generation.rollout_engine(
+                args.model, args.engine, "bfloat16" if bf16 else "float32",
+                args.seed + dist.get_rank(), args.gpu_memory_utilization,
+                args.max_prompt_len + self.settings.max_new_tokens, sleep=True,
+                has_trainer_weights=False, random_weights=random_weights)
+
+    def after(self, step: int, model, tokenizer, run) -> None:
+        """validate() after optimiser step `step` when it is due: a part of the step, logged (the
+        run's log) and saved with it (the run's val_samples.jsonl)."""
+        if eval_due(step, self.every):
+            validate(self.engine, model, tokenizer, self.questions, self.settings, step, run.log,
+                     run.out_dir / "val_samples.jsonl", self.bucket_bytes)
 
 
 def validation_fields(metrics: dict[str, dict], failures: int) -> dict:
