@@ -95,6 +95,7 @@ class Summary:
 
     def __init__(self):
         self.rows, self.crashed = [], []
+        self.runs = {}          # what a part ran, for bench/dryrun.py --against: {"sft_step": ...}
 
     def add(self, section, figure, value, unit="", target="", ok=None, status=None, note=""):
         if status is None:
@@ -182,6 +183,9 @@ def sft_steps(a, scratch: Path, summary: Summary, timeout_s: float):
         return
     r = json.loads(result_file.read_text())
     sec = "SFT step"
+    # the headline rows' run, in bench/forms.py's name of its form (the 6fbcbf7 rows: OLD_FORM's)
+    summary.runs["sft_step"] = {"form": r["forms_run"][-1], "lengths": r["lengths"],
+                                **{k: r[k] for k in ("loss_chunk", "grad_ckpt", "teacher_every")}}
     for v, m in r["variants"].items():
         summary.add(sec, f"{v} step time", m["step_s"], "s",
                     note=f"median of {r['rounds']} sft.train runs' means of "
@@ -443,7 +447,8 @@ def write_results(out: Path, scratch: Path, summary: Summary, header: list[str],
     """OUT's three files, each written whole (a kill leaves the previous version)."""
     write_atomic(out / "summary.md", summary.markdown(header))
     write_atomic(out / "summary.json",
-                 json.dumps({**meta, "rows": summary.rows, "crashed": summary.crashed}, indent=1))
+                 json.dumps({**meta, **summary.runs, "rows": summary.rows,
+                             "crashed": summary.crashed}, indent=1))
     tmp = out / ".logs.tar.gz.tmp"
     with tarfile.open(tmp, "w:gz") as tar:
         tar.add(scratch / "logs", arcname="logs")

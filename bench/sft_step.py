@@ -415,7 +415,9 @@ def main():
         plans = {}
         for form in a.forms:         # the planner's options where it has them (--help lists them)
             options = {"bf16": bf16, "grad_ckpt": a.grad_ckpt, "pack": forms.packs(form)}
-            sizes = (run["batch"] * run["seq"], run["seq"], m["trained_tokens"], run["loss_chunk"])
+            # the micro-batch's tokens: packed, the sequences' own; padded, rows x the longest
+            tokens = sum(sequence_lengths(run)) if forms.packs(form) else run["batch"] * run["seq"]
+            sizes = (tokens, run["seq"], m["trained_tokens"], run["loss_chunk"])
             for v in VARIANTS:
                 plans[form, v] = planner_prediction(Path(a.planner), config_json, v, *sizes, options)
     peak, peak_source = peak_tflops(device, torch.bfloat16 if bf16 else torch.float32,
