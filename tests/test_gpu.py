@@ -80,13 +80,14 @@ def test_the_teachers_float32_logits_cut_the_bf16_error_of_lq():
 def cuda_sft_step_peak(tmp_path, shape, loss, seq, chunk):
     """torch.cuda.max_memory_allocated during sft.train (bench/sft_step.py's run: two steps of two
     sequences, the longest `seq` tokens, the second step after AdamW's states exist) in a world of
-    one on nccl, bf16, activation checkpointing. Returns it and the micro-batch's trained tokens."""
+    one on nccl, bf16, activation checkpointing, packed as sft.py packs by default. Returns it and
+    the micro-batch's trained tokens."""
     args = sft.Args(model=str(tmp_path / "model"), train_file=str(tmp_path / "train.jsonl"),
                     out_dir=str(tmp_path / "run"), loss=loss, epochs=2, global_batch=2,
                     token_budget=2 * seq, max_prompt_len=seq, max_response_len=seq,
                     system_prompt="messages", loss_chunk=chunk, log_every=1)
     inputs = sft_step.write_inputs(args, shape, {"seq": seq, "batch": 2}, 1.0, torch.device("cuda"))
-    _, peak = sft_step.train_once(args, torch.device("cuda"))
+    _, peak = sft_step.train_once(args, "packed", torch.device("cuda"))
     return peak, inputs["trained_tokens"]
 
 
