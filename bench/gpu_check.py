@@ -4,7 +4,7 @@ exits 0 when every part ran, whatever the targets say, and 1 when a part crashed
 time.
 
     bash bench/gpu_check.sh [--out out/gpu_check] [--shape qwen2.5-1.5b] [--layers N]
-                            [--peak_tflops X]
+                            [--peak_tflops X] [--rounds N] [--parts 1 2 3]
     bash bench/gpu_check.sh --smoke   # tiny shapes, two steps, on any device (CPU: gloo, fp32)
 
 --out gets three files, all a lent machine has to send back: summary.md and summary.json, rewritten
@@ -471,6 +471,8 @@ def main():
                         help="rounds of sft.train runs per SFT variant (default 2; 1 with --smoke)")
     parser.add_argument("--peak_tflops", type=float, default=0.0,
                         help="the device's dense bf16 peak for MFU")
+    parser.add_argument("--parts", type=int, nargs="+", choices=range(1, 6), default=range(1, 6),
+                        metavar="N", help="run only these parts (1-5, the list above; default all)")
     a = parser.parse_args()
     a.shape = a.shape or ("smoke" if a.smoke else "qwen2.5-1.5b")
     a.rounds = a.rounds or (1 if a.smoke else 2)
@@ -512,7 +514,8 @@ def main():
             summary.fail("rl.py", RL_FIGURES, "skipped", "part 4 did not build the toy world")
 
     # (section, figures, title, time limit in seconds, the part)
-    parts = [("SFT step", SFT_FIGURES, "1. SFT steps (bench/sft_step.py)", 200,
+    # (the SFT part times two forms, bench/sft_step.py --forms: twice the sft.train runs of one)
+    parts = [("SFT step", SFT_FIGURES, "1. SFT steps (bench/sft_step.py)", 320,
               lambda limit: sft_steps(a, scratch, summary, limit)),
              ("teacher side", TEACHER_FIGURES,
               "2. the teacher side of the loss against one logsumexp pass", 60,
@@ -523,9 +526,12 @@ def main():
               evaluate_with_its_world),
              ("rl.py", RL_FIGURES, "5. rl.py's GRPO with a synthetic reward (bench/rl_step.py)",
               110, rl_with_the_world)]
-    for section, figures, title, limit, run_part in parts:
+    for number, (section, figures, title, limit, run_part) in enumerate(parts, 1):
         left = DEADLINE_S - (time.perf_counter() - t0)
-        if not a.smoke and left < limit:
+        if number not in a.parts:
+            summary.fail(section, figures, "skipped", f"not asked for (--parts "
+                         f"{' '.join(map(str, a.parts))})")
+        elif not a.smoke and left < limit:
             summary.fail(section, figures, "skipped",
                          f"{left:.0f} s left of the check's {DEADLINE_S} s, the part may take "
                          f"{limit} s")

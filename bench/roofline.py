@@ -474,8 +474,9 @@ def fit(records: dict, profiles: dict, steps: int, gpu: GPU, kernel_us: float = 
 # ------------------------------------------------------------------------------------------------
 def profile_main(argv=None):
     """bench/sft_step.py (one round of its three variants, its flags) with torch.profiler around
-    each variant's sft.train run: OUT/profile_{variant}.txt, every op and kernel by device time, as
-    `fit` reads them beside gpu_check's summary.json.
+    each variant's sft.train run: OUT/profile_{variant}.txt for the first of --forms (the others:
+    profile_{form}_{variant}.txt), every op and kernel by device time, as `fit` reads them beside
+    gpu_check's summary.json.
         python -m torch.distributed.run --standalone --nproc_per_node 1 bench/roofline.py \\
             --out OUT/gpu_check [sft_step.py's flags]"""
     import argparse
@@ -492,16 +493,18 @@ def profile_main(argv=None):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import sft_step
 
-    train_once = sft_step.train_once
+    train_once, first_form = sft_step.train_once, []
 
-    def profiled(args, device):
+    def profiled(args, form, device):
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
                                                else [])
         with profile(activities=activities) as p:
-            result = train_once(args, device)
+            result = train_once(args, form, device)
         table = p.key_averages().table(sort_by="self_device_time_total", row_limit=-1,
                                        max_name_column_width=80)
-        (out / f"profile_{args.loss}.txt").write_text(table)
+        first_form[:] = first_form or [form]   # the first form's profiles are those `fit` reads
+        name = args.loss if form == first_form[0] else f"{form}_{args.loss}"
+        (out / f"profile_{name}.txt").write_text(table)
         return result
 
     sft_step.train_once = profiled

@@ -42,6 +42,7 @@ the step really computes beyond them, on the padded tokens: the layers' forward 
 """
 import argparse
 import dataclasses
+import functools
 import gc
 import json
 import random
@@ -189,8 +190,7 @@ def planner_prediction(planner: Path, config_json: Path, loss: str, tokens: int,
     cmd = [sys.executable, str(planner), "--model", str(config_json), "--stage", "sft", "--loss",
            loss, "--gpus", "1", "--token_budget", str(tokens), "--seq_len", str(seq_len),
            "--trained_tokens", str(trained), "--loss_chunk", str(loss_chunk), "--json"]
-    usage = subprocess.run([sys.executable, str(planner), "--help"], capture_output=True,
-                           text=True).stdout
+    usage = planner_usage(planner)
     unknown = [name for name in options if f"--{name}" not in usage]
     cmd += [f"--{name}" if on else f"--no-{name}" for name, on in options.items()
             if name not in unknown]
@@ -203,6 +203,13 @@ def planner_prediction(planner: Path, config_json: Path, loss: str, tokens: int,
     except (ValueError, KeyError, TypeError) as e:
         return None, f"planner printed no total_bytes JSON ({e})"
     return total, "planner" + (f" (its defaults for {', '.join(unknown)})" if unknown else "")
+
+
+@functools.lru_cache(maxsize=None)
+def planner_usage(planner: Path) -> str:
+    """The planner's --help (once: a Python start and the planner's imports, seconds each)."""
+    return subprocess.run([sys.executable, str(planner), "--help"], capture_output=True,
+                          text=True).stdout
 
 
 def sync(device):
