@@ -1264,6 +1264,11 @@ def against(own, env) -> int:
     what_if = own.form not in (None, run["form"])
     if what_if:                         # the same steps in another form: predictions
         run["form"] = own.form
+    old_form = SFT_STEP_6FBCBF7["form"]
+    if own.fit and run["form"] != old_form:
+        raise SystemExit(f"--fit: the fit's classes (a dense mask's attention, AdamW on DTensors) "
+                         f"are read from profiles of form {old_form} (bench/roofline.py --out DIR "
+                         f"--forms {old_form}), not {run['form']}: add --form {old_form}")
     seq, lengths = max(run["lengths"]), run["lengths"]
     measured = {r["figure"]: r["value"] for r in summary["rows"]}
     with tempfile.TemporaryDirectory() as tmp:
