@@ -163,7 +163,7 @@ SFT_FIGURES += [("curio / sft step time", "x"), ("curio_self_teacher / sft step 
 SFT_FIGURES += [(f"{v} {what}", unit) for v in sft_step.VARIANTS
                 for what, unit in (("peak memory", "GiB"), ("planner prediction", "GiB"),
                                    ("measured / planned", "x"))]
-OLD_FORM = "6fbcbf7"          # the step as one H200 measured it, timed beside today's (packed)
+OLD_FORM = sft_step.forms.OLD      # the step as one H200 measured it, timed beside today's (packed)
 SFT_FIGURES += [(f"{v} {what}", unit) for v in sft_step.VARIANTS
                 for what, unit in ((f"step time, {OLD_FORM}", "s"), (f"packed / {OLD_FORM}", "x"),
                                    (f"peak memory, {OLD_FORM}", "GiB"))]
