@@ -1,18 +1,23 @@
 """The CPU demo: does an SFT stage that keeps exploring give RL more to win? The whole pipeline on
 demo/toy.py's floor task, one stage command after another.
 
-    python demo/run.py --size ci --out out/demo_ci  # every stage, tiny: ~1 min (tests/test_demo.py)
-    python demo/run.py --out out/demo               # the demo proper, seed 0 (bash run.sh)
-    python demo/run.py --seeds 0 1 2 3 4 5 6 7 --out out/demo_seeds
-        # seed after seed into OUT/seed_S (~7 min each), then the mean, spread and paired intervals
+    python demo/run.py --out out/demo              # bash run.sh: the small size, seeds 0-3 side by side
+    python demo/run.py --size ci --out out/demo_ci  # every stage, tiny (tests/test_demo.py)
+    python demo/run.py --size full --seeds 0 1 2 3 4 5 6 7 --out out/demo_seeds
+        # the full size (docs/demo.md's tables): ~18 min a seed on 2 cores
+    python demo/run.py --threads 2 --out out/demo_t2   # the same seeds in another float order
+
+One seed's result after RL moves with the CPU's float order (training on this toy is chaotic), so the
+default runs several seeds and opens its summary with what they support: means over the seeds with
+their intervals (`headline`).
 
 Stages (each is the stage's own command line, printed before it runs, so it can be copied and
-re-run; its output goes to OUT/logs/ and the demo prints a progress line every few seconds):
+re-run; its output goes to OUT/logs/ and the demo prints a progress line every few seconds, and
+after each stage the demo's own: stages done and the time left):
   1. demo/toy.py    the floor task's splits and tokenizer; then a tiny Qwen2 config beside it
                     (the "model directory")
   2. sft.py --scratch --loss sft on the pre-training rows: the base model, from random weights
-  3. sft.py --loss sft | curio | entropy from the base on the expert rows (checkpoints: every 32
-     steps)
+  3. sft.py --loss sft | curio | entropy from the base on the expert rows (checkpoints along it)
   4. evaluate.py    avg@8 and pass@k on the test questions, those where the expert's order works and
                     those where it is a dead end reported apart (their data_source)
   5. rl.py          GRPO from each SFT checkpoint on the RL prompts, then evaluate.py again
@@ -20,11 +25,16 @@ re-run; its output goes to OUT/logs/ and the demo prints a progress line every f
      pass@k, the branching tokens during SFT, and which order each model's samples took
      (toy.floor_solution_kind); the paired differences between methods with their intervals
      (evaluate.py compare, into OUT/compare/)
-A stage whose output already exists is skipped, so an interrupted demo continues where it stopped.
+  7. demo/decisive_token.py on the first seed, beside its stages 3-5: an expert that teaches the
+     wrong move at the decisive token
+With several seeds each seed's folder is OUT/seed_S and its stages run beside the other seeds'
+(--jobs threads at a time). A stage whose output already exists is skipped, so an interrupted demo
+continues where it stopped.
 """
 import argparse
 import collections
 import concurrent.futures
+import contextlib
 import functools
 import json
 import os
@@ -49,6 +59,7 @@ PY = sys.executable
 # Everything that differs between the CI smoke run and the demo proper.
 SIZES = {
     "ci": dict(
+        name="ci",
         data=["--n_pretrain", "48", "--n_sft", "16", "--n_rl", "8", "--n_test", "8",
               "--vocab_labels", "200", "--vocab_size", "1024"],
         model=dict(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
@@ -61,8 +72,39 @@ SIZES = {
         n_val=8,
         val_sft=["--eval_every", "2", "--eval_n", "1", "--eval_max_new_tokens", "40"],
         val_rl=["--eval_every", "1", "--eval_n", "1", "--eval_max_new_tokens", "40"],
+        probe=["--n_rows", "16", "--steps", "2", "--save_every", "1", "--losses", "sft", "curio"],
+        seeds=[0], threads=1, base_threads=2,
+        cost=dict(data=5, base=8, sft=8, curio=9, entropy=8, eval=6, rl=8, compare=4, probe=30),
+    ),
+    # The default (bash run.sh): several seeds of a toy a 0.3M-parameter model learns in 750 steps,
+    # side by side, so that the claims are means over seeds with their intervals.
+    "small": dict(
+        name="small",
+        # every question holds 1-4 (and one negative number): the base needs not learn to read
+        # which numbers a question holds, which took the full size's 1.1M-parameter model most of
+        # its 2,250 steps (a 2-layer model at 2,250 steps, or this toy with 1-5, still made
+        # mistakes in most samples)
+        data=["--positives", "4", "--distinct_test", "--n_sft", "512", "--n_rl", "256"],
+        model=dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                   num_key_value_heads=2, intermediate_size=192),
+        pretrain=["--epochs", "2", "--global_batch", "16", "--lr", "3e-3", "--warmup_steps", "20",
+                  "--token_budget", "2048", "--loss_chunk", "2048", "--log_every", "25",
+                  "--save_every", "250", "--keep_last", "1"],
+        sft=["--epochs", "3", "--global_batch", "16", "--lr", "1e-3", "--warmup_steps", "16",
+             "--token_budget", "2048", "--log_every", "4", "--save_every", "16"],
+        eval=["--n_samples", "8", "--max_new_tokens", "48", "--sft_examples", "64", "--batch_size",
+              "32"],
+        rl=["--steps", "16", "--prompts_per_step", "8", "--rollouts", "8", "--mini_batch", "4",
+            "--micro_batch", "16", "--gen_batch_size", "32", "--max_response_len", "48", "--lr",
+            "1e-4", "--top_p", "1.0"],
+        n_val=32, val_sft=[], val_rl=[],              # no validation while training: time
+        probe=["--n_rows", "512", "--steps", "32", "--save_every", "4"],
+        seeds=[0, 1, 2, 3], threads=1, base_threads=1,
+        cost=dict(data=9, base=60, sft=15, curio=22, entropy=15, eval=10, rl=30, compare=4,
+                  probe=40),
     ),
     "full": dict(
+        name="full",
         data=[],  # demo/toy.py's defaults
         model=dict(hidden_size=128, num_hidden_layers=4, num_attention_heads=4,
                    num_key_value_heads=2, intermediate_size=384),
@@ -94,6 +136,11 @@ SIZES = {
         n_val=32,
         val_sft=["--eval_every", "48", "--eval_n", "4", "--eval_max_new_tokens", "48"],
         val_rl=["--eval_every", "8", "--eval_n", "4", "--eval_max_new_tokens", "48"],
+        probe=[],
+        # The base alone on two threads: 1.8x faster steps on 2 cores
+        seeds=[0], threads=1, base_threads=2,
+        cost=dict(data=9, base=560, sft=60, curio=80, entropy=62, eval=25, rl=110, compare=4,
+                  probe=80),
     ),
 }
 # vanilla cross-entropy, CurioSFT, the entropy-loss baseline (Table 2)
@@ -107,10 +154,9 @@ COMPARISONS = (("curio+grpo", "sft+grpo"), ("entropy+grpo", "sft+grpo"), ("curio
 # points. Quoted beside a single seed's table, whose numbers are one draw from that spread.
 SEED_SPREAD = {"curio+grpo - sft+grpo": (2.9, 9.4), "entropy+grpo - sft+grpo": (2.5, 7.7),
                "curio - sft": (2.1, 6.0), "entropy - sft": (0.4, 5.8)}
-# Threads per stage process. The branches run side by side with one thread each; the base, which
-# runs alone, takes two (1.8x faster steps on 2 cores). A fixed count keeps the float sums, so the
-# results, the same on one machine.
-THREADS, BASE_THREADS = 1, 2
+# Threads per stage process: one, and a size's "base_threads" for its base. A fixed count keeps the
+# float sums, so the results, the same on one machine (--threads changes it, and so the sums' order).
+THREADS = 1
 # A seed's metrics.json. A seed whose every stage had finished reuses it, as finished stages are
 # reused: delete it to measure again after changing how the metrics are computed.
 METRICS_KEYS = ("seeds", "seconds", "models", "sft", "grpo", "validation")
@@ -133,14 +179,21 @@ def stage_log(logs: Path, name: str) -> Path:
 
 
 def run_stage(cmd: list, logs: Path, name: str, steps: int | None = None,
-              every_s: float = PROGRESS_EVERY_S, threads: int = THREADS) -> float:
-    """Run one stage command from the repository root, echoing it. Its output goes to its log in
-    `logs` (stage_log); as lines arrive, one at most every every_s seconds is printed after the
-    stage's name, for a run of `steps` steps as progress and ETA. Returns the seconds taken. Stages
-    may run in parallel threads: each line is one write (`say`)."""
+              every_s: float = PROGRESS_EVERY_S, threads: int = THREADS, tag: str = "",
+              cost: float = 0.0) -> float:
+    """Run one stage command from the repository root, echoing it, once SLOTS has room for its
+    `threads`. Its output goes to its log in `logs` (stage_log); as lines arrive, one at most every
+    every_s seconds is printed after the stage's name (shown after `tag`: "seed 1 "), for a run of
+    `steps` steps as progress and ETA. `cost`: its share of the demo's work, for PROGRESS. Returns
+    the seconds taken. Stages may run in parallel threads: each line is one write (`say`)."""
+    with SLOTS.held(threads):
+        return _run_stage(cmd, logs, name, steps, every_s, threads, tag + name, cost)
+
+
+def _run_stage(cmd, logs, name, steps, every_s, threads, shown_name, cost) -> float:
     if STOPPING.is_set():                          # Ctrl-C came: no stage starts after it
-        raise StageStopped(f"[{name}] not started")
-    say(f"[{name}] $ " + " ".join(str(c) for c in cmd))
+        raise StageStopped(f"[{shown_name}] not started")
+    say(f"[{shown_name}] $ " + " ".join(str(c) for c in cmd))
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "TOKENIZERS_PARALLELISM": "false",
            "PYTHONUNBUFFERED": "1"}  # the stage's lines arrive as they are printed, not at exit
@@ -160,10 +213,12 @@ def run_stage(cmd: list, logs: Path, name: str, steps: int | None = None,
                 last = line.strip() or last
                 if first is None and step_of(last) is not None:
                     first = (step_of(last), time.time())
+                if steps and step_of(last) is not None:
+                    PROGRESS.running(log, cost * min(1.0, step_of(last) / steps))
                 if last and time.time() - shown >= every_s:
                     shown = time.time()
                     text = progress_text(last, steps, first, shown)
-                    say(f"[{name}] {shown - t0:4.0f}s  {text}")
+                    say(f"[{shown_name}] {shown - t0:4.0f}s  {text}")
         except KeyboardInterrupt:               # Ctrl-C reached the stage too: it saves and says so
             STOPPING.set()
             for line in proc.stdout:
@@ -173,12 +228,82 @@ def run_stage(cmd: list, logs: Path, name: str, steps: int | None = None,
     # stopped by the signal (saved, or not yet started)
     if proc.returncode in (STOPPED_EXIT, -2, 130):
         STOPPING.set()
-        raise StageStopped(f"[{name}] {last}")
+        raise StageStopped(f"[{shown_name}] {last}")
     if proc.returncode != 0:
         sys.stdout.write(log.read_text()[-4000:])
-        raise SystemExit(f"stage {name} failed (exit {proc.returncode}): see {log}")
-    say(f"[{name}] done in {time.time() - t0:.0f}s (log: {log})")
+        raise SystemExit(f"stage {shown_name} failed (exit {proc.returncode}): see {log}")
+    say(f"[{shown_name}] done in {time.time() - t0:.0f}s (log: {log})")
+    PROGRESS.finished(log, cost)
     return time.time() - t0
+
+
+class Slots:
+    """Room for `capacity` threads of stage processes at once, whichever seed or branch starts them:
+    a stage waits until its threads fit (one wider than all of it, until it runs alone)."""
+
+    def __init__(self, capacity: int):
+        self.capacity, self.used, self.changed = capacity, 0, threading.Condition()
+
+    @contextlib.contextmanager
+    def held(self, n: int):
+        with self.changed:
+            self.changed.wait_for(lambda: self.used == 0 or self.used + n <= self.capacity)
+            self.used += n
+        try:
+            yield
+        finally:
+            with self.changed:
+                self.used -= n
+                self.changed.notify_all()
+
+
+SLOTS = Slots(4)                    # main() sets --jobs
+
+
+class Progress:
+    """The demo's work, for the time left: each stage's `cost` (the size's "cost": its seconds on
+    one core of the machine that measured them) planned, done, or done in part (a training stage's
+    steps so far). The time left is the work left at the speed measured so far; before any, at the
+    measuring machine's speed on `cores` cores."""
+
+    def __init__(self, cores: int = 2):
+        self.lock, self.t0, self.cores = threading.Lock(), time.time(), cores
+        self.planned, self.done, self.stages, self.finished_stages = 0.0, 0.0, 0, 0
+        self.parts: dict[Path, float] = {}
+
+    def plan(self, cost: float, stages: int = 1) -> None:
+        """`stages` more stages to run, `cost` their work in all."""
+        with self.lock:
+            self.planned += cost
+            self.stages += stages
+
+    def running(self, key: Path, done: float) -> None:
+        with self.lock:
+            self.parts[key] = done
+
+    def finished(self, key: Path, cost: float) -> None:
+        """A stage done: prints the demo's progress line."""
+        with self.lock:
+            self.parts.pop(key, None)
+            self.done += cost
+            self.finished_stages += 1
+            if self.stages:                         # (a probe run alone plans nothing)
+                say(f"   {self.line()}")
+
+    def skipped(self, cost: float) -> None:
+        """A planned stage found done (its output kept from an earlier run): no work left there."""
+        self.plan(-cost, -1)
+
+    def line(self) -> str:
+        elapsed = time.time() - self.t0
+        done = self.done + sum(self.parts.values())
+        left = max(0.0, self.planned - done)
+        seconds = left * elapsed / done if done > 0 and elapsed > 0 else left / self.cores
+        return (f"demo: {self.finished_stages} of {self.stages} stages done, {elapsed:.0f}s so "
+                f"far, about {seconds:.0f}s left")
+
+
+PROGRESS = Progress()               # run() plans the stages
 
 
 class StageStopped(Exception):
@@ -369,51 +494,64 @@ def validation_records(run_dir: Path) -> list[dict]:
 # ------------------------------------------------------------------------------------------------
 # One seed, every stage
 # ------------------------------------------------------------------------------------------------
-def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
-    """Every stage for one seed into `out`; returns (and writes to out/metrics.json) what the tables
-    show."""
+def run_seed(size: dict, out: Path, seed: int, tag: str = "", probe: bool = False) -> dict:
+    """Every stage for one seed into `out`, its stages' names shown after `tag` ("seed 1 "), and
+    with probe the decisive-token probe from its base (into out/decisive_token); returns (and
+    writes to out/metrics.json) what the tables show."""
     world, runs, evals, logs = out / "world", out / "runs", out / "eval", out / "logs"
     # Finished stages are reused, so an --out must not mix seeds (nor hold a run from before seeds
-    # were recorded).
-    seed_file = out / "seed"
+    # were recorded), sizes or float orders (--threads, --no_pack).
+    seed_file, settings = out / "seed", {"size": size["name"], "float_order": float_order(size)}
     if seed_file.exists() or world.exists():
         recorded = seed_file.read_text().strip() if seed_file.exists() else None
         if recorded != str(seed):
             held = f"--seed {recorded}" if recorded else "an unrecorded --seed"
             raise SystemExit(f"{out} holds a run with {held}: use another --out")
+    for key, value in recorded_settings(out).items():
+        if settings[key] != value:
+            raise SystemExit(f"{out} holds a run with {key} {value}, not {settings[key]}: use "
+                             "another --out")
     out.mkdir(parents=True, exist_ok=True)
     seed_file.write_text(f"{seed}\n")
-    seed_flag, seconds = ["--seed", str(seed)], {}
+    (out / "settings.json").write_text(json.dumps(settings) + "\n")
+    seed_flag, seconds, cost = ["--seed", str(seed)], {}, size["cost"]
 
-    print(f"\n== 1. the toy world (seed {seed}): data, tokenizer, model config", flush=True)
+    say(f"\n== 1. the toy world (seed {seed}): data, tokenizer, model config")
     if not (world / "model" / "config.json").exists():
         seconds["data"] = run_stage([PY, "demo/toy.py", "--out", world, *seed_flag, *size["data"]],
-                                    logs, "data")
+                                    logs, "data", tag=tag, cost=cost["data"])
         make_model_dir(world, size["model"])
+    else:
+        PROGRESS.skipped(cost["data"])
     pretrain_file, expert_file = world / "train_pretrain.jsonl", world / "train_expert.jsonl"
     rl_file, test_file = world / "train_rl.jsonl", world / "test.jsonl"
     test_rows = [json.loads(line) for line in test_file.read_text().splitlines()]
     val_file = world / "val.jsonl"          # validation while training: questions of its own
     if not val_file.exists():
         questions = frozenset(r["prompt"][1]["content"] for r in test_rows)
+        positives = flag(size["data"], "--positives", len(toy.POSITIVE))
         data.write_jsonl(toy.make_floor_task(size["n_val"], 1_000_000 + seed, "prompt", 0.5,
-                                             exclude=questions), val_file)
+                                             exclude=questions, positives=positives,
+                                             distinct="--distinct_test" in size["data"]), val_file)
     val_flags = ["--eval_file", val_file, "--grader_workers", "1"]
 
     def sft(name: str, model: Path, train_file: Path, loss: str, extra: list,
-            threads: int = THREADS) -> Path:
+            threads: int) -> Path:
         if run_dir.completed(runs / name) is None:     # not run, or interrupted: sft.py resumes it
             n_rows = len(train_file.read_text().splitlines())
             steps = flag(extra, "--epochs", 1) * (n_rows // flag(extra, "--global_batch", 8))
             seconds[name] = run_stage([PY, "sft.py", "config/sft_tiny.py", "--model", model,
                                        "--train_file", train_file, "--loss", loss, "--out_dir",
                                        runs / name, "--system_prompt", "row", *seed_flag, *extra],
-                                      logs, name, steps, threads=threads)
+                                      logs, name, steps, threads=threads, tag=tag,
+                                      cost=cost[name])
+        else:
+            PROGRESS.skipped(cost[name])
         return checkpoints.latest(runs / name)
 
-    print("\n== 2. pre-train the base model from scratch on every order", flush=True)
+    say(f"\n== 2. pre-train the base model from scratch on every order (seed {seed})")
     ckpts = {"base": sft("base", world / "model", pretrain_file, "sft",
-                         ["--scratch", *size["pretrain"]], BASE_THREADS)}
+                         ["--scratch", *size["pretrain"]], size["base_threads"])}
 
     def evaluate(name: str) -> None:
         if not (evals / name / "results.json").exists():
@@ -421,12 +559,14 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
                 [PY, "evaluate.py", "--model", ckpts[name], "--data", test_file, "--out",
                  evals / name, "--name", name, "--engine", "hf", "--sft_data", expert_file,
                  "--grader_workers", "1", "--system_prompt", "row", *seed_flag, *size["eval"]],
-                logs, f"eval {name}")
+                logs, f"eval {name}", threads=size["threads"], tag=tag, cost=cost["eval"])
+        else:
+            PROGRESS.skipped(cost["eval"])
 
     def branch(loss: str) -> None:
         """SFT with `loss` from the base, GRPO from that, and the evaluation of both."""
         ckpts[loss] = sft(loss, ckpts["base"], expert_file, loss,
-                          [*size["sft"], *size["val_sft"], *val_flags])
+                          [*size["sft"], *size["val_sft"], *val_flags], size["threads"])
         evaluate(loss)
         name = f"{loss}+grpo"
         if run_dir.completed(runs / name) is None:
@@ -435,32 +575,44 @@ def run_seed(size: dict, out: Path, seed: int, jobs: int) -> dict:
                                        "--save_every", "0", "--grader_workers", "1",
                                        "--system_prompt", "row", *seed_flag, *size["rl"],
                                        *size["val_rl"], *val_flags],
-                                      logs, name, flag(size["rl"], "--steps", 20))
+                                      logs, name, flag(size["rl"], "--steps", 20),
+                                      threads=size["threads"], tag=tag, cost=cost["rl"])
+        else:
+            PROGRESS.skipped(cost["rl"])
         ckpts[name] = checkpoints.latest(runs / name)
         evaluate(name)
 
-    print(f"\n== 3-5. from the base, {jobs} at a time: SFT on the expert's rows (always the "
-          "question's order) with cross-entropy, CurioSFT and the entropy loss; GRPO from each; "
-          "avg@n and pass@k before and after GRPO, where the expert's order works and where it is "
-          "a dead end", flush=True)
+    def decisive_token() -> None:
+        """demo/decisive_token.py from this seed's base: its SFT runs one after another."""
+        if not (out / "decisive_token" / "results.json").exists():
+            run_stage([PY, "demo/decisive_token.py", "--demo", out, *size["probe"]], logs,
+                      "decisive token", threads=size["threads"], tag=tag, cost=cost["probe"])
+        else:
+            PROGRESS.skipped(cost["probe"])
+
+    say(f"\n== 3-5. (seed {seed}) from the base, side by side: SFT on the expert's rows (always the "
+        "question's order) with cross-entropy, CurioSFT and the entropy loss; GRPO from each; "
+        "avg@n and pass@k before and after GRPO, where the expert's order works and where it is "
+        "a dead end" + ("; the decisive-token probe (7.) beside them" if probe else ""))
     # The branches share nothing but the base, so they run side by side, one thread each: on 2 cores
     # the demo keeps both busy to the end instead of running one stage at a time, and each stage's
     # result does not depend on what runs beside it.
     t0, ran_before = time.time(), len(seconds)
-    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+    with concurrent.futures.ThreadPoolExecutor(len(SFT_LOSSES) + 2) as pool:   # SLOTS: how many run
         futures = [pool.submit(evaluate, "base")] + [pool.submit(branch, loss)
                                                      for loss in SFT_LOSSES]
+        futures += [pool.submit(decisive_token)] if probe else []
         wait_for_stages(futures)
     if len(seconds) > ran_before:  # something ran: the wall-clock time of stages 3-5, side by side
         seconds["stages 3-5"] = time.time() - t0
     ckpts = {name: ckpts[name] for name in ["base", *SFT_LOSSES,
                                             *(f"{loss}+grpo" for loss in SFT_LOSSES)]}
 
-    print("\n== 6. tables and plots", flush=True)
+    say(f"\n== 6. tables and plots (seed {seed})")
     metrics_file = out / "metrics.json"
     recorded = json.loads(metrics_file.read_text()) if not seconds and metrics_file.exists() else {}
     if tuple(recorded) == METRICS_KEYS:     # (an older layout is measured again)
-        print(f"every stage had finished: {metrics_file} reused", flush=True)
+        say(f"every stage had finished: {metrics_file} reused")
         return recorded
     timings_file = out / "seconds.json"
     timings = json.loads(timings_file.read_text()) if timings_file.exists() else {}
@@ -757,11 +909,11 @@ def paired_plot(paired: dict[str, dict], by_seed: list[dict] | None, out: Path) 
     return Path(save_png(fig, out / "paired_differences.png", dpi=110))
 
 
-def compare_all(evals: list[Path], out: Path, jobs: int = 1) -> dict[str, dict]:
-    """evaluate.py compare for each of COMPARISONS, `jobs` at a time, over the evaluations of every
-    seed (eval folders of one seed each, a two-level bootstrap with several): {"A - B": its
-    paired.json}. A comparison already written over the same evaluations is reused; one over other
-    seeds is redone."""
+def compare_all(evals: list[Path], out: Path, cost: float = 0.0, tag: str = "") -> dict[str, dict]:
+    """evaluate.py compare for each of COMPARISONS, side by side (SLOTS: how many at once), over the
+    evaluations of every seed (eval folders of one seed each, a two-level bootstrap with several):
+    {"A - B": its paired.json}. A comparison already written over the same evaluations is reused;
+    one over other seeds is redone. cost: each one's, for PROGRESS."""
     def compare(a: str, b: str) -> dict:
         path = out / "compare" / f"{a}_vs_{b}" / "paired.json"
         result = json.loads(path.read_text()) if path.exists() else None
@@ -769,11 +921,13 @@ def compare_all(evals: list[Path], out: Path, jobs: int = 1) -> dict[str, dict]:
                 [str(e / a) for e in evals], [str(e / b) for e in evals]]:
             run_stage([PY, "evaluate.py", "compare", "--a", *(e / a for e in evals), "--b",
                        *(e / b for e in evals), "--out", path.parent],
-                      out / "logs", f"compare {a} - {b}")
+                      out / "logs", f"compare {a} - {b}", tag=tag, cost=cost)
             result = json.loads(path.read_text())
+        else:
+            PROGRESS.skipped(cost)
         return result
 
-    with concurrent.futures.ThreadPoolExecutor(jobs) as pool:
+    with concurrent.futures.ThreadPoolExecutor(len(COMPARISONS)) as pool:
         futures = {f"{a} - {b}": pool.submit(compare, a, b) for a, b in COMPARISONS}
         wait_for_stages(list(futures.values()))
     return {name: future.result() for name, future in futures.items()}
@@ -901,11 +1055,72 @@ def seed_table(metrics: list[dict], by_seed: list[dict[str, dict]],
     return lines
 
 
+def signed(values: list[float], fmt: str = "{:+.3f}") -> str:
+    """The mean of per-seed values with its 95% Student's t interval over the seeds, and the seeds
+    where a value is above 0."""
+    mean, half = t_interval(values)
+    return (f"{fmt.format(mean)} [{fmt.format(mean - half)}, {fmt.format(mean + half)}], above 0 "
+            f"on {sum(v > 0 for v in values)} of {len(values)} seeds")
+
+
+def headline(metrics: list[dict], by_seed: list[dict[str, dict]]) -> list[str]:
+    """Markdown lines, first in the summary of several seeds: what they support, each claim a mean
+    over the seeds with its interval, so that no single seed's chaos (its float order) decides its
+    sign. The entropy CurioSFT keeps at the first number, the split by kind of question before RL,
+    and the difference after GRPO."""
+    def entropy(m, name):
+        return m["models"][name]["branching"]["entropy"]
+
+    def over_sft(m, loss):        # the first number's entropy over SFT's checkpoints, the base out
+        return statistics.mean(b["entropy"] for b in m["sft"][loss]["branching"][1:])
+
+    def points_over_seeds(name, benchmark):
+        return signed([100 * paired_row(p[name], benchmark)["difference"] for p in by_seed],
+                      "{:+.1f}")
+
+    def mean(get):
+        return statistics.mean(map(get, metrics))
+
+    steps = metrics[0]["sft"]["sft"]["steps"][1:]
+    mean_after_rl, half = t_interval([paired_row(p["curio+grpo - sft+grpo"])["difference"]
+                                      for p in by_seed])
+    return [f"## What {len(metrics)} seeds support", "",
+            "Means over the seeds, each with its 95% Student's t interval over them: one seed's "
+            "numbers depend on the machine (the CPU's kernels order the float sums, and training "
+            "on this toy carries a rounding difference far), the mean over seeds much less.", "",
+            "1. **SFT takes the exploring away; CurioSFT keeps more of it.** The entropy of the "
+            f"first number (nats, at temperature 1): the base {mean(lambda m: entropy(m, 'base')):.2f}"
+            f", after SFT {mean(lambda m: entropy(m, 'sft')):.3f}, after CurioSFT "
+            f"{mean(lambda m: entropy(m, 'curio')):.3f}. CurioSFT − SFT at the end: "
+            + signed([entropy(m, "curio") - entropy(m, "sft") for m in metrics]) + "; over SFT's "
+            f"checkpoints (steps {steps[0]}-{steps[-1]}), on average: "
+            + signed([over_sft(m, "curio") - over_sft(m, "sft") for m in metrics]) + ".",
+            "2. **What it keeps pays where exploring pays, before RL** (a lean: two intervals among "
+            "several, none corrected for looking at several). CurioSFT − SFT in points of avg@n, "
+            "on the questions where the expert's order is a dead end: "
+            + points_over_seeds("curio - sft", toy.EXPERT_FAILS) + "; where it works: "
+            + points_over_seeds("curio - sft", toy.EXPERT_WORKS) + ".",
+            "3. **After GRPO, the paper's question.** CurioSFT+GRPO − "
+            f"SFT+GRPO: {points_over_seeds('curio+grpo - sft+grpo', 'all avg')}: the interval "
+            + ("holds" if abs(mean_after_rl) <= half else "excludes") + " zero. One seed's difference after "
+            "RL moves by tens of points with the float order alone; 24 seeds of the full size "
+            "could not tell the two apart (docs/demo.md).", ""]
+
+
 def report(metrics: list[dict], paired: dict[str, dict], out: Path,
-           by_seed: list[dict] | None = None) -> None:
-    table = tables(metrics, paired)
-    if by_seed and len(by_seed) > 1:                   # (one seed's spread is not defined)
+           by_seed: list[dict] | None = None, probe: Path | None = None) -> None:
+    """summary.md (with several seeds, what they support first) and the plots; printed, with the
+    decisive-token probe's table from its results.json `probe` when there is one."""
+    several = by_seed is not None and len(by_seed) > 1     # (one seed's spread is not defined)
+    table = ("\n".join(headline(metrics, by_seed)) + "\n" if several else "") + tables(metrics,
+                                                                                      paired)
+    if several:
         table += "\n".join(seed_table(metrics, by_seed, paired)) + "\n"
+    if probe is not None and probe.exists():
+        from demo import decisive_token           # (it imports this module)
+
+        table += ("\n## The decisive-token probe (demo/decisive_token.py)\n\n"
+                  + decisive_token.table([json.loads(probe.read_text())]) + "\n")
     (out / "summary.md").write_text(table)
     written = [paired_plot(paired, by_seed, out / "plots"), *plots(metrics, out / "plots")]
     print(table + f"\nplots: {', '.join(str(p) for p in written)}", flush=True)
@@ -914,19 +1129,33 @@ def report(metrics: list[dict], paired: dict[str, dict], out: Path,
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--size", choices=sorted(SIZES), default="full")
+    ap.add_argument("--size", choices=sorted(SIZES), default="small")
     ap.add_argument("--out", default="out/demo",
-                    help="everything goes here: world/, runs/, eval/, logs/, plots/")
-    ap.add_argument("--seed", type=int, default=0,
-                    help="of the data, the initial weights, the batches and sampling")
+                    help="everything goes here: world/, runs/, eval/, logs/, plots/ (with several "
+                         "seeds: each seed's in OUT/seed_S)")
+    ap.add_argument("--seed", type=int,
+                    help="one seed, into OUT itself: of the data, the initial weights, the "
+                         "batches and sampling")
     ap.add_argument("--seeds", type=int, nargs="+",
-                    help="run these seeds one after another, each into OUT/seed_S, "
-                         "then tabulate the mean, the spread and the "
-                         "paired differences seed by seed with intervals")
+                    help="these seeds side by side, each into OUT/seed_S, then the mean, the "
+                         "spread and the paired differences seed by seed with intervals (default: "
+                         "the size's, " + "; ".join(f"{name} {default_seeds(size)}"
+                                                   for name, size in SIZES.items()) + ")")
     ap.add_argument("--jobs", type=int, default=4,
-                    help="stages 3-5, then the comparisons, run this many at a time (one thread "
-                         "each)")
+                    help="stage processes' threads at a time, over every seed and branch")
+    ap.add_argument("--threads", type=int,
+                    help="threads per stage process (default: 1, the base " +
+                         ", ".join(f"{size['base_threads']} at {name}"
+                                   for name, size in SIZES.items()) +
+                         "); another count orders the float sums otherwise")
+    ap.add_argument("--no_pack", action="store_true",
+                    help="train on right-padded rows (sft.py and rl.py --no-pack), another order "
+                         "of the float sums")
+    ap.add_argument("--no_probe", action="store_true",
+                    help="without the decisive-token probe (7.)")
     a = ap.parse_args()
+    if a.seed is not None and a.seeds:
+        ap.error("--seed or --seeds, not both")
     t0, out = time.time(), Path(a.out).resolve()
     try:
         run(a, out)
@@ -937,16 +1166,72 @@ def main() -> None:
     print(f"{a.size} demo: {time.time() - t0:.0f}s", flush=True)
 
 
+def recorded_settings(out: Path) -> dict:
+    """The size and float order a seed's folder was run with ({} before they were recorded)."""
+    path = out / "settings.json"
+    return json.loads(path.read_text()) if path.exists() else {}
+
+
+def default_seeds(size: dict) -> str:
+    """The size's default seeds, as --help shows them."""
+    seeds = size["seeds"]
+    return f"--seeds {seeds[0]}-{seeds[-1]}" if len(seeds) > 1 else f"--seed {seeds[0]}"
+
+
+def float_order(size: dict) -> str:
+    """What orders a run's float sums, besides the machine: the threads per stage and the rows'
+    form."""
+    form = "padded" if "--no-pack" in size["sft"] else "packed"
+    return f"threads {size['threads']} (base {size['base_threads']}), {form} rows"
+
+
+def with_float_order(size: dict, threads: int | None, no_pack: bool) -> dict:
+    """The size with --threads and --no_pack applied to its stages."""
+    size = dict(size)
+    if threads is not None:
+        size["threads"] = size["base_threads"] = threads
+    if no_pack:
+        for stage in ("pretrain", "sft", "rl"):
+            size[stage] = [*size[stage], "--no-pack"]
+    return size
+
+
 def run(a, out: Path) -> None:
-    """Every seed's stages, then the tables and plots."""
-    if a.seeds:
-        metrics = [run_seed(SIZES[a.size], out / f"seed_{s}", s, a.jobs) for s in a.seeds]
-        evals = [out / f"seed_{s}" / "eval" for s in a.seeds]
-        by_seed = [compare_all([evaluation], evaluation.parent, a.jobs) for evaluation in evals]
-    else:
-        metrics = [run_seed(SIZES[a.size], out, a.seed, a.jobs)]
-        evals, by_seed = [out / "eval"], None
-    report(metrics, compare_all(evals, out, a.jobs), out, by_seed)
+    """Every seed's stages side by side, each seed's paired comparisons as it ends, then the tables
+    and plots over the seeds."""
+    size = with_float_order(SIZES[a.size], a.threads, a.no_pack)
+    SLOTS.capacity = a.jobs
+    several = a.seeds is not None or (a.seed is None and len(size["seeds"]) > 1)
+    seeds = a.seeds or ([a.seed] if a.seed is not None else size["seeds"])
+    cost, n = size["cost"], len(SFT_LOSSES)
+    # a seed: its data, base, SFT runs, GRPO runs and 1 + 2n evaluations; then the comparisons
+    one_seed = (cost["data"] + cost["base"] + sum(cost[loss] for loss in SFT_LOSSES)
+                + n * cost["rl"] + (1 + 2 * n) * cost["eval"])
+    PROGRESS.plan(one_seed * len(seeds), (3 + 4 * n) * len(seeds))
+    comparisons = len(COMPARISONS) * (1 + several * len(seeds))
+    PROGRESS.plan(cost["compare"] * comparisons, comparisons)
+    if not a.no_probe:
+        PROGRESS.plan(cost["probe"])
+    say(f"{a.size} demo, seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}, "
+        f"{float_order(size)}: "
+        f"{PROGRESS.line()} (at the speed of the machine that measured the stages)")
+
+    def seed_and_its_comparisons(i: int, seed: int):
+        folder = out / f"seed_{seed}" if several else out
+        tag = f"seed {seed} " if several else ""
+        metrics = run_seed(size, folder, seed, tag, probe=i == 0 and not a.no_probe)
+        return metrics, (compare_all([folder / "eval"], folder, cost["compare"], tag)
+                         if several else None)
+
+    with concurrent.futures.ThreadPoolExecutor(len(seeds)) as pool:
+        futures = [pool.submit(seed_and_its_comparisons, i, s) for i, s in enumerate(seeds)]
+        wait_for_stages(futures)
+    metrics, by_seed = zip(*(future.result() for future in futures))
+    evals = [out / f"seed_{s}" / "eval" for s in seeds] if several else [out / "eval"]
+    say("\n== 6. the tables and plots" + (f" over the {len(seeds)} seeds" if several else ""))
+    paired = compare_all(evals, out, cost["compare"])
+    probe = None if a.no_probe else (evals[0].parent / "decisive_token" / "results.json")
+    report(list(metrics), paired, out, list(by_seed) if several else None, probe)
 
 
 if __name__ == "__main__":
