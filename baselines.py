@@ -224,7 +224,9 @@ def variant_micro_batch_loss(model, base, batch, old_logp, args, cfg, want_entro
                 base_h = chunk_extras.pop("base_h")
                 chunk_extras["base_logits"] = no_grad_logits(base.lm_head, base_h)   # [n, V]
         logits = model.lm_head(h_c)                                            # [n, V]
-        if args.loss != "curio_self_teacher":   # (its teacher side reads bf16 logits blockwise)
+        if args.loss == "sft":
+            logits = cl.loss_logits(logits)
+        elif args.loss != "curio_self_teacher":   # (its teacher side reads bf16 logits blockwise)
             logits = cl._fp32(logits)   # one float32 copy for the loss and the logged entropy
         loss, diag = variant_loss(logits, y_c, chunk_extras, cfg)
         if check:

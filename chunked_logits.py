@@ -120,9 +120,7 @@ def token_log_probs(model, batch, chunk: int, temperature: float = 1.0, with_ent
     lp, ent = [], []
     for s in range(0, max(len(y), 1), chunk):
         logits = model.lm_head(h[s : s + chunk])                           # [n, V]
-        if temperature != 1.0:           # (x / 1.0 is x: no [n, V] float32 copy at temperature 1)
-            logits = logits.float() / temperature
-        lp.append(cl.student_log_prob(logits, y[s : s + chunk])[0])
+        lp.append(cl.student_log_prob(logits, y[s : s + chunk], temperature)[0])
         if with_entropy:
-            ent.append(cl.entropy(logits))
+            ent.append(cl.entropy(logits, temperature))
     return torch.cat(lp), (torch.cat(ent) if with_entropy else None)

@@ -84,11 +84,27 @@ def _fp32(x: torch.Tensor) -> torch.Tensor:
     return x if x.dtype == torch.float64 else x.float()
 
 
+def _half(x: torch.Tensor) -> bool:
+    """bf16 or fp16 logits, as a GPU's head makes them: the speed helpers read them in blocks
+    instead of one float32 copy of all of them (unless BLOCKWISE is off)."""
+    return BLOCKWISE and x.dtype in (torch.bfloat16, torch.float16)
+
+
+def loss_logits(logits: torch.Tensor) -> torch.Tensor:
+    """A chunk's logits as the trainers' losses take them: a GPU's bf16 ones as they are (the
+    speed helpers read them in float32 blocks), else at least float32, one copy for the loss and
+    the logged entropy."""
+    return logits if _half(logits) else _fp32(logits)
+
+
 def entropy(logits: torch.Tensor, tau: torch.Tensor | float = 1.0) -> torch.Tensor:
     """H(softmax(logits / tau)) over the last dim, float32; -inf logits (masked tokens) add 0."""
+    at_one = isinstance(tau, (int, float)) and tau == 1
+    if _half(logits) and at_one and not (torch.is_grad_enabled() and logits.requires_grad):
+        return _full_entropy(logits, logits.amax(-1))     # logged: blockwise, no float32 copy
     z = _fp32(logits)
     # x / 1 is x, bit for bit: no [N, V] pass (forward and backward) at tau = 1
-    logp = torch.log_softmax(z if isinstance(tau, (int, float)) and tau == 1 else z / tau, dim=-1)
+    logp = torch.log_softmax(z if at_one else z / tau, dim=-1)
     # 0 * log 0 = 0; masked_fill (not where) also keeps the backward free of 0 * inf = NaN
     logp = logp.masked_fill(torch.isneginf(logp), 0.0)
     return -(logp.exp() * logp).sum(-1)
@@ -134,9 +150,13 @@ def curio_loss_reference(student_logits, teacher_logits, targets, cfg: LossConfi
 # ================================================================================================
 # ALGO LOGIC. 2. CurioSFT, vectorized over tokens: what training runs
 # ================================================================================================
-def student_log_prob(logits, targets):
-    """lp = log pi_theta(y_t | s_t) [N] float32, and the log-partition [N]."""
+def student_log_prob(logits, targets, temperature: float = 1.0):
+    """lp = log pi_theta(y_t | s_t) [N] float32 at `temperature` (log softmax(logits / T)[y_t]),
+    and the log-partition [N]. bf16 logits (a GPU's) take _LogProb: the same, blockwise."""
+    if _half(logits):
+        return _LogProb.apply(logits, targets, temperature)
     z = _fp32(logits)
+    z = z if temperature == 1.0 else z / temperature
     lse = torch.logsumexp(z, dim=-1)
     return z.gather(-1, targets.unsqueeze(-1)).squeeze(-1) - lse, lse
 
@@ -353,6 +373,10 @@ def _full_entropy(z, z_max):
     return h
 
 
+# The speed helpers below on (True), or the forms of commit 6fbcbf7, which one H200 measured (False:
+# one float32 copy of a chunk's bf16 logits, torch.topk over the whole row): bench/forms.py turns
+# them off to replay that run, as bench/dryrun.py --against does. The same results either way.
+BLOCKWISE = True
 TOPK_BLOCK = 32     # _top_k_values: vocabulary entries per block (Qwen's 151,936 and 152,064 divide)
 
 
@@ -370,6 +394,8 @@ def _top_k_values(z, k):
     to the bit, whatever order a kernel returns ties in. Rows too short to gain: z.topk itself."""
     n, v = z.shape
     blocks = v // TOPK_BLOCK
+    if not BLOCKWISE:
+        return z.topk(k, dim=-1, sorted=False).values
     if blocks < 4 * k:
         return z.topk(k, dim=-1).values
     body = z[:, : blocks * TOPK_BLOCK].unfold(1, TOPK_BLOCK, TOPK_BLOCK)         # [N, blocks, b]
@@ -379,3 +405,37 @@ def _top_k_values(z, k):
     if tail.shape[1]:
         candidates = torch.cat([candidates, tail], dim=1)
     return candidates.topk(k, dim=-1).values
+
+
+class _LogProb(torch.autograd.Function):
+    """student_log_prob of bf16 logits z [N, V] at temperature T, in float32 math without a float32
+    copy of z: forward, lse = m + log sum exp(z / T - m) by blocks (_log_sum_exp) and lp = z_y / T
+    - lse; backward, d lp / d z = (onehot(y) - p) / T and d lse / d z = p / T with p = softmax(z /
+    T), a float32 block at a time, cast to z's dtype. The eager form upcasts z whole (2x its bytes,
+    kept for backward) and takes about ten passes over [N, V] between the two; this takes four."""
+
+    @staticmethod
+    def forward(ctx, logits, targets, temperature):
+        inv_t = 1.0 / temperature
+        z_max = _fp32(logits.amax(-1))                                               # [N]
+        scale = None if temperature == 1.0 else torch.full_like(z_max, inv_t)
+        lse = z_max * inv_t + _log_sum_exp(logits, z_max, scale)
+        lp = _fp32(logits.gather(-1, targets.unsqueeze(-1)).squeeze(-1)) * inv_t - lse
+        ctx.save_for_backward(logits, targets, lse)
+        ctx.inv_t = inv_t
+        return lp, lse
+
+    @staticmethod
+    def backward(ctx, grad_lp, grad_lse):
+        logits, targets, lse = ctx.saved_tensors
+        inv_t = ctx.inv_t
+        grad_lp = torch.zeros_like(lse) if grad_lp is None else grad_lp
+        on_p = (-grad_lp if grad_lse is None else grad_lse - grad_lp) * inv_t       # [N]
+        grad = torch.empty_like(logits)
+        for s, e, buf in _row_blocks(logits):
+            p = buf.copy_(logits[s:e])                                       # float32 block
+            p = (p if inv_t == 1.0 else p.mul_(inv_t)).sub_(lse[s:e, None]).exp_()   # softmax
+            p.mul_(on_p[s:e, None])
+            p.scatter_add_(1, targets[s:e, None], grad_lp[s:e, None] * inv_t)
+            grad[s:e] = p
+        return grad, None, None

@@ -8,6 +8,7 @@ Row schema (the authors' and LUFFY's files, e.g. OpenR1-Math-46K and the benchma
     reward_model: {ground_truth: str, style: "rule"}
     target: [{role: assistant, content: "<think>\\n..."}]   (training files: the expert response)
 """
+import itertools
 import json
 import math
 from dataclasses import dataclass, field
@@ -280,6 +281,28 @@ def build_sft_data(tokenizer, examples: list[Example], max_prompt_len: int = 102
     return data, stats
 
 
+@dataclass
+class Prompt:
+    """A question as GRPO samples it: the row, the prompt text the engine sees, its token ids."""
+    example: Example
+    text: str
+    ids: list[int]
+
+
+def load_prompts(path, tokenizer, max_prompt_len: int, system_prompt: str = "paper",
+                 require_response: bool = False) -> tuple[list[Prompt], int]:
+    """Every example of the file whose prompt fits max_prompt_len (the token ids as the engines see
+    them: no BOS or other added tokens), and the file's rows (the others were dropped)."""
+    kept = []
+    examples = load_examples(path, require_response=require_response)
+    for ex in examples:
+        text = example_prompt(ex, tokenizer, system_prompt)
+        ids = tokenizer(text, add_special_tokens=False)["input_ids"]
+        if len(ids) <= max_prompt_len:
+            kept.append(Prompt(ex, text, ids))
+    return kept, len(examples)
+
+
 # --------------------------------------------------------------------------------------------------
 # Batching: one optimiser step = `global_batch` examples, split into length-grouped micro-batches
 # --------------------------------------------------------------------------------------------------
@@ -343,6 +366,19 @@ def balanced_groups(lengths: list[int], groups: int, most: int) -> list[list[int
         parts[g].append(i)
         tokens[g] += lengths[i]
     return [sorted(p) for p in parts]
+
+
+def split_micro_batches(lengths: list[int], most: int, cap: int, pack: bool) -> list[list[int]]:
+    """Indices of sequences (lengths sorted longest first) in as many micro-batches as `most`
+    sequences each would make (rl.py: every rank the same count): packed, tokens balanced
+    (balanced_groups); padded, consecutive, padding least with none over cap tokens
+    (least_padded_split)."""
+    groups = -(-len(lengths) // most)
+    if pack:
+        return balanced_groups(lengths, groups, most)
+    sizes = least_padded_split(lengths, groups, cap)
+    ends = itertools.accumulate(sizes)
+    return [list(range(end - size, end)) for end, size in zip(ends, sizes)]
 
 
 def _deal(mbs: list[list[int]], lengths: list[int], world_size: int,

@@ -11,7 +11,7 @@ sampling entropy, n-gram diversity and (with --sft_data) the entropy at the expe
 
 Each finished benchmark is kept under OUT/progress/: a rerun with the same settings loads it instead
 of sampling it again. The measurement itself (sampling, grading, avg@n, pass@k, the sampling
-entropy) is evaluation.py, which sft.py and rl.py call to validate while they train; sampling,
+entropy) is measure.py, which sft.py and rl.py call to validate while they train; sampling,
 grading, tables and plots are plumbing/. python evaluate.py --help lists the flags.
 """
 import difflib
@@ -30,7 +30,7 @@ from tqdm import tqdm
 import curio_loss as cl
 from data import SYSTEM_PROMPT_MODES, Example, example_prompt
 from data import load_examples, tokenize_sft
-from evaluation import drop_long_prompts, load_benchmarks, measure_benchmarks
+from measure import drop_long_prompts, load_benchmarks, measure_benchmarks
 from plumbing import paired_stats as ps, report
 from plumbing.benchmarks import ID_BENCHMARKS, OOD_BENCHMARKS
 from plumbing.checkpoints import verify_model_dir
@@ -143,7 +143,7 @@ class CompareArgs:
 
 
 # ================================================================================================
-# ALGO LOGIC: the metrics beyond evaluation.py's (avg@n, pass@k, sampling entropy, diversity)
+# ALGO LOGIC: the metrics beyond measure.py's (avg@n, pass@k, sampling entropy, diversity)
 # ================================================================================================
 @torch.no_grad()
 def expert_token_entropy(model, tokenizer, examples: list[Example], max_len: int = 9216,
@@ -194,7 +194,7 @@ def check_out_dir(out: str) -> None:
 
 def evaluate_benchmarks(engine: Engine, tokenizer, benchmarks: dict[str, list[Example]], args: Args,
                         progress_dir: Path | None = None, group=None) -> tuple[dict | None, list]:
-    """(results, sample records): the benchmarks measured (evaluation.measure_benchmarks: each
+    """(results, sample records): the benchmarks measured (measure.measure_benchmarks: each
     rank a block under torchrun, each finished benchmark saved in progress_dir), with Table 2's
     averages. Ranks other than 0 get (None, [])."""
     metrics, records, failures = measure_benchmarks(engine, tokenizer, benchmarks, args,

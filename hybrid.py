@@ -29,13 +29,16 @@ Per-token tensors below are [n], one chunk of response tokens.
 """
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 import torch
+import torch.distributed as dist
 
 import data
 from curio_loss import entropy
-from plumbing import generation
+from plumbing import checkpoints, generation, run_dir
+from plumbing.distributed import print0
 from plumbing.generation import Sample
 
 HYBRIDS = ("none", "luffy", "rl_plus", "prefix_rft")
@@ -45,6 +48,49 @@ PREFIX_SCHEDULES = ("const", "linear_decay", "cosine_decay")
 # Where the authors' code is cited: LUFFY at github.com/ElliottYan/LUFFY 01f4ae0, paths under
 # luffy/verl/verl/; RL-PLUS at github.com/YihongDong/RL-PLUS eb4aa4d, under rl_plus/verl/verl/;
 # Prefix-RFT at github.com/ZeroYuHuang/prefix_rft 5f5d2a1, under recipe/prefix_rft/.
+
+
+@dataclass
+class HybridArgs:
+    """Table 3's hybrids (hybrid.py): rl.py --hybrid"""
+    hybrid: Literal[HYBRIDS] = "none"
+    """Table 3's hybrids: luffy, rl_plus: the expert's response is one of each group's --rollouts,
+    the clip settings do not apply | prefix_rft: rollouts continue its prefixes"""
+    prefix_rollouts: int = 1
+    """prefix_rft: rollouts per group that continue a prefix of the expert's response"""
+    prefix_schedule: Literal[PREFIX_SCHEDULES] = "cosine_decay"
+    """prefix_rft: how both bounds of the prefix ratio move from their start to their end"""
+    prefix_low_start: float = 0.95
+    """prefix_rft: the lower bound of the prefix ratio at step 0 (ratio: lower + (upper - lower) x
+    Beta(1, 1))"""
+    prefix_low_end: float = 0.05
+    """prefix_rft: the lower bound after --prefix_schedule_steps"""
+    prefix_high_start: float = 0.95
+    """prefix_rft: the upper bound at step 0"""
+    prefix_high_end: float = 0.05
+    """prefix_rft: the upper bound after --prefix_schedule_steps"""
+    prefix_warmup_ratio: float = 0.0
+    """prefix_rft: the decays first rise from 0 over this share of --prefix_schedule_steps"""
+    prefix_schedule_steps: int = 0
+    """prefix_rft: the steps the bounds take from start to end (0: the --steps the run starts with,
+    recorded in run_config.json: a resume to another --steps keeps the schedule)"""
+    prefix_entropy_mask: float = 0.8
+    """prefix_rft: the lowest-entropy share of a micro-batch's prefix tokens whose advantage is 0
+    (0.8: the top fifth keep theirs)"""
+
+
+def check_settings(args):
+    """rl.py's settings as a hybrid needs them, each refused in one line (rl.Args calls it)."""
+    if args.hybrid in SHAPED and (args.policy_loss != "ppo_clip" or args.clip_ratio_c):
+        raise SystemExit(f"--hybrid {args.hybrid}: its own tokens' loss is unclipped -A r; "
+                         f"--policy_loss and --clip_ratio_c do not apply")
+    if args.hybrid in SHAPED and args.rollouts < 2:
+        raise SystemExit(f"--hybrid {args.hybrid}: needs --rollouts >= 2 (the expert's response "
+                         f"takes one place in each group)")
+    if args.prefix_schedule_steps < 0:
+        raise SystemExit(f"--prefix_schedule_steps {args.prefix_schedule_steps}: must be >= 0")
+    if args.hybrid == "prefix_rft":
+        check_prefix_settings(args)
 
 
 def demonstrations(examples, tokenizer, max_response_len: int) -> list[Sample]:
@@ -98,6 +144,35 @@ def demonstration_loss(hybrid: str, lp, old_lp, adv):
         ratio = 2 * torch.exp(lp) / (torch.exp(old_lp) + omega)
         return -ratio * (adv * (1 - torch.exp(lp.detach())) ** 0.5)
     raise ValueError(f"hybrid {hybrid!r}: expected one of {', '.join(HYBRIDS[1:])}")
+
+
+def entropy_bonus_scale(mbs, args, device):
+    """The authors' bonus is a token-mean entropy per micro-batch, summed over micro-batches, so its
+    weight grows with their number: their GPUs pack micro-batches of up to entropy_pack_tokens
+    tokens (verl's dynamic batch size; each GPU as many as the fullest of their loss_agg_ranks
+    needs). Their count over all GPUs / ours over all ranks, a 0-d tensor on the device (no host
+    sync), or None (--entropy_coef 0)."""
+    if not args.entropy_coef:
+        return None
+    tokens = sum(sum(mb.batch["seq_lens"]) for mb in mbs)
+    counts = torch.tensor([float(tokens), float(len(mbs))], dtype=torch.float64, device=device)
+    dist.all_reduce(counts)                           # the mini-batch's tokens, our micro-batches
+    per_gpu = counts[0] / (args.loss_agg_ranks * args.entropy_pack_tokens)
+    return args.loss_agg_ranks * torch.ceil(per_gpu) / counts[1]
+
+
+def entropy_bonus_weights(mb, args, scale):
+    """[N] each token's weight in the micro-batch's entropy bonus, in the units of its summed loss,
+    or None (--entropy_coef 0). With --loss_agg rank_sum_over_max_len the micro-batch's loss over
+    the denominator is then its token sum / (max_response_len x ranks) - coef x scale x its
+    token-mean entropy / ranks: what the authors' actors backpropagate on each of their GPUs,
+    averaged (LUFFY mix_src/mix_actor.py lines 202, 226, 243; verl's dp_actor.py lines 100-103),
+    with as many token means in all (entropy_bonus_scale)."""
+    if not args.entropy_coef:
+        return None
+    n = len(mb.adv)
+    weight = args.entropy_coef * args.max_response_len / max(n, 1)
+    return (scale * weight).float() * torch.ones_like(mb.adv)
 
 
 # ================================================================================================
@@ -279,3 +354,116 @@ def entropy_reshaped_advantages(lm_head, h, mb, args):
         rank[order] = torch.arange(len(order), device=order.device)
         cut = torch.floor(mb.demo.sum().double() * args.prefix_entropy_mask)  # int(n x ratio)
         return torch.where(mb.demo & (rank < cut), torch.zeros_like(mb.adv), mb.adv)
+
+
+# ================================================================================================
+# The hook rl.py's GRPO step calls (`hook`): one object per --hybrid, each method a point of the
+# step that a hybrid changes. GRPO is the step as the paper runs it; each hybrid overrides its own.
+# ================================================================================================
+class GRPO:
+    """--hybrid none: GRPO's own step at every point of the hook."""
+    expert_first = False   # rollouts.jsonl: the first response of each group is the expert's
+
+    def __init__(self, args):
+        self.args = args
+
+    def pin_settings(self, out_dir) -> None:
+        """Settings that depend on the run's start, fixed before the run is claimed."""
+
+    def rollouts(self, engine, tokenizer, prompts, step: int, seed: int):
+        """Each prompt's group, [G][rollouts] samples of the policy, with the engine's log-probs."""
+        a = self.args
+        return generation.generate(engine, tokenizer, [p.text for p in prompts], a.rollouts,
+                                   a.temperature, a.top_p, a.max_response_len, seed,
+                                   batch_size=a.gen_batch_size, logprobs=True)
+
+    def advantages(self, rewards, samples, group_advantages):
+        """(adv [G, n] of each rollout's own tokens, demo_adv [G, n] of its expert's tokens,
+        zero_std [G]) from the rewards [G, n] and GRPO's group_advantages."""
+        adv, zero_std = group_advantages(rewards)
+        return adv, adv, zero_std
+
+    def demo_tokens(self, j: int, s: Sample) -> list[bool]:
+        """Per response token of a group's j-th sample: is it the expert's?"""
+        return demo_tokens(self.args.hybrid, j, s)
+
+    def policy_loss(self, loss_fn):
+        """The per-token policy loss of the model's own tokens."""
+        return loss_fn
+
+    def token_advantages(self, lm_head, h, mb):
+        """A micro-batch's per-token advantages [N] as the update takes them."""
+        return mb.adv
+
+    def token_loss(self, loss, lp, old_lp, adv, demo):
+        """The per-token loss [n] with the expert's tokens' own (demo [n] bool, or None)."""
+        return loss
+
+    def own(self, rewards):
+        """The columns of rewards [G, n] that are the model's own samples."""
+        return rewards[:, own_rollouts(self.args.hybrid, self.args.rollouts,
+                                       self.args.prefix_rollouts)]
+
+    def group_record(self, group) -> dict:
+        """What rollouts.jsonl adds to a group's record."""
+        return {}
+
+
+class Shaped(GRPO):
+    """luffy, rl_plus: the expert's response leads each group; its tokens take the method's loss,
+    the model's own the unclipped -A r."""
+    expert_first = True
+
+    def rollouts(self, engine, tokenizer, prompts, step, seed):
+        a = self.args
+        samples = generation.generate(engine, tokenizer, [p.text for p in prompts],
+                                      a.rollouts - 1, a.temperature, a.top_p, a.max_response_len,
+                                      seed, batch_size=a.gen_batch_size, logprobs=True)
+        expert = demonstrations([p.example for p in prompts], tokenizer, a.max_response_len)
+        return [[demo, *group] for demo, group in zip(expert, samples)]
+
+    def policy_loss(self, loss_fn):
+        return unclipped_loss              # their scripts: loss_remove_clip=True
+
+    def token_loss(self, loss, lp, old_lp, adv, demo):
+        return torch.where(demo, demonstration_loss(self.args.hybrid, lp, old_lp, adv), loss)
+
+
+class PrefixRFT(GRPO):
+    """prefix_rft: some rollouts continue prefixes of the expert's response; their prefix tokens take
+    their own advantage, zeroed by the entropy rule."""
+
+    def pin_settings(self, out_dir) -> None:
+        """--prefix_schedule_steps 0: the schedule spans the --steps the run started with, recorded
+        as the setting (a resume compares it as any other), so that a run taken on to more steps
+        samples as one run with that horizon would, not as one that had always had the new
+        --steps. A record of 0 (a run begun before the horizon was recorded) keeps following
+        --steps."""
+        a = self.args
+        if a.prefix_schedule_steps:
+            return
+        recorded = run_dir.recorded(out_dir) if checkpoints.latest(out_dir) is not None else {}
+        horizon = recorded.get("prefix_schedule_steps", a.steps)
+        if horizon and horizon != a.steps:
+            print0(f"--hybrid prefix_rft: the prefix schedule spans {horizon} steps, the --steps "
+                   f"the run started with (run_config.json), not --steps {a.steps}")
+        a.prefix_schedule_steps = horizon
+
+    def rollouts(self, engine, tokenizer, prompts, step, seed):
+        return sample_prefixed_groups(engine, tokenizer, [p.ids for p in prompts],
+                                      [p.example for p in prompts], self.args, step, seed)
+
+    def advantages(self, rewards, samples, group_advantages):
+        return prefix_rft_advantages(rewards, prefixed(samples))
+
+    def token_advantages(self, lm_head, h, mb):
+        return entropy_reshaped_advantages(lm_head, h.detach(), mb, self.args)
+
+    def group_record(self, group) -> dict:
+        return {"prefix_lengths": [s.prefix_len for s in group]}
+
+
+def hook(args) -> GRPO:
+    """The hook of --hybrid: what rl.py's step calls where a hybrid may change it."""
+    kinds = {"none": GRPO, "luffy": Shaped, "rl_plus": Shaped, "prefix_rft": PrefixRFT}
+    return kinds[args.hybrid](args)

@@ -9,15 +9,16 @@ the paper is silent, the numerics follow verl, the RL framework the authors' cod
 One step, as the loop in `train` reads: rollouts -> reward (`math_reward`, App. E) -> group
 advantages -> old log-probs -> one `policy_update` per mini-batch of prompts, which calls
 `ppo_clip_loss` (the paper's clip-higher objective) on each chunk of tokens; `dual_clip_loss` and
-the authors' `custom_loss_rl` sit beside it, picked by the flags. The engine's sleep, wake and
-weight sync are plumbing/generation.py; python rl.py --help lists the flags.
+the authors' `custom_loss_rl` sit beside it, picked by the flags. Table 3's hybrids change the step
+through one hook (hybrid.py, --hybrid); the run around the loop (its directory, resume, log,
+checkpoints) is plumbing/run.py, the engine's sleep, wake, weight sync and check
+plumbing/generation.py. python rl.py --help lists the flags.
 """
+import functools
 import itertools
-import json
 import math
 import time
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import Literal
 
 import torch
@@ -25,16 +26,17 @@ import torch.distributed as dist
 
 import curio_loss as cl
 import data
-import evaluation
 import hybrid
-from hybrid import HYBRIDS, PREFIX_SCHEDULES
+import measure
 from chunked_logits import chunked_sum, normed_hidden, select_targets, token_log_probs
-from plumbing import checkpoints, generation, run_dir
+from plumbing import checkpoints, generation
 from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import StopSignal, print0, setup_distributed, shutdown
 from plumbing.grading import GRADING_MODES, answer_kind, grade, graded_text
+from plumbing.grpo_log import rollout_records, step_record
 from plumbing.models import (check_model_dir, clip_grad_norm, cpu_threads_per_rank, load_full_model,
                              load_tokenizer, make_optimizer, resolve_model, shard_model)
+from plumbing.run import MAY_CHANGE_ON_RESUME as RUN_MAY_CHANGE, Run, TrainerArgs
 
 
 POLICY_LOSSES = ("ppo_clip", "custom_loss_rl")
@@ -42,15 +44,8 @@ LOSS_AGGS = ("token_mean", "seq_sum_over_max_len", "rank_sum_over_max_len")
 
 
 @dataclass
-class Args(evaluation.ValidationArgs):
+class Args(TrainerArgs, hybrid.HybridArgs):
     """rl.py settings"""
-    REQUIRED = ("model", "train_file")
-    model: str = ""
-    """checkpoint to start from (an SFT checkpoint: config.json, safetensors weights, tokenizer)"""
-    train_file: str = ""
-    """prompts and ground truths: .parquet / .jsonl / .json in the authors' schema"""
-    out_dir: str = "out/rl"
-    """checkpoints and log.jsonl go here; a checkpoint already here is resumed"""
     steps: int = 500
     """GRPO steps, each on one batch of prompts (Table 6)"""
     prompts_per_step: int = 128
@@ -61,12 +56,6 @@ class Args(evaluation.ValidationArgs):
     """prompts per optimiser step, over all ranks (Table 6: 64, so 2 updates per step)"""
     micro_batch: int = 4
     """sequences per forward/backward pass per rank"""
-    lr: float = 1e-6
-    """constant learning rate (Table 6)"""
-    weight_decay: float = 0.01
-    """AdamW weight decay"""
-    grad_clip: float = 1.0
-    """max global gradient norm"""
     clip_low: float = 0.2
     """eps_low: the ratio is clipped below at 1 - eps_low (Table 6)"""
     clip_high: float = 0.28
@@ -87,127 +76,55 @@ class Args(evaluation.ValidationArgs):
     entropy_pack_tokens: int = 32768
     """--entropy_coef: the tokens per micro-batch the bonus counts as the authors' GPUs pack them
     (their ppo_max_token_len_per_gpu), which sets how many token means it sums"""
-    hybrid: Literal[HYBRIDS] = "none"
-    """Table 3's hybrids (hybrid.py): luffy, rl_plus: the expert's response is one of each group's
-    --rollouts, the clip settings do not apply | prefix_rft: rollouts continue its prefixes"""
-    prefix_rollouts: int = 1
-    """prefix_rft: rollouts per group that continue a prefix of the expert's response"""
-    prefix_schedule: Literal[PREFIX_SCHEDULES] = "cosine_decay"
-    """prefix_rft: how both bounds of the prefix ratio move from their start to their end"""
-    prefix_low_start: float = 0.95
-    """prefix_rft: the lower bound of the prefix ratio at step 0 (ratio: lower + (upper - lower) x
-    Beta(1, 1))"""
-    prefix_low_end: float = 0.05
-    """prefix_rft: the lower bound after --prefix_schedule_steps"""
-    prefix_high_start: float = 0.95
-    """prefix_rft: the upper bound at step 0"""
-    prefix_high_end: float = 0.05
-    """prefix_rft: the upper bound after --prefix_schedule_steps"""
-    prefix_warmup_ratio: float = 0.0
-    """prefix_rft: the decays first rise from 0 over this share of --prefix_schedule_steps"""
-    prefix_schedule_steps: int = 0
-    """prefix_rft: the steps the bounds take from start to end (0: --steps)"""
-    prefix_entropy_mask: float = 0.8
-    """prefix_rft: the lowest-entropy share of a micro-batch's prefix tokens whose advantage is 0
-    (0.8: the top fifth keep theirs)"""
     reward: Literal[GRADING_MODES] = "paper"
     """paper: App. E's rule | authors_rl: the authors' RL reward | authors: their evaluation's"""
     temperature: float = 1.0
     """rollout temperature; the trainer scores tokens at the same temperature (Table 6)"""
     top_p: float = 0.95
     """rollout nucleus sampling (Table 6)"""
-    max_prompt_len: int = 1024
-    """longer prompts are dropped, and counted"""
-    max_response_len: int = 8192
-    """generation stops after this many tokens (Table 6)"""
-    system_prompt: Literal[data.SYSTEM_PROMPT_MODES] = "paper"
-    """the prompt around each question: paper | row | messages (data.example_prompt)"""
-    loss_chunk: int = 2048
-    """tokens per logits chunk: the [tokens, vocab] logits exist one chunk at a time"""
-    bf16: bool = True
-    """bf16 compute with float32 master weights and reductions (CUDA only; CPU runs float32)"""
-    grad_ckpt: bool = True
-    """activation checkpointing of the decoder layers"""
-    pack: bool = True
-    """padding-free micro-batches: the sequences end to end in one row, attention within each
-    (plumbing/attention.py); --no-pack: right-padded rows"""
-    engine: Literal[generation.ENGINES] = "auto"
-    """auto: vLLM with CUDA and the vllm package, else HF generate | hf | vllm"""
-    gpu_memory_utilization: float = 0.6
-    """vLLM: the share of the GPU's total memory it takes while it generates"""
     vllm_sleep: bool = True
     """vLLM frees its weights and KV cache while the trainer works"""
-    sync_bucket_mb: int = 1024
-    """weight sync: MB of full tensors gathered from the FSDP shards per load into the engine"""
     engine_logp_tol: float = 0.1
-    """stop before the update when the engine's log-probs of its samples differ from the trainer's
-    by more than this (mean over the step's tokens, in nats) beyond what top-p explains
-    (log(1/top_p)): a weight the sync missed (engine_logp_diff_mean, docs/metrics.md)"""
-    gen_batch_size: int = 16
-    """HF engine: prompts per generate call (vLLM schedules its own batches); no sample depends on
-    it: each draws from a seed of its own"""
-    grader_timeout: float = 10.0
-    """seconds per graded response; an overrunning grader is killed and the response scores 0"""
-    grader_workers: int = 4
-    """grader processes per rank"""
-    seed: int = 0
-    """prompt order and sampling"""
-    save_every: int = 50
-    """checkpoint every this many steps (0: at the end only)"""
-    keep_last: int = 0
-    """keep the newest N checkpoints (0: all); the one a run resumed from is never deleted"""
-    offload: bool = False
-    """FSDP2 CPU offload of parameters, gradients and AdamW states (the step runs on the CPU)"""
-    dist_timeout_min: float = 60.0
-    """minutes a collective may wait for the slowest rank (ranks finish their rollouts apart)"""
-    loggers: list[str] = ()
-    """logging besides log.jsonl: wandb, tensorboard (their packages are not in requirements.txt)"""
-    log_line: Literal["compact", "full"] = "compact"
-    """the console's line per logged step: compact (step, loss, lr, grad norm, entropy, tokens/s,
-    ...) or full (every field log.jsonl gets)"""
+    """the engine check's ceiling (generation.EngineCheck): the largest mean difference in nats of
+    the engine's log-probs of its samples from the trainer's before the update is refused"""
     log_rollouts: int = 2
     """groups per step kept in rollouts.jsonl: prompt, responses, rewards, advantages (0: none)"""
+    # rl.py's defaults of TrainerArgs' settings
+    out_dir: str = "out/rl"
+    lr: float = 1e-6
+    save_every: int = 50
+    gpu_memory_utilization: float = 0.6
 
     def __post_init__(self):
-        super().__post_init__()                                        # the --eval_* flags
-        check_settings(
-            self, positive=["lr", "grad_clip", "temperature", "grader_timeout", "dist_timeout_min",
-                            "engine_logp_tol"],
-            fraction=["clip_low", "top_p", "gpu_memory_utilization"],
-            non_negative=["weight_decay", "clip_high", "save_every", "keep_last", "log_rollouts",
-                          "prefix_warmup_ratio", "prefix_schedule_steps"],
-            at_least_one=["steps", "prompts_per_step", "rollouts", "mini_batch", "micro_batch",
-                          "max_prompt_len", "max_response_len", "loss_chunk", "sync_bucket_mb",
-                          "gen_batch_size", "grader_workers", "loss_agg_ranks",
-                          "entropy_pack_tokens"])
-        if not self.entropy_coef >= 0:
-            raise SystemExit(f"--entropy_coef {self.entropy_coef!r}: must be >= 0")
-        if self.entropy_coef and self.loss_agg != "rank_sum_over_max_len":
-            raise SystemExit(f"--entropy_coef {self.entropy_coef}: needs --loss_agg "
-                             f"rank_sum_over_max_len (the scripts that set it aggregate so)")
-        if self.hybrid in hybrid.SHAPED and (self.policy_loss != "ppo_clip" or self.clip_ratio_c):
-            raise SystemExit(f"--hybrid {self.hybrid}: its own tokens' loss is unclipped -A r; "
-                             f"--policy_loss and --clip_ratio_c do not apply")
-        if self.hybrid in hybrid.SHAPED and self.rollouts < 2:
-            raise SystemExit(f"--hybrid {self.hybrid}: needs --rollouts >= 2 (the expert's "
-                             f"response takes one place in each group)")
-        if self.hybrid == "prefix_rft":
-            hybrid.check_prefix_settings(self)
-        if self.clip_ratio_c is not None:
-            if not self.clip_ratio_c > 1:                   # verl asserts it too
-                raise SystemExit(f"--clip_ratio_c {self.clip_ratio_c!r}: must be > 1 (or none)")
-            if self.policy_loss != "ppo_clip":
-                raise SystemExit(f"--clip_ratio_c {self.clip_ratio_c!r}: only --policy_loss "
-                                 f"ppo_clip has a dual clip")
+        super().__post_init__()                                # TrainerArgs' and --eval_* flags
+        check_settings(self, positive=["temperature", "engine_logp_tol"],
+                       fraction=["clip_low", "top_p"], non_negative=["clip_high", "log_rollouts"],
+                       at_least_one=["steps", "prompts_per_step", "rollouts", "mini_batch",
+                                     "micro_batch", "loss_agg_ranks",
+                                     "entropy_pack_tokens"])
+        check_recipe(self)
 
 
-# settings a resumed run may change: they change nothing it computes, bit for bit (run_dir.claim
-# checks the rest; tests/test_reliability.py, test_rl.py). Not --loss_chunk or --offload (they
-# reorder float sums), --engine (another sampler), --grader_timeout (it sets overrunning rewards)
-MAY_CHANGE_ON_RESUME = {"out_dir", "steps", "save_every", "keep_last", "loggers", "log_line",
-                        "grad_ckpt", "dist_timeout_min", "gpu_memory_utilization", "vllm_sleep",
-                        "sync_bucket_mb", "engine_logp_tol", "gen_batch_size", "grader_workers",
-                        "log_rollouts", *evaluation.VALIDATION_MAY_CHANGE}
+def check_recipe(args):
+    """The loss settings that go together (rl.Args), each refused in one line."""
+    if not args.entropy_coef >= 0:
+        raise SystemExit(f"--entropy_coef {args.entropy_coef!r}: must be >= 0")
+    if args.entropy_coef and args.loss_agg != "rank_sum_over_max_len":
+        raise SystemExit(f"--entropy_coef {args.entropy_coef}: needs --loss_agg "
+                         f"rank_sum_over_max_len (the scripts that set it aggregate so)")
+    hybrid.check_settings(args)
+    if args.clip_ratio_c is not None and not args.clip_ratio_c > 1:      # verl asserts it too
+        raise SystemExit(f"--clip_ratio_c {args.clip_ratio_c!r}: must be > 1 (or none)")
+    if args.clip_ratio_c is not None and args.policy_loss != "ppo_clip":
+        raise SystemExit(f"--clip_ratio_c {args.clip_ratio_c!r}: only --policy_loss ppo_clip has "
+                         f"a dual clip")
+
+
+# settings a resumed run may change (plumbing/run.py says which and why), and rl.py's: where it
+# stops (--steps), the engine's memory and weight sync, its check's ceiling, the rollouts kept.
+# Not --engine (another sampler) or --grader_timeout (it sets overrunning rewards). Prefix-RFT's
+# default schedule horizon is the --steps the run started with (hybrid.PrefixRFT.pin_settings)
+MAY_CHANGE_ON_RESUME = RUN_MAY_CHANGE | {"steps", "vllm_sleep", "engine_logp_tol", "log_rollouts"}
 
 
 # ================================================================================================
@@ -299,11 +216,11 @@ def policy_loss_fn(args):
     if args.policy_loss not in POLICY_LOSSES:
         raise ValueError(f"policy_loss {args.policy_loss!r}: expected one of "
                          f"{', '.join(POLICY_LOSSES)}")
-    if args.hybrid in hybrid.SHAPED:
-        return hybrid.unclipped_loss               # their scripts: loss_remove_clip=True
     if args.policy_loss == "custom_loss_rl":
-        return custom_loss_rl
-    return ppo_clip_loss if args.clip_ratio_c is None else dual_clip_loss
+        loss_fn = custom_loss_rl
+    else:
+        loss_fn = ppo_clip_loss if args.clip_ratio_c is None else dual_clip_loss
+    return hybrid.hook(args).policy_loss(loss_fn)
 
 
 @dataclass
@@ -314,6 +231,7 @@ class MicroBatch:
     entropy: torch.Tensor | None = None  # [N] that policy's entropy there (logged)
     demo: torch.Tensor | None = None     # [N] bool, --hybrid: the token is the expert's
     engine_lp: torch.Tensor | None = None  # [N] the engine's log-probs of its samples (NaN: none)
+    raw_lp: torch.Tensor | None = None   # [N] the trainer's at temperature 1, as the engine's are
 
 
 def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
@@ -322,33 +240,30 @@ def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
     to --grad_clip, then AdamW. The [N, V] logits exist one chunk at a time, recomputed in
     backward (chunked_logits.chunked_sum). Returns this rank's sums [loss, clip_low, clip_high,
     kl, tokens] and the global gradient norm, read in the update's one host sync."""
-    world = dist.get_world_size()
+    world, mix = dist.get_world_size(), hybrid.hook(args)
     policy_loss = policy_loss_fn(args)                              # ppo_clip_loss: the paper's
 
     def chunk_loss(h_c, y_c, old_c, adv_c, demo_c, bonus_c, _memo):
-        logits = model.lm_head(h_c).float() / args.temperature                      # [n, V]
-        lp, _ = cl.student_log_prob(logits, y_c)                                     # [n]
+        logits = cl.loss_logits(model.lm_head(h_c))                                  # [n, V]
+        lp, _ = cl.student_log_prob(logits, y_c, args.temperature)                   # [n]
         loss, diag = policy_loss(lp, old_c, adv_c, args)
-        if demo_c is not None:                # --hybrid: the expert's tokens take its own loss
-            demo_loss = hybrid.demonstration_loss(args.hybrid, lp, old_c, adv_c)
-            loss = torch.where(demo_c, demo_loss, loss)
+        loss = mix.token_loss(loss, lp, old_c, adv_c, demo_c)   # --hybrid: the expert's tokens'
         total = loss.sum()
         if bonus_c is not None:               # --entropy_coef: the bonus, with gradient
-            bonus = (bonus_c * cl.entropy(logits)).sum()
+            bonus = (bonus_c * cl.entropy(logits, args.temperature)).sum()
             total = total - bonus
             diag = diag | {"entropy_bonus": bonus.detach().view(1)}    # not in the logged loss
         return total, diag
 
     denominator = loss_denominator(mbs, args, device)
-    bonus_scale = entropy_bonus_scale(mbs, args, device)
+    bonus_scale = hybrid.entropy_bonus_scale(mbs, args, device)
     sums = torch.zeros(4, dtype=torch.float64, device=device)
     for mb in mbs:             # FSDP reduce-scatters each micro-batch: no full gradient is kept
         h, y = select_targets(normed_hidden(model, mb.batch), mb.batch)          # [N, H], [N]
-        bonus = entropy_bonus_weights(mb, args, bonus_scale)
-        adv, demo = mb.adv, mb.demo if args.hybrid in hybrid.SHAPED else None
-        if args.hybrid == "prefix_rft":       # the prefix tokens' top-20% entropy rule
-            adv = hybrid.entropy_reshaped_advantages(model.lm_head, h.detach(), mb, args)
-        total, diag = chunked_sum(chunk_loss, args.loss_chunk, h, y, mb.old_lp, adv, demo, bonus)
+        bonus = hybrid.entropy_bonus_weights(mb, args, bonus_scale)
+        adv = mix.token_advantages(model.lm_head, h, mb)          # Prefix-RFT: its entropy rule
+        total, diag = chunked_sum(chunk_loss, args.loss_chunk, h, y, mb.old_lp, adv, mb.demo,
+                                  bonus)
         del h, y                  # the graph keeps them for backward; not into the next forward
         # FSDP averages gradients over ranks, hence * world: the mini-batch's loss over all ranks
         (total * world / denominator).backward()
@@ -367,35 +282,6 @@ def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
     optimizer.zero_grad(set_to_none=True)
     tokens = sum(len(mb.adv) for mb in mbs)
     return torch.cat([host[:-1], torch.tensor([float(tokens)], dtype=torch.float64)]), grad_norm
-
-
-def entropy_bonus_scale(mbs: list[MicroBatch], args, device):
-    """The authors' bonus is a token-mean entropy per micro-batch, summed over micro-batches, so its
-    weight grows with their number: their GPUs pack micro-batches of up to entropy_pack_tokens
-    tokens (verl's dynamic batch size; each GPU as many as the fullest of their loss_agg_ranks
-    needs). Their count over all GPUs / ours over all ranks, a 0-d tensor on the device (no host
-    sync), or None (--entropy_coef 0)."""
-    if not args.entropy_coef:
-        return None
-    tokens = sum(sum(mb.batch["seq_lens"]) for mb in mbs)
-    counts = torch.tensor([float(tokens), float(len(mbs))], dtype=torch.float64, device=device)
-    dist.all_reduce(counts)                           # the mini-batch's tokens, our micro-batches
-    per_gpu = counts[0] / (args.loss_agg_ranks * args.entropy_pack_tokens)
-    return args.loss_agg_ranks * torch.ceil(per_gpu) / counts[1]
-
-
-def entropy_bonus_weights(mb: MicroBatch, args, scale):
-    """[N] each token's weight in the micro-batch's entropy bonus, in the units of its summed loss,
-    or None (--entropy_coef 0). With --loss_agg rank_sum_over_max_len the micro-batch's loss over
-    the denominator is then its token sum / (max_response_len x ranks) - coef x scale x its
-    token-mean entropy / ranks: what the authors' actors backpropagate on each of their GPUs,
-    averaged (LUFFY mix_src/mix_actor.py lines 202, 226, 243; verl's dp_actor.py lines 100-103),
-    with as many token means in all (entropy_bonus_scale)."""
-    if not args.entropy_coef:
-        return None
-    n = len(mb.adv)
-    weight = args.entropy_coef * args.max_response_len / max(n, 1)
-    return (scale * weight).float() * torch.ones_like(mb.adv)
 
 
 def loss_denominator(mbs: list[MicroBatch], args, device):
@@ -421,29 +307,6 @@ def loss_denominator(mbs: list[MicroBatch], args, device):
 # ================================================================================================
 # Prompts and rollouts to tensors
 # ================================================================================================
-@dataclass
-class Prompt:
-    example: data.Example
-    text: str        # the prompt as the engine sees it
-    ids: list[int]   # its token ids
-
-
-def load_prompts(args, tokenizer) -> tuple[list[Prompt], int]:
-    """Every example of the training file whose prompt fits max_prompt_len, and the file's rows."""
-    kept, dropped = [], 0
-    examples = data.load_examples(args.train_file, require_response=args.hybrid != "none")
-    for ex in examples:
-        text = data.example_prompt(ex, tokenizer, args.system_prompt)
-        ids = generation.encode(tokenizer, text)
-        if len(ids) > args.max_prompt_len:
-            dropped += 1
-        else:
-            kept.append(Prompt(ex, text, ids))
-    print0(f"{args.train_file}: {len(kept)} prompts kept, {dropped} dropped "
-           f"(> {args.max_prompt_len} tokens)")
-    return kept, len(examples)
-
-
 def step_prompts(n_prompts, step, args, rank, world):
     """Indices of this rank's prompts at `step`: a disjoint shard of the step's prompts_per_step.
     The order is a fixed permutation per epoch from (seed, epoch): a resumed run sees the same."""
@@ -463,6 +326,17 @@ def rollout_seed(args, step, rank, world, n_prompts):
     return (args.seed * 1_000_003 + step * world + rank) * n_prompts * args.rollouts % 2**31
 
 
+@dataclass
+class Sequence:
+    """A prompt and one of its responses as the update trains them (per response token: its
+    advantage, whether it is the expert's, the engine's log-prob of it, NaN where it sampled none)."""
+    ids: list[int]
+    loss_mask: list[int]
+    adv: list[float]
+    expert: list[bool]
+    engine_lp: list[float]
+
+
 def micro_batches(prompt_ids, samples, adv, args, pad_id, device,
                   demo_adv=None) -> list[list[MicroBatch]]:
     """Sequences prompt + response (the response, its EOS included when it stopped, is trained),
@@ -472,131 +346,44 @@ def micro_batches(prompt_ids, samples, adv, args, pad_id, device,
     (data.balanced_groups), or padded, sized by length to pad least (data.least_padded_split).
     adv[i][j]: the advantage of group i's sample j, demo_adv[i][j] that of its expert's tokens
     (--hybrid prefix_rft; else adv). Returns minis[m] = [MicroBatch], without old log-probs yet."""
-    demo_adv = adv if demo_adv is None else demo_adv
+    demo_adv, mix = adv if demo_adv is None else demo_adv, hybrid.hook(args)
     per_mini = args.mini_batch // dist.get_world_size()          # prompts per mini-batch, this rank
     minis = []
     for start in range(0, len(prompt_ids), per_mini):
-        seqs = []   # (ids, loss mask, then per response token: advantage, expert's?, engine log-p)
+        seqs = []
         for i in range(start, start + per_mini):
             for j, s in enumerate(samples[i]):
-                mask = [0] * len(prompt_ids[i]) + [1] * len(s.token_ids)
-                expert = hybrid.demo_tokens(args.hybrid, j, s)           # --hybrid: its tokens
+                expert = mix.demo_tokens(j, s)                          # --hybrid: its tokens
                 a, a_expert = float(adv[i][j]), float(demo_adv[i][j])
-                engine_lp = s.logprobs or [math.nan] * len(s.token_ids)    # the expert's: none
-                seqs.append((prompt_ids[i] + s.token_ids, mask,
-                             [a_expert if e else a for e in expert], expert, engine_lp))
-        seqs.sort(key=lambda t: -len(t[0]))
-        groups = -(-len(seqs) // args.micro_batch)
-        cap = args.micro_batch * max(args.max_prompt_len + args.max_response_len, len(seqs[0][0]))
-        lengths = [len(t[0]) for t in seqs]
-        if args.pack:
-            parts = data.balanced_groups(lengths, groups, args.micro_batch)
-        else:
-            sizes = data.least_padded_split(lengths, groups, cap)
-            ends = itertools.accumulate(sizes)
-            parts = [range(end - size, end) for end, size in zip(ends, sizes)]
-        mbs = []
-        for indices in parts:
-            part = [seqs[k] for k in indices]
-            batch = data.collate([(ids, mask) for ids, mask, *_ in part], pad_id, device,
-                                 args.pack)
-            adv_tok = torch.tensor(list(itertools.chain.from_iterable(t[2] for t in part)))  # [N]
-            engine_lp = torch.tensor(list(itertools.chain.from_iterable(t[4] for t in part)))  # [N]
-            mb = MicroBatch(batch, adv_tok.to(device), engine_lp=engine_lp.to(device))
-            if args.hybrid != "none":
-                demo = torch.tensor(list(itertools.chain.from_iterable(t[3] for t in part)))
-                mb.demo = demo.to(device)
-            mbs.append(mb)
-        minis.append(mbs)
+                seqs.append(Sequence(prompt_ids[i] + s.token_ids,
+                                     [0] * len(prompt_ids[i]) + [1] * len(s.token_ids),
+                                     [a_expert if e else a for e in expert], expert,
+                                     s.logprobs or [math.nan] * len(s.token_ids)))
+        seqs.sort(key=lambda q: -len(q.ids))
+        cap = args.micro_batch * max(args.max_prompt_len + args.max_response_len, len(seqs[0].ids))
+        parts = data.split_micro_batches([len(q.ids) for q in seqs], args.micro_batch, cap,
+                                         args.pack)
+        minis.append([micro_batch(seqs, part, args, pad_id, device) for part in parts])
     return minis
 
 
-def rollout_records(step, prompts: list[Prompt], samples, rewards, adv, groups: int,
-                    expert_first: bool = False) -> list[dict]:
-    """The first `groups` of this rank's GRPO groups at `step`, as rollouts.jsonl keeps them (what
-    verl's rollout_data_dir and TRL's log_completions keep): each group's prompt, its responses with
-    their rewards, advantages, finish reasons and lengths in tokens; under --hybrid (expert_first)
-    "expert_first": true says the first response is the expert's; under --hybrid prefix_rft
-    "prefix_lengths" says how many of each response's first tokens are the expert's."""
-    mark = {"expert_first": True} if expert_first else {}
-    records = []
-    for i, (p, group) in enumerate(zip(prompts[:groups], samples)):
-        prefixes = {}
-        if isinstance(group[0], hybrid.PrefixedSample):
-            prefixes = {"prefix_lengths": [s.prefix_len for s in group]}
-        records.append({"step": step, "data_source": p.example.data_source, "prompt": p.text,
-                        **mark, "ground_truth": p.example.ground_truth,
-                        "responses": [s.text for s in group], "rewards": rewards[i].tolist(),
-                        "advantages": adv[i].tolist(), **prefixes,
-                        "finish_reasons": [s.finish_reason for s in group],
-                        "lengths": [len(s.token_ids) for s in group]})
-    return records
+def micro_batch(seqs: list[Sequence], part: list[int], args, pad_id, device) -> MicroBatch:
+    """The micro-batch of seqs[k] for k in part, as tensors on the device."""
+    part = [seqs[k] for k in part]
 
+    def per_token(field):
+        return torch.tensor(list(itertools.chain.from_iterable(getattr(q, field) for q in part)))
 
-def step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norms, failures, times,
-                logp_diff, args, device):
-    """The step's log record: sums over ranks, then means. Under --hybrid the rollout fields count
-    the expert's response too; own_reward_mean and own_accuracy are the model's samples alone."""
-    flat = list(itertools.chain.from_iterable(samples))
-    own = rewards[:, hybrid.own_rollouts(args.hybrid, args.rollouts, args.prefix_rollouts)]
-    entropy = torch.cat([mb.entropy for mb in itertools.chain.from_iterable(minis)])   # [tokens]
-    local = {"reward": rewards.sum().item(), "correct": (rewards == 1).sum().item(),
-             "rollouts": rewards.numel(), "zero_std": zero_std.sum().item(), "groups": len(samples),
-             "length": sum(len(s.token_ids) for s in flat),
-             "truncated": sum(s.finish_reason == "length" for s in flat),
-             "failures": failures,
-             "own_reward": own.sum().item(), "own_correct": (own == 1).sum().item(),
-             "own_rollouts": own.numel(),
-             **dict(zip(["loss", "clip_low", "clip_high", "kl", "tokens"], stats.tolist()))}
-    # on the device, with the entropy's sum (there already): the record's one host read, below
-    summed = torch.cat([torch.tensor(list(local.values()), dtype=torch.float64).to(device),
-                        entropy.double().sum().view(1)])
-    dist.all_reduce(summed)
-    g = dict(zip([*local, "entropy"], summed.cpu().tolist()))
-    t0, t_sync, t_gen, t_reward, t_train = times
-    hybrid_fields = {}
+    batch = data.collate([(q.ids, q.loss_mask) for q in part], pad_id, device, args.pack)
+    mb = MicroBatch(batch, per_token("adv").to(device), engine_lp=per_token("engine_lp").to(device))
     if args.hybrid != "none":
-        hybrid_fields = {"own_reward_mean": g["own_reward"] / g["own_rollouts"],
-                         "own_accuracy": g["own_correct"] / g["own_rollouts"]}
-    return {"step": step, "epoch": epoch, "reward_mean": g["reward"] / g["rollouts"],
-            **hybrid_fields,
-            "accuracy": g["correct"] / g["rollouts"],     # reward 1: reward_mean for 0/1 rewards
-            "zero_std_groups": int(g["zero_std"]), "zero_std_frac": g["zero_std"] / g["groups"],
-            "response_length": g["length"] / g["rollouts"],
-            "truncated_frac": g["truncated"] / g["rollouts"],
-            "entropy": g["entropy"] / g["tokens"], "loss": g["loss"] / g["tokens"],
-            "clip_frac_low": g["clip_low"] / g["tokens"],
-            "clip_frac_high": g["clip_high"] / g["tokens"],
-            "approx_kl": g["kl"] / g["tokens"], "grad_norm": sum(grad_norms) / len(grad_norms),
-            "engine_logp_diff_mean": logp_diff[0], "engine_logp_diff_max": logp_diff[1],
-            "grader_failures": int(g["failures"]), "lr": args.lr, "sync_s": t_sync - t0,
-            "gen_s": t_gen - t_sync, "reward_s": t_reward - t_gen, "train_s": t_train - t_reward}
+        mb.demo = per_token("expert").to(device)
+    return mb
 
 
 # ================================================================================================
 # The loop
 # ================================================================================================
-@torch.no_grad()
-def engine_logp_diff(minis) -> tuple[float, float]:
-    """(mean, max) over all ranks of |engine log-prob - trainer's old log-prob| per response token
-    the engine sampled: the same distribution (temperature, top-p: the engine's are after top-p,
-    the trainer's are not, which adds up to log(1/top_p) per token) from two implementations. With
-    the trainer's weights in the engine they differ by numerics only; (nan, nan) without tokens.
-    No mask indexing (a host sync on a GPU): one read, the step's check before its update."""
-    mbs = list(itertools.chain.from_iterable(minis))
-    engine_lp = torch.cat([mb.engine_lp for mb in mbs])                                 # [N]
-    old_lp = torch.cat([mb.old_lp for mb in mbs]).float()
-    sampled = ~engine_lp.isnan()                       # the expert's tokens have no engine log-p
-    diff = torch.where(sampled, (engine_lp - old_lp).abs(), 0.0)
-    sums = torch.stack([diff.double().sum(), sampled.double().sum()])
-    top = torch.cat([diff, diff.new_zeros(1)]).amax().double()
-    dist.all_reduce(sums)
-    dist.all_reduce(top, op=dist.ReduceOp.MAX)
-    read = torch.stack([sums[0] / sums[1].clamp(min=1), top, (sums[1] == 0).double()])
-    mean, top, none = read.cpu().tolist()                                     # the host read
-    return (math.nan, math.nan) if none else (mean, top)
-
-
 def check_world(args, world):
     """Refuses a GPU count that does not divide the mini-batch (or a mini-batch that does not divide
     the step's prompts)."""
@@ -605,63 +392,97 @@ def check_world(args, world):
                          f"--mini_batch {args.mini_batch}, and that of the ranks ({world})")
 
 
-def train(args, device, reward_fn=None):
-    """GRPO in an initialised process group. reward_fn(samples, examples) -> (rewards, failures)
-    defaults to math_reward. Returns the log records (every rank computes them)."""
-    if reward_fn is None:
-        def reward_fn(samples, examples):
-            return math_reward(samples, examples, args.reward, args.grader_timeout,
-                               args.grader_workers)
-    rank, world = dist.get_rank(), dist.get_world_size()
-    check_world(args, world)
-    bf16 = args.bf16 and device.type == "cuda"
-    out_dir = Path(args.out_dir)
-    stop = StopSignal()                      # SIGTERM / Ctrl-C: finish the step, save, leave
-    check_model_dir(args.model)              # the inputs first: nothing is written till they pass
-    checkpoints.verify_model_dir(args.model, rank0=rank == 0)
+def load_prompts(args):
+    """The tokenizer and the training file's prompts that fit, and its rows: the inputs first, so
+    that nothing is written before they are known good."""
+    check_model_dir(args.model)
+    checkpoints.verify_model_dir(args.model, rank0=dist.get_rank() == 0)
     tokenizer = load_tokenizer(args.model)
-    prompts, rows = load_prompts(args, tokenizer)
+    prompts, rows = data.load_prompts(args.train_file, tokenizer, args.max_prompt_len,
+                                      args.system_prompt, require_response=args.hybrid != "none")
+    print0(f"{args.train_file}: {len(prompts)} prompts kept, {rows - len(prompts)} dropped "
+           f"(> {args.max_prompt_len} tokens)")
     if len(prompts) < args.prompts_per_step:
         raise SystemExit(f"{len(prompts)} prompts are fewer than one step's "
                          f"{args.prompts_per_step}")
-    val_cfg = evaluation.eval_settings(args, args.gen_batch_size, args.grader_timeout,
-                                       args.grader_workers)
-    val_set = evaluation.load_eval_file(args.eval_file, tokenizer, val_cfg) if args.eval_every \
-        else None                                     # a bad eval file: refused now, not later
-    train_data = {**run_dir.file_identity(args.train_file), "rows": rows} if rank == 0 else None
-    run_dir.claim(out_dir, asdict(args), MAY_CHANGE_ON_RESUME,
-                  resuming=checkpoints.latest(out_dir) is not None, data=train_data,
-                  defaults=asdict(Args()))
-    resume_from = checkpoints.resume_point(out_dir)                # the newest intact checkpoint
-    # the learning rate is constant and the prompts and seeds a function of the step: a finished
-    # run goes on to a larger --steps as one run to it would
-    if run_dir.check_end(out_dir, resume_from, args.steps, "--steps"):
-        run_dir.release()                                          # complete: nothing is loaded
-        return []
-    # the engine first: vLLM's share of the GPU must be free when it starts
+    return tokenizer, prompts, rows
+
+
+def load_engine_and_policy(args, device, run, validation):
+    """The rollout engine (validation's too), then the policy, sharded, and its AdamW: the engine
+    first, as vLLM's share of the GPU must be free when it starts."""
+    bf16 = args.bf16 and device.type == "cuda"
     engine, _ = generation.rollout_engine(
-        args.model, args.engine, "bfloat16" if bf16 else "float32", args.seed + rank,
+        args.model, args.engine, "bfloat16" if bf16 else "float32", args.seed + dist.get_rank(),
         args.gpu_memory_utilization,
-        args.max_prompt_len + max(args.max_response_len, val_cfg.max_new_tokens), args.vllm_sleep,
-        has_trainer_weights=resume_from is None)
+        args.max_prompt_len + max(args.max_response_len, validation.settings.max_new_tokens),
+        args.vllm_sleep, has_trainer_weights=run.resume_from is None, raw_logprobs=True)
+    validation.engine = engine
     model = shard_model(load_full_model(args.model, scratch=False, seed=args.seed), device, bf16,
                         args.grad_ckpt, offload=args.offload)
     optimizer = make_optimizer(model, args.lr, args.weight_decay, 0.999, device, args.offload)
     if args.offload:
         torch.set_num_threads(cpu_threads_per_rank())  # the optimiser step runs on the CPU
-    step = 0
-    if resume_from is not None:
-        step = checkpoints.restore(resume_from, model, optimizer, None)["step"]
-        print0(f"resumed from {resume_from} at step {step}")
-    log, rollouts_file = None, out_dir / "rollouts.jsonl"
-    val_samples = out_dir / "val_samples.jsonl"                       # --eval_every's samples
-    if rank == 0:
-        log = run_dir.RunLog(out_dir, step, args.steps, "grpo", args.loggers, asdict(args),
-                             line=args.log_line)
-        run_dir.keep_steps_upto(rollouts_file, step)      # as log.jsonl: no step twice on resume
-        if val_samples.exists() or args.eval_every:
-            run_dir.keep_steps_upto(val_samples, step)
-    records, last_saved = [], step
+    return engine, model, optimizer
+
+
+def score(samples, prompts: list[data.Prompt], reward_fn, args):
+    """Each rollout's reward [G, n] (reward_fn: math_reward by default) and the grader's failures."""
+    examples = []
+    for p in prompts:
+        examples += [p.example] * args.rollouts
+    scores, failures = reward_fn(list(itertools.chain.from_iterable(samples)), examples)
+    return torch.tensor(scores, dtype=torch.float32).view(len(prompts), args.rollouts), failures
+
+
+def old_log_probs(model, minis, args) -> None:
+    """Each micro-batch's old log-probs and entropy at the rollout temperature, recomputed by the
+    trainer, not taken from the engine: the ratio compares two evaluations with the same numerics;
+    and at temperature 1 (raw_lp) for the engine check, which compares the engine's raw ones."""
+    for mb in itertools.chain.from_iterable(minis):
+        mb.old_lp, mb.entropy = token_log_probs(model, mb.batch, args.loss_chunk, args.temperature)
+        mb.raw_lp = mb.old_lp if args.temperature == 1.0 else token_log_probs(
+            model, mb.batch, args.loss_chunk, with_entropy=False)[0]
+    model.reshard()                     # a no-grad forward leaves the FSDP root's weights gathered
+
+
+def update(model, optimizer, minis, args, device, failed):
+    """One optimiser step per mini-batch (Table 6: 128 prompts, mini-batches of 64: 2); the first
+    is on-policy (ratio 1). Returns the summed [loss, clip_low, clip_high, kl, tokens] and each
+    update's gradient norm; failed(why): the run's stop for an update that must not apply."""
+    stats, grad_norms = torch.zeros(5, dtype=torch.float64), []
+    for mbs in minis:
+        try:
+            sums, grad_norm = policy_update(model, optimizer, mbs, args, device)
+        except FloatingPointError as e:
+            raise failed(str(e)) from None
+        stats += sums
+        grad_norms.append(grad_norm)
+    return stats, grad_norms
+
+
+def train(args, device, reward_fn=None):
+    """GRPO in an initialised process group. reward_fn(samples, examples) -> (rewards, failures)
+    defaults to math_reward. Returns the log records (every rank computes them)."""
+    reward_fn = reward_fn or functools.partial(math_reward, grading=args.reward,
+                                               timeout_s=args.grader_timeout,
+                                               workers=args.grader_workers)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    check_world(args, world)
+    stop = StopSignal()                      # SIGTERM / Ctrl-C: finish the step, save, leave
+    tokenizer, prompts, rows = load_prompts(args)
+    validation = measure.Validation(args, tokenizer)     # a bad eval file: refused now, not later
+    mix = hybrid.hook(args)                                    # --hybrid's points of the step
+    mix.pin_settings(args.out_dir)
+    run = Run(args, device, stop, asdict(args), MAY_CHANGE_ON_RESUME, asdict(Args()), rows,
+              args.steps, "--steps")
+    if run.complete:
+        return []
+    engine, model, optimizer = load_engine_and_policy(args, device, run, validation)
+    at = run.start(model, optimizer, None, {"step": 0}, "grpo", floats=("engine_logp_floor",),
+                   records=["rollouts.jsonl"])
+    step, records = at["step"], []
+    engine_check = generation.EngineCheck(args.engine_logp_tol, at.get("engine_logp_floor"))
 
     while step < args.steps:
         t0 = time.perf_counter()
@@ -672,105 +493,44 @@ def train(args, device, reward_fn=None):
         try:
             generation.wake(engine, model, args.sync_bucket_mb << 20)  # with the trainer's weights
         except generation.SyncError as e:
-            raise SystemExit(f"step {step + 1}: {e}; nothing after step {last_saved} is "
-                             f"saved") from None
+            raise run.failed(step + 1, str(e)) from None
         t_sync = time.perf_counter()
         mine, epoch = step_prompts(len(prompts), step, args, rank, world)
-        examples = [prompts[i].example for i in mine]
-        seed = rollout_seed(args, step, rank, world, len(mine))
-        texts = [prompts[i].text for i in mine]
-        if args.hybrid == "prefix_rft":   # some continue prefixes of the expert's response
-            samples = hybrid.sample_prefixed_groups(engine, tokenizer,
-                                                    [prompts[i].ids for i in mine], examples, args,
-                                                    step, seed)
-        else:
-            sampled = args.rollouts - (args.hybrid in hybrid.SHAPED)     # the expert's takes one
-            samples = generation.generate(engine, tokenizer, texts, sampled, args.temperature,
-                                          args.top_p, args.max_response_len, seed,
-                                          batch_size=args.gen_batch_size, logprobs=True)   # [G][n]
-        if args.hybrid in hybrid.SHAPED:      # luffy, rl_plus: the expert's response leads a group
-            expert = hybrid.demonstrations(examples, tokenizer, args.max_response_len)
-            samples = [[demo, *group] for demo, group in zip(expert, samples)]
+        group_prompts = [prompts[i] for i in mine]
+        samples = mix.rollouts(engine, tokenizer, group_prompts, step,
+                               rollout_seed(args, step, rank, world, len(mine)))      # [G][n]
         generation.sleep(engine)                                      # the trainer has the GPU
         t_gen = time.perf_counter()
 
         # ---- reward (App. E) and group advantages
-        flat_samples = list(itertools.chain.from_iterable(samples))
-        flat_examples = [ex for ex in examples for _ in range(args.rollouts)]
-        scores, failures = reward_fn(flat_samples, flat_examples)
-        rewards = torch.tensor(scores, dtype=torch.float32).view(len(mine), args.rollouts)  # [G,n]
-        adv, zero_std = group_advantages(rewards, use_std=args.adv_std)      # [G, n], [G]
-        demo_adv = None
-        if args.hybrid == "prefix_rft":   # its own tokens' and its prefix tokens' advantages
-            prefixed = hybrid.prefixed(samples)                                       # [G, n]
-            adv, demo_adv, zero_std = hybrid.prefix_rft_advantages(rewards, prefixed)
-            demo_adv = demo_adv.tolist()
+        rewards, failures = score(samples, group_prompts, reward_fn, args)           # [G, n]
+        adv, demo_adv, zero_std = mix.advantages(
+            rewards, samples, functools.partial(group_advantages, use_std=args.adv_std))
         t_reward = time.perf_counter()
 
-        # ---- old log-probs and entropy at the rollout temperature, recomputed by the trainer, not
-        # taken from the engine: the ratio compares two evaluations with the same numerics
-        minis = micro_batches([prompts[i].ids for i in mine], samples, adv.tolist(), args,
-                              tokenizer.pad_token_id, device, demo_adv)
-        for mbs in minis:
-            for mb in mbs:
-                mb.old_lp, mb.entropy = token_log_probs(model, mb.batch, args.loss_chunk,
-                                                        args.temperature)
-        model.reshard()                 # a no-grad forward leaves the FSDP root's weights gathered
-        # the engine sampled from the trainer's policy? A weight the sync missed shows here, as
-        # plausible losses would not: stop before training on stale rollouts
-        logp_diff = engine_logp_diff(minis)
-        if not logp_diff[0] <= args.engine_logp_tol + math.log(1 / args.top_p):   # nan stops too
-            cause = ("a weight the sync missed or left stale" if synced else
-                     "the engine does not run the trainer's model (dtype? checkpoint?)")
-            raise SystemExit(f"step {step + 1}: the engine's log-probs of its samples differ from "
-                             f"the trainer's by {logp_diff[0]:.4f} nats on average (max "
-                             f"{logp_diff[1]:.4f}; --engine_logp_tol {args.engine_logp_tol}): "
-                             f"{cause}; stopped before the update, nothing after step "
-                             f"{last_saved} is saved")
+        # ---- old log-probs; the engine check: a weight the sync missed stops the run here
+        minis = micro_batches([p.ids for p in group_prompts], samples, adv.tolist(), args,
+                              tokenizer.pad_token_id, device, demo_adv.tolist())
+        old_log_probs(model, minis, args)
+        mbs = list(itertools.chain.from_iterable(minis))
+        logp_diff = engine_check([mb.engine_lp for mb in mbs], [mb.raw_lp for mb in mbs], synced,
+                                 functools.partial(run.failed, step + 1))
 
-        # ---- one optimiser step per mini-batch (Table 6: 128 prompts, mini-batches of 64: 2);
-        # the first mini-batch of a step is on-policy (ratio 1)
-        stats, grad_norms = torch.zeros(5, dtype=torch.float64), []
-        for mbs in minis:
-            try:
-                sums, grad_norm = policy_update(model, optimizer, mbs, args, device)
-            except FloatingPointError as e:
-                raise SystemExit(f"step {step + 1}: {e}; nothing after step {last_saved} is "
-                                 f"saved") from None
-            stats += sums
-            grad_norms.append(grad_norm)
+        # ---- one optimiser step per mini-batch of prompts
+        stats, grad_norms = update(model, optimizer, minis, args, device,
+                                   functools.partial(run.failed, step + 1))
         step += 1
         t_train = time.perf_counter()
 
         # ---- log and save
-        record = step_record(step, epoch, rewards, zero_std, samples, minis, stats, grad_norms,
-                             failures, (t0, t_sync, t_gen, t_reward, t_train), logp_diff, args,
-                             device)
-        records.append(record)
-        if log is not None:
-            log.write(record)
-            kept = rollout_records(step, [prompts[i] for i in mine], samples, rewards, adv,
-                                   args.log_rollouts, expert_first=args.hybrid in hybrid.SHAPED)
-            with open(rollouts_file, "a") as f:
-                f.write("".join(json.dumps(r) + "\n" for r in kept))
-        if evaluation.eval_due(step, args.eval_every):      # validation, a part of this step
-            evaluation.validate(engine, model, tokenizer, val_set, val_cfg, step, log, val_samples,
-                                args.sync_bucket_mb << 20)
-        stopping = step < args.steps and stop.requested(device)        # every rank agrees
-        if (args.save_every and step % args.save_every == 0) or step == args.steps or stopping:
-            state = checkpoints.trainer_state(model, optimizer, None)
-            path = checkpoints.save(out_dir, step, model, tokenizer, state, {"step": step},
-                                    dtype=torch.bfloat16 if bf16 else torch.float32,
-                                    keep_last=args.keep_last, keep=resume_from)
-            last_saved = step
-            print0(f"saved {path}")
-        if stopping:
-            run_dir.leave_after_signal(out_dir, step, stop.name, log)
-    if step == args.steps and last_saved == step:
-        run_dir.mark_complete(out_dir, step)
-    if log is not None:
-        log.close()
-    run_dir.release()
+        records.append(step_record(step, epoch, rewards, mix.own(rewards), zero_std, samples, minis,
+                                   stats, grad_norms, failures,
+                                   (t0, t_sync, t_gen, t_reward, t_train), logp_diff, args, device))
+        run.write(records[-1], rollouts=rollout_records(step, group_prompts, samples, rewards, adv,
+                                                        args.log_rollouts, mix))
+        validation.after(step, model, tokenizer, run)     # a part of this step, when it is due
+        run.after_step({"step": step, "engine_logp_floor": engine_check.floor}, tokenizer)
+    run.finish(step)
     return records
 
 

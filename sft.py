@@ -5,18 +5,18 @@
     python sft.py config/sft_tiny.py --model DIR --train_file data.jsonl
     torchrun --nproc_per_node 8 sft.py config/sft_paper.py --model DIR --train_file train.parquet
 
-Read the loop in `train` (Alg. 1 lines 2-17): per micro-batch it calls
-`curio_micro_batch_loss` (lines 4-13), which calls curio_loss.curio_sft_loss (Eq. 6). The
-ablation without a separate teacher and the Table 2 baselines take one call into baselines.py
-(`variant_micro_batch_loss`, through its VARIANT_LOSSES). The recipe (learning-rate schedule,
-loss normalisation) comes after the losses, the loop's helpers after it. Loading, sharding,
-checkpoints and logs are plumbing/.
+Read `curio_loss_unchunked` first: Alg. 1 lines 4-13 for one micro-batch in a few lines. Then the
+loop in `train` (lines 2-17): each step's `optimizer_step` takes every micro-batch's
+`micro_batch_loss`, which is `curio_micro_batch_loss` (the same loss, one chunk of logits at a
+time) for CurioSFT, and one call into baselines.py (`variant_micro_batch_loss`, through its
+VARIANT_LOSSES) for the ablation without a separate teacher and the Table 2 baselines. The recipe
+(learning-rate schedule, loss normalisation) comes after the losses, the loop's helpers after it.
+The run around the loop (its directory, resume, log, checkpoints) is plumbing/run.py.
 """
 import copy
 import math
 import time
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Literal
 
 import torch
@@ -25,33 +25,29 @@ import torch.distributed as dist
 import baselines
 import curio_loss as cl
 import data
-import evaluation
+import measure
 from chunked_logits import cat_diags, chunked_sum, no_grad_logits, normed_hidden, select_targets
-from plumbing import checkpoints, generation, run_dir
+from plumbing import run_dir
 from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import (StopSignal, gather_diags, print0, read_step, setup_distributed,
                                   shutdown)
 from plumbing.models import (check_model_dir, clip_grad_norm, cpu_threads_per_rank, load_full_model,
                              load_tokenizer, make_optimizer, resolve_model, shard_model)
+from plumbing.run import MAY_CHANGE_ON_RESUME as RUN_MAY_CHANGE, Run, TrainerArgs
 
 
 LOSS_NORMS = ("batch_token_mean", "micro_batch_token_mean")
 
 
 @dataclass
-class Args(evaluation.ValidationArgs):
+class Args(TrainerArgs):
     """sft.py settings"""
-    REQUIRED = ("model", "train_file")
-    model: str = ""
-    """Hugging Face model directory to start from (config.json, safetensors weights, tokenizer)"""
-    scratch: bool = False
-    """random weights from the directory's config.json instead of its weights (the toy demo)"""
-    train_file: str = ""
-    """SFT data: .parquet / .jsonl / .json in the authors' schema (prompt, reward_model, target)"""
-    out_dir: str = "out/sft"
-    """checkpoints and log.jsonl go here; a checkpoint already here is resumed"""
     loss: Literal[baselines.LOSSES] = "curio"
     """CurioSFT, its ablations (Sec. 5.2) or a Table 2 baseline (baselines.py)"""
+    teacher_every: int = 5
+    """n: teacher update period in optimiser steps (Alg. 1 line 16)"""
+    teacher_mu: float = 0.99
+    """mu in phi <- (1 - mu) phi + mu theta (Alg. 1 line 17, as written)"""
     epochs: int = 3
     """passes over the data (App. E)"""
     max_steps: int = -1
@@ -63,17 +59,6 @@ class Args(evaluation.ValidationArgs):
     token_budget: int = 16384
     """tokens per micro-batch per rank (gradient accumulation fills the data batch): its sequences
     end to end with --pack, else each padded to the longest"""
-    pack: bool = True
-    """padding-free micro-batches: the sequences end to end in one row, attention within each
-    (plumbing/attention.py); --no-pack: right-padded rows"""
-    max_prompt_len: int = 1024
-    """longer prompts are dropped, and counted"""
-    max_response_len: int = 8192
-    """longer responses (EOS included) are dropped, and counted"""
-    system_prompt: Literal[data.SYSTEM_PROMPT_MODES] = "paper"
-    """the prompt around each question: paper | row | messages (data.example_prompt)"""
-    lr: float = 1e-5
-    """peak learning rate (App. E)"""
     warmup_steps: int = 60
     """linear warm-up from min_lr_ratio * lr to lr, then the cosine (App. E)"""
     lr_horizon: float = 1.0
@@ -86,56 +71,16 @@ class Args(evaluation.ValidationArgs):
     """how a step's per-token losses are weighted (`token_weights`)"""
     norm_group: int = 2
     """sequences per group with --loss_norm micro_batch_token_mean"""
-    weight_decay: float = 0.01
-    """AdamW weight decay"""
-    grad_clip: float = 1.0
-    """max global gradient norm"""
-    teacher_every: int = 5
-    """n: teacher update period in optimiser steps (Alg. 1 line 16)"""
-    teacher_mu: float = 0.99
-    """mu in phi <- (1 - mu) phi + mu theta (Alg. 1 line 17, as written)"""
-    loss_chunk: int = 2048
-    """tokens per logits chunk: the [tokens, vocab] logits exist one chunk at a time"""
-    bf16: bool = True
-    """bf16 compute with float32 master weights and reductions (CUDA only; CPU runs float32)"""
-    grad_ckpt: bool = True
-    """activation checkpointing of the decoder layers"""
-    seed: int = 0
-    """data order and from-scratch initialisation"""
-    save_every: int = 0
-    """checkpoint every this many optimiser steps, at the end of a data batch (0: at the end)"""
-    keep_last: int = 0
-    """keep the newest N checkpoints (0: all); the one a run resumed from is never deleted"""
-    offload: bool = False
-    """FSDP2 CPU offload of parameters, gradients and AdamW states (the step runs on the CPU)"""
-    dist_timeout_min: float = 60.0
-    """minutes a collective may wait for the slowest rank before the run is aborted"""
+    scratch: bool = False
+    """random weights from the directory's config.json instead of its weights (the toy demo)"""
     log_every: int = 1
     """log (and measure the student's entropy) every this many optimiser steps"""
-    loggers: list[str] = ()
-    """logging besides log.jsonl: wandb, tensorboard (their packages are not in requirements.txt)"""
-    log_line: Literal["compact", "full"] = "compact"
-    """the console's line per logged step: compact (step, loss, lr, grad norm, entropy, tokens/s,
-    ...) or full (every field log.jsonl gets)"""
-    engine: Literal[generation.ENGINES] = "auto"
-    """validation's engine, asleep between evaluations: auto: vLLM with CUDA and the vllm package,
-    else HF generate | hf | vllm"""
-    gpu_memory_utilization: float = 0.5
-    """vLLM: the share of the GPU's total memory the validation engine takes while it samples"""
-    gen_batch_size: int = 16
-    """HF engine: prompts per generate call (no sample depends on it)"""
-    grader_workers: int = 4
-    """validation's grader processes"""
 
     def __post_init__(self):
-        super().__post_init__()                                        # the --eval_* flags
-        check_settings(
-            self, positive=["lr", "grad_clip", "dist_timeout_min"],
-            fraction=["teacher_mu", "min_lr_ratio", "gpu_memory_utilization"],
-            non_negative=["warmup_steps", "weight_decay", "save_every", "keep_last"],
-            at_least_one=["epochs", "global_batch", "updates_per_batch", "token_budget",
-                          "max_prompt_len", "max_response_len", "norm_group", "teacher_every",
-                          "loss_chunk", "log_every", "gen_batch_size", "grader_workers"])
+        super().__post_init__()                                # TrainerArgs' and --eval_* flags
+        check_settings(self, fraction=["teacher_mu", "min_lr_ratio"], non_negative=["warmup_steps"],
+                       at_least_one=["epochs", "global_batch", "updates_per_batch", "token_budget",
+                                     "norm_group", "teacher_every", "log_every"])
         if self.max_steps != -1 and self.max_steps < 1:
             raise SystemExit(f"--max_steps {self.max_steps}: must be >= 1, or -1 for every epoch")
         if not 0 < self.adam_beta2 < 1:
@@ -152,18 +97,27 @@ def check_world(args, world):
                          f"GPUs (ranks), {world}")
 
 
-# settings a resumed run may change: they change nothing it computes, bit for bit (run_dir.claim
-# checks the rest; tests/test_reliability.py). Not --loss_chunk or --offload (float sums' order).
-# Nor does validation (its --eval_* flags, its engine, its graders): it changes only val_* records
-MAY_CHANGE_ON_RESUME = {"out_dir", "max_steps", "save_every", "keep_last", "log_every", "loggers",
-                        "log_line", "grad_ckpt", "dist_timeout_min", "engine",
-                        "gpu_memory_utilization", "gen_batch_size", "grader_workers",
-                        *evaluation.VALIDATION_MAY_CHANGE}
+# settings a resumed run may change (plumbing/run.py says which and why), and sft.py's: where it
+# stops (--max_steps), how often it logs, validation's engine
+MAY_CHANGE_ON_RESUME = RUN_MAY_CHANGE | {"max_steps", "log_every", "engine"}
 
 
 # ================================================================================================
 # ALGO LOGIC: the CurioSFT loss of one micro-batch (Alg. 1 lines 4-13), the teacher update (17)
 # ================================================================================================
+def curio_loss_unchunked(model, teacher, batch, cfg):
+    """Alg. 1 lines 4-13 for one micro-batch as the paper writes them: the sum over its N response
+    tokens of Eq. 6, with the [N, V] logits whole. curio_micro_batch_loss computes the same one
+    chunk of tokens at a time (tests/test_sft.py holds the two together): at a 152k vocabulary
+    these logits would not fit."""
+    h, y = select_targets(normed_hidden(model, batch), batch)           # line 4: [N, H], [N]
+    with torch.no_grad():
+        h_t, _ = select_targets(normed_hidden(teacher, batch), batch)   # line 6
+        lq, _ = cl.teacher_log_prob(teacher.lm_head(h_t), y, cfg)       # lines 7-11: Eq. 4, 7
+    loss, _ = cl.curio_sft_loss(model.lm_head(h), y, lq, cfg)           # lines 12-13: Eq. 5, 6
+    return loss.sum()
+
+
 def curio_micro_batch_loss(model, teacher, batch, args, cfg, want_entropy, weights=None,
                            check=False):
     """Alg. 1 lines 4-13 for one micro-batch (CurioSFT; curio_fixed_tau only sets cfg.fixed_tau):
@@ -183,8 +137,8 @@ def curio_micro_batch_loss(model, teacher, batch, args, cfg, want_entropy, weigh
     lq = torch.cat(lq) if lq else h.new_zeros(0, dtype=torch.float32)      # [N]
 
     def chunk_loss(h_c, y_c, lq_c, w_c, memo):
-        # line 4: student logits [n, V], one float32 copy for the loss and the logged entropy
-        logits = cl._fp32(model.lm_head(h_c))
+        # line 4: student logits [n, V] (bf16 on a GPU: the loss reads them without a float32 copy)
+        logits = cl.loss_logits(model.lm_head(h_c))
         loss, diag = cl.curio_sft_loss(logits, y_c, lq_c, cfg)     # lines 12-13: Eq. 5, 6
         if check:
             cl.check_finite(loss, logits, y_c, lq_c)
@@ -316,9 +270,12 @@ def why_not_finite(model, teacher, base, micro_batches, old_logp, args, cfg) -> 
     return reason or "every per-token loss is finite, the gradient norm is not"
 
 
-def load_sft_data(args, tokenizer):
-    """The tokenised examples (the response and its EOS are trained, the prompt is not), their
-    lengths, their response-token counts, and the file's rows."""
+def load_sft_data(args):
+    """The tokenizer, the tokenised examples (the response and its EOS are trained, the prompt is
+    not), their lengths, their response-token counts, and the file's rows: the inputs first, so
+    that nothing is written before they are known good."""
+    check_model_dir(args.model, weights=not args.scratch)
+    tokenizer = load_tokenizer(args.model)
     examples = data.load_examples(args.train_file, require_response=True)
     dataset, stats = data.build_sft_data(tokenizer, examples, args.max_prompt_len,
                                          args.max_response_len, args.system_prompt)
@@ -330,7 +287,7 @@ def load_sft_data(args, tokenizer):
                          f"batch (--global_batch {args.global_batch})")
     lengths = [len(ids) for ids, _ in dataset]
     n_targets = [int(mask[1:].sum()) for _, mask in dataset]
-    return dataset, lengths, n_targets, len(examples)
+    return tokenizer, dataset, lengths, n_targets, len(examples)
 
 
 def load_models(args, device, bf16):
@@ -348,6 +305,32 @@ def load_models(args, device, bf16):
     return model, (other if second == "teacher" else None), (other if second == "base" else None)
 
 
+def optimizer_step(models, optimizer, micro_batches, old_logp, weights, args, cfg, want_log, step,
+                   run):
+    """Alg. 1 lines 4-14 on this rank's micro-batches of optimiser step `step` (from 0): each one's
+    loss and backward (its gradient reduce-scattered), the gradient clipped, the update. Returns the
+    step's loss (all ranks), gradient norm and logged diagnostics, read in the step's one host sync.
+    A loss or norm that is not finite stops the run before the update, naming the input to blame."""
+    model, teacher, base = models
+    device = micro_batches[0]["input_ids"].device
+    loss, diags = torch.zeros((), dtype=torch.float64, device=device), []
+    for batch, old, w in zip(micro_batches, old_logp, weights):     # lines 4-13, one at a time
+        total, diag = micro_batch_loss(model, teacher, base, batch, old, args, cfg, want_log, w)
+        micro_batch_backward(total, base)
+        loss += total.detach()
+        if want_log:
+            diags.append(diag)
+    grad_norm = clip_grad_norm(model, args.grad_clip)
+    dist.all_reduce(loss)                                              # the step's loss, all ranks
+    loss, grad_norm, diags = read_step(loss, grad_norm, cat_diags(diags))   # the host sync
+    if not (math.isfinite(loss) and math.isfinite(grad_norm)):
+        why = why_not_finite(model, teacher, base, micro_batches, old_logp, args, cfg)
+        raise run.failed(step + 1, f"{why}; the update was not applied")
+    optimizer.step()                                                   # line 14
+    optimizer.zero_grad(set_to_none=True)
+    return loss, grad_norm, diags
+
+
 def train(args, user_loss_cfg, device):
     """Alg. 1 in an initialised process group: the data, the run directory, the models, then one
     optimiser step per iteration of the loop, checkpoints and the log. user_loss_cfg: the loss
@@ -357,138 +340,64 @@ def train(args, user_loss_cfg, device):
     check_world(args, world)
     stop = StopSignal()                      # SIGTERM / Ctrl-C: finish the data batch, save, leave
     bf16 = args.bf16 and device.type == "cuda"
-    out_dir = Path(args.out_dir)
     torch.manual_seed(args.seed)
-    check_model_dir(args.model, weights=not args.scratch)    # the inputs first: nothing is written
-    tokenizer = load_tokenizer(args.model)                    # before they are known good
-    dataset, lengths, n_targets, rows = load_sft_data(args, tokenizer)
-    val_cfg = evaluation.eval_settings(args, args.gen_batch_size,
-                                       grader_workers=args.grader_workers)
-    val_set = evaluation.load_eval_file(args.eval_file, tokenizer, val_cfg) if args.eval_every \
-        else None                                     # a bad eval file: refused now, not later
-    settings = run_dir.settings_of(args, user_loss_cfg)
-    train_data = {**run_dir.file_identity(args.train_file), "rows": rows} if rank == 0 else None
-    run_dir.claim(out_dir, settings, MAY_CHANGE_ON_RESUME,    # one run per directory, on one file
-                  resuming=checkpoints.latest(out_dir) is not None, data=train_data,
-                  defaults=run_dir.settings_of(Args(), cl.LossConfig()))
+    tokenizer, dataset, lengths, n_targets, rows = load_sft_data(args)
+    validation = measure.Validation(args, tokenizer)     # a bad eval file: refused now, not later
     batches_per_epoch = len(dataset) // args.global_batch
     total_steps = args.epochs * batches_per_epoch * args.updates_per_batch
-    last_steps = total_steps if args.max_steps == -1 else min(args.max_steps, total_steps)
-    resume_from = checkpoints.resume_point(out_dir)                # the newest intact checkpoint
-    if run_dir.check_end(out_dir, resume_from, last_steps, "--max_steps", ends_mid_batch(args)):
-        run_dir.release()                                          # complete: nothing is loaded
+    last_step = total_steps if args.max_steps == -1 else min(args.max_steps, total_steps)
+    run = Run(args, device, stop, run_dir.settings_of(args, user_loss_cfg), MAY_CHANGE_ON_RESUME,
+              run_dir.settings_of(Args(), cl.LossConfig()), rows, last_step, "--max_steps",
+              ends_mid_batch(args))
+    if run.complete:
         return
-    engine = None
     if args.eval_every:   # validation's engine, asleep; first: vLLM's share of the GPU must be free
-        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
-            engine, _ = generation.rollout_engine(
-                args.model, args.engine, "bfloat16" if bf16 else "float32", args.seed + rank,
-                args.gpu_memory_utilization, args.max_prompt_len + val_cfg.max_new_tokens,
-                sleep=True, has_trainer_weights=False, random_weights=args.scratch)
+        validation.own_engine(args, device, bf16, random_weights=args.scratch)
     model, teacher, base = load_models(args, device, bf16)
     optimizer = make_optimizer(model, args.lr, args.weight_decay, args.adam_beta2, device,
                                args.offload)
     if args.offload:
         torch.set_num_threads(cpu_threads_per_rank())  # the optimiser step runs on the CPU
-
-    # ---- resume from the newest intact checkpoint
-    step, epoch, batch_idx = 0, 0, 0           # (epoch, batch_idx): the next data batch to train on
-    if resume_from is not None:
-        position = checkpoints.restore(resume_from, model, optimizer, teacher)
-        step, epoch, batch_idx = position["step"], position["epoch"], position["batch_idx"]
-        print0(f"resumed from {resume_from} at step {step} (epoch {epoch}, batch {batch_idx})")
-    log, val_samples = None, out_dir / "val_samples.jsonl"
-    if rank == 0:
-        log = run_dir.RunLog(out_dir, step, last_steps, "sft", args.loggers, settings,
-                             line=args.log_line)
-        if val_samples.exists() or args.eval_every:
-            run_dir.keep_steps_upto(val_samples, step)      # as log.jsonl: no step twice on resume
-    last_saved = step
-
-    def save():
-        nonlocal last_saved
-        path = checkpoints.save(out_dir, step, model, tokenizer,
-                                checkpoints.trainer_state(model, optimizer, teacher),
-                                {"step": step, "epoch": epoch, "batch_idx": batch_idx},
-                                dtype=torch.bfloat16 if bf16 else torch.float32,
-                                keep_last=args.keep_last, keep=resume_from)
-        last_saved = step
-        print0(f"saved {path}")
-
-    steps = plan_steps(lengths, world, args, epoch, batch_idx)
+    at = run.start(model, optimizer, teacher, {"step": 0, "epoch": 0, "batch_idx": 0}, "sft")
+    step = at["step"]
 
     # ---- ALGO LOGIC: one optimiser step per iteration (Alg. 1 lines 2-17)
-    for epoch, batch_idx, update, batch, step_mbs in steps:
+    for epoch, batch_idx, update, batch, step_mbs in plan_steps(lengths, world, args, at["epoch"],
+                                                                at["batch_idx"]):
         if update == 0:                 # a new data batch: this rank's micro-batches, on the device
             mine = [data.collate_ids(mb, dataset, tokenizer.pad_token_id, device, args.pack)
                     for mb in batch[rank]]
             old_logp = baselines.old_log_probs(model, mine, args)     # PSFT's ratio; else None
         step_examples = data.examples_of(batch, step_mbs)                # every rank's, this step
         weight = token_weights(step_examples, n_targets, args, step)   # loss: sum_t w_t loss_t
-        want_log = step % args.log_every == 0
+        weights = [per_token(weight, batch[rank][k], n_targets, device) for k in step_mbs]
         for g in optimizer.param_groups:
             g["lr"] = lr_at(step, total_steps, args)
-        t0 = time.perf_counter()
-        loss, diags = torch.zeros((), dtype=torch.float64, device=device), []
-        for k in step_mbs:                         # Alg. 1 lines 4-13, one micro-batch at a time
-            w = per_token(weight, batch[rank][k], n_targets, device)          # [N]
-            if teacher is not None:                                    # CurioSFT
-                total, diag = curio_micro_batch_loss(model, teacher, mine[k], args, cfg, want_log,
-                                                     w)
-            else:                 # the self-teacher ablation, Table 2 baselines (baselines.py)
-                total, diag = baselines.variant_micro_batch_loss(model, base, mine[k], old_logp[k],
-                                                                 args, cfg, want_log, w)
-            micro_batch_backward(total, base)
-            loss += total.detach()
-            if want_log:
-                diags.append(diag)
-        grad_norm = clip_grad_norm(model, args.grad_clip)
-        dist.all_reduce(loss)                                          # the step's loss, all ranks
-        loss, grad_norm, diags = read_step(loss, grad_norm, cat_diags(diags))   # the host sync
-        if not (math.isfinite(loss) and math.isfinite(grad_norm)):
-            mbs = [mine[k] for k in step_mbs]
-            olds = [old_logp[k] for k in step_mbs]
-            why = why_not_finite(model, teacher, base, mbs, olds, args, cfg)
-            raise SystemExit(f"step {step + 1}: {why}; the update was not applied; nothing after "
-                             f"step {last_saved} is saved")
-        optimizer.step()                                               # Alg. 1 line 14
-        optimizer.zero_grad(set_to_none=True)
+        want_log, t0 = step % args.log_every == 0, time.perf_counter()
+        loss, grad_norm, diags = optimizer_step(
+            (model, teacher, base), optimizer, [mine[k] for k in step_mbs],
+            [old_logp[k] for k in step_mbs], weights, args, cfg, want_log, step, run)  # l. 4-14
         step += 1
         if teacher is not None and step % args.teacher_every == 0:     # Alg. 1 lines 16-17
             update_teacher(teacher, model, args.teacher_mu)
         if want_log:
             all_diags = gather_diags(diags)                            # rank 0's; None elsewhere
             dt = time.perf_counter() - t0
-            if log is not None:
-                log.write({"step": step, "epoch": epoch, "loss": loss, "grad_norm": grad_norm,
+            if run.log is not None:
+                run.write({"step": step, "epoch": epoch, "loss": loss, "grad_norm": grad_norm,
                            "lr": lr_at(step - 1, total_steps, args),
                            "tokens_per_s": sum(lengths[i] for i in step_examples) / dt,
-                           "step_time_s": dt,
-                           "padding_efficiency": data.padding_efficiency(lengths, sum(batch, []),
-                                                                         args.pack),
+                           "step_time_s": dt, "padding_efficiency": data.padding_efficiency(
+                               lengths, sum(batch, []), args.pack),
                            **cl.summarize(all_diags, cfg.alpha)})
-        if evaluation.eval_due(step, args.eval_every):      # validation, a part of this step
-            evaluation.validate(engine, model, tokenizer, val_set, val_cfg, step, log, val_samples)
-        if update == args.updates_per_batch - 1 or step == last_steps:  # this data batch is done
-            if batch_idx + 1 < batches_per_epoch:
-                epoch, batch_idx = epoch, batch_idx + 1
-            else:
-                epoch, batch_idx = epoch + 1, 0
-            if args.save_every and step // args.save_every > last_saved // args.save_every:
-                save()                   # (a run stopped by --max_steps resumes at the next batch)
-            if step < last_steps and stop.requested(device):     # every rank agrees
-                if last_saved != step:
-                    save()
-                run_dir.leave_after_signal(out_dir, step, stop.name, log)
-        if step == last_steps:
+        validation.after(step, model, tokenizer, run)    # a part of this step, when it is due
+        if update == args.updates_per_batch - 1 or step == last_step:  # this data batch is done
+            epoch, batch_idx = (epoch, batch_idx + 1) if batch_idx + 1 < batches_per_epoch \
+                else (epoch + 1, 0)
+            run.after_step({"step": step, "epoch": epoch, "batch_idx": batch_idx}, tokenizer)
+        if step == last_step:
             break
-    if last_saved != step:
-        save()
-    if step == last_steps:
-        run_dir.mark_complete(out_dir, step)
-    if log is not None:
-        log.close()
-    run_dir.release()
+    run.finish(step)
 
 
 def main():

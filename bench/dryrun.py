@@ -13,7 +13,8 @@ Qwen/Qwen2.5-Math-1.5B; no weights are read, nothing is downloaded), and default
 model: 7B, or 1.5B with the small presets.
 
 One process plays one rank (rank 1 of --gpus; rank 0 only adds reading the weights and writing
-logs) on torch's fake tensors (shapes, dtypes and devices, no data) on `cuda`, with the fake
+logs; with --gpus 1 rank 0 itself, its weights loaded on the CPU as a real run loads them, its log
+written) on torch's fake tensors (shapes, dtypes and devices, no data) on `cuda`, with the fake
 process group: what bench/sim_gpu.py sets up. It runs the trainer itself, sft.train or rl.train,
 for two optimiser steps of two micro-batches each, on a model directory with the preset's
 config.json and a train file of the longest rows the preset admits (the longest sequence, as many
@@ -45,10 +46,17 @@ stop-signal check. It fails, in one line naming the place, unless:
              it names the largest token budget (GRPO: micro-batch; else GPU count) that fits by
              the planner, and confirms it with a second dry run
 It reports the host reads with the lines that ask for them, FLOPs per step (FlopCounterMode), and
-a roofline estimate of the step's time and MFU on the GPU given by --peak_tflops, --hbm_tbs
-(bench/roofline.py: a lower bound on the time, never a measurement), by region (student, teacher
-forward, logits and loss, optimiser) with the costliest ops. What it does not cover is listed in
-its output: see NOT_COVERED.
+an estimate of the step's time and MFU on the GPU given by --peak_tflops, --hbm_tbs
+(bench/roofline.py: each op at its class's efficiency measured on one H200, --calibration; an
+estimate, never a measurement), by region (student, teacher forward, logits and loss, optimiser)
+and op class, with the costliest ops. What it does not cover is listed in its output: see
+NOT_COVERED.
+
+    python bench/dryrun.py --against bench/data/h200-2026-11-27/summary.json [--fit]
+
+dry-runs what a `bash bench/gpu_check.sh` summary measured (bench/sft_step.py's three variants at
+its shapes and sequences, one GPU, and the teacher side), prices it on that GPU's roofs and prints
+predicted / measured per figure; --fit refits the calibration from the profiles beside it first.
 """
 import argparse
 import collections
@@ -57,6 +65,7 @@ import dataclasses
 import functools
 import json
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -86,6 +95,7 @@ from plumbing import models  # noqa: E402
 from plumbing.cli import parse_config, split_presets  # noqa: E402
 
 GIB = 2**30
+CALIBRATIONS = {"h200-2026-11-27": roofline.H200_2026_11_27, "none": roofline.DATASHEET}
 # optimiser steps, micro-batches each: the tracker's step 2 is the figure
 STEPS, MICRO_BATCHES = 2, 2
 TOLERANCE = 0.10                       # |measured / planned - 1| allowed
@@ -101,7 +111,9 @@ NOT_COVERED = [
     "rank 0's own work: its run-directory checks, gathering and summary of the logged diagnostics, "
     "log.jsonl (the object collectives carry nothing here)",
     "checkpoint writing and resuming (torch.distributed.checkpoint, safetensors)",
-    "kernel speed, NCCL and its buffers, the CUDA context and the allocator's fragmentation",
+    "kernel speed beyond the calibration's classes (measured on one H200 at 1.5B shapes, a dense "
+    "mask: causal and packed attention's efficiency is assumed equal), time the GPU waits on "
+    "the host, NCCL and its buffers, the CUDA context and the allocator's fragmentation",
     "numerics on a GPU (fake tensors hold no values: bf16 rounding, NaN, the loss's values)",
 ]
 NOT_COVERED_OFFLOAD = ("with --offload, the estimated time leaves out the optimiser step on the "
@@ -145,6 +157,29 @@ def parse(argv):
     parser.add_argument("--no_confirm", action="store_true", help="when the settings do not fit: "
                         "name the largest that does by the planner, without the dry run that "
                         "confirms it")
+    parser.add_argument("--calibration", choices=list(CALIBRATIONS), default="h200-2026-11-27",
+                        help="each op class's efficiency for the time estimate (bench/roofline.py):"
+                        " measured on one H200, or none (the datasheet's roofs: a lower bound)")
+    parser.add_argument("--attention_form", choices=["trainer", "dense_mask", "causal", "varlen"],
+                        default="trainer", help="SFT: the trainer's attention as it is, or what "
+                        "if (a seam in chunked_logits.attention_masks): 'dense_mask' (a padded "
+                        "micro-batch gets a [B, 1, T, T] mask, as at 6fbcbf7), 'causal' (no mask: "
+                        "causal by SDPA's flag, right padding untouched), 'varlen' (with "
+                        "--sequences: the micro-batch's sequences as one packed row, attention "
+                        "priced per sequence)")
+    parser.add_argument("--against", metavar="SUMMARY_JSON", help="instead: dry-run what a "
+                        "`bash bench/gpu_check.sh` summary.json measured (bench/sft_step.py's "
+                        "three variants at its shape and sequences, the teacher side) on that "
+                        "GPU's roofs, and print predicted / measured per figure")
+    parser.add_argument("--fit", action="store_true", help="with --against: refit the calibration "
+                        "from the profile_{sft,curio,curio_self_teacher}.txt beside the summary, "
+                        "print it, and predict with it")
+    parser.add_argument("--teacher_side", type=int, nargs=2, metavar=("TOKENS", "VOCAB"),
+                        help=argparse.SUPPRESS)      # --against's: the teacher side's record too
+    parser.add_argument("--sequences", type=int, nargs="+", metavar="TOKENS",
+                        help="SFT: train these sequences each step (an eighth of each an untrained "
+                        "prompt, as bench/sft_step.py writes its micro-batch) instead of the "
+                        "preset's longest rows")
     own, rest = parser.parse_known_args(argv)
     if own.gpus < 1:
         raise SystemExit(f"--gpus {own.gpus}: must be >= 1")
@@ -366,12 +401,14 @@ def synthetic_tokenizer():
     return tokenizer
 
 
-def write_inputs(tmp: Path, config, stage: str, args, gpus: int):
+def write_inputs(tmp: Path, config, stage: str, args, gpus: int, sequences=None,
+                 packed: bool = False):
     """tmp/model (the preset's config.json, the synthetic tokenizer, no weights: an empty
     model.safetensors, as rank 1 builds the model on the meta device and reads none) and
     tmp/train.jsonl: rows whose prompt and response are the longest the settings admit, a token
-    short here and there so that a micro-batch is padded. Returns the dry run's settings of the
-    trainer (`run_settings`) and the micro-batch shape."""
+    short here and there so that a micro-batch is padded (SFT with `sequences`: those, each rank
+    all of them each step; `packed`: as one row, their prompts and responses end to end). Returns
+    the dry run's settings of the trainer (`run_settings`) and the micro-batch shape."""
     import data
     from safetensors.torch import save_file
 
@@ -383,7 +420,20 @@ def write_inputs(tmp: Path, config, stage: str, args, gpus: int):
     # the prompt's tokens besides the question's: an example of one-token question and response
     prompt_overhead = len(data.build_sft_data(
         tokenizer, [data.Example(FILLER, "1", FILLER, "dry run", 0)], 10**6, 10**6)[0][0][0]) - 3
-    if stage == "sft":
+    if stage == "sft" and sequences:
+        lengths = sorted(sequences, reverse=True) * gpus
+        prompt_lens = [n // 8 for n in lengths]
+        responses = [n - p for n, p in zip(lengths, prompt_lens)]     # with its EOS
+        if packed:               # one row per rank: the packed micro-batch's tokens, trained alike
+            per_rank = len(sequences)
+            prompt_lens = [sum(prompt_lens[:per_rank])] * gpus
+            responses = [sum(responses[:per_rank])] * gpus
+            args = dataclasses.replace(
+                args, max_prompt_len=max(args.max_prompt_len, prompt_lens[0]),
+                max_response_len=max(args.max_response_len, responses[0]),
+                token_budget=max(args.token_budget, prompt_lens[0] + responses[0]))
+        n_rows, prompt = len(prompt_lens), min(prompt_lens)
+    elif stage == "sft":
         seq = min(args.max_prompt_len + args.max_response_len, args.token_budget)
         prompt = max(prompt_overhead + 1, seq - args.max_response_len)     # most trained tokens
         per_mb = max(1, args.token_budget // seq)
@@ -392,17 +442,21 @@ def write_inputs(tmp: Path, config, stage: str, args, gpus: int):
         # second micro-batch has one of them beside full ones (padded), rank 0 the rest
         short = [per_mb > 1 and i >= n_rows - per_mb - 1 for i in range(n_rows)]
         responses = [seq - prompt - s for s in short]             # with its EOS
+        prompt_lens = [prompt] * n_rows
     else:
         prompt = args.max_prompt_len
         prompts = max(1, -(-MICRO_BATCHES * args.micro_batch // args.rollouts))  # per rank, step
         n_rows = prompts * gpus
         responses = [args.max_response_len] * n_rows              # the hybrids' expert's too
-    if prompt > args.max_prompt_len:
-        raise SystemExit(f"--max_prompt_len {args.max_prompt_len}: the dry run's shortest prompt "
-                         f"has {prompt_overhead + 1} tokens")
+        prompt_lens = [prompt] * n_rows
+    if max(prompt_lens) > args.max_prompt_len or prompt <= prompt_overhead:
+        raise SystemExit(f"--max_prompt_len {args.max_prompt_len}: the dry run's prompts need "
+                         f"{prompt_overhead + 1} to {max(prompt_lens)} tokens (--sequences: an "
+                         f"eighth of the shortest is {prompt})")
     rows = [{"data_source": "dry run", "reward_model": {"ground_truth": "1"},
-             "prompt": [{"role": "user", "content": FILLER * (prompt - prompt_overhead)}],
-             "target": [{"role": "assistant", "content": FILLER * (n - 1)}]} for n in responses]
+             "prompt": [{"role": "user", "content": FILLER * (p - prompt_overhead)}],
+             "target": [{"role": "assistant", "content": FILLER * (n - 1)}]}
+            for p, n in zip(prompt_lens, responses)]
     train_file = data.write_jsonl(rows, tmp / "train.jsonl")
     common = dict(model=str(model_dir), train_file=str(train_file), out_dir=str(tmp / "out"),
                   save_every=0, loggers=[], system_prompt="paper")     # (the same shapes)
@@ -417,9 +471,10 @@ def write_inputs(tmp: Path, config, stage: str, args, gpus: int):
         # the schedule's flags set so that both steps run all of it: a new data batch each step
         # (PSFT's old log-probs), the teacher's update after each, a log record each
         run_args = dataclasses.replace(
-            args, **common, global_batch=MICRO_BATCHES * per_mb * gpus, updates_per_batch=1,
+            args, **common, global_batch=n_rows, updates_per_batch=1,
             epochs=STEPS, max_steps=-1, teacher_every=1, log_every=1)
-        return run_args, sft_shape(run_args, [prompt + n for n in responses], prompt, gpus)
+        lengths = [p + n for p, n in zip(prompt_lens, responses)]
+        return run_args, sft_shape(run_args, lengths, prompt_lens, gpus)
     run_args = dataclasses.replace(args, **common, steps=STEPS, prompts_per_step=prompts * gpus,
                                    mini_batch=prompts * gpus, log_rollouts=0)
     sequences = prompts * args.rollouts
@@ -430,7 +485,7 @@ def write_inputs(tmp: Path, config, stage: str, args, gpus: int):
                       - min(args.micro_batch - 1, sequences)}
 
 
-def sft_shape(args, lengths: list[int], prompt: int, gpus: int) -> dict:
+def sft_shape(args, lengths: list[int], prompts: list[int], gpus: int) -> dict:
     """The micro-batches rank 1 trains in step 2, from sft.py's own plan of the rows."""
     import sft
 
@@ -439,7 +494,8 @@ def sft_shape(args, lengths: list[int], prompt: int, gpus: int) -> dict:
     mine = [batch[rank][k] for k in step_mbs]
     widest = max(mine, key=len)
     return {"sequences": len(widest), "seq_len": max(lengths),
-            "trained": sum(lengths[i] - prompt for i in widest), "micro_batches": len(mine),
+            "trained": sum(lengths[i] - prompts[i] for i in widest), "micro_batches": len(mine),
+            "lengths": [lengths[i] for i in widest],
             "tokens_per_step": sum(lengths[i] for mb in mine for i in mb)}
 
 
@@ -449,11 +505,13 @@ def sft_shape(args, lengths: list[int], prompt: int, gpus: int) -> dict:
 SEAMS = {
     "rank 0's weights": "plumbing.models.broadcast_weights: rank 0's weights into every rank's "
                         "shards; tensors without data have none to send (the shards stay "
-                        "allocated as shard_model leaves them)",
+                        "allocated as shard_model leaves them); rank 0 (one GPU) builds its "
+                        "model from config.json as --scratch does, reading no weights",
     "object collectives": "torch.distributed.gather_object, broadcast_object_list: the fake "
                           "process group moves no objects and fake tensors cannot be pickled; "
                           "rank 1's objects go nowhere, rank 0's answer is the list as rank 1 "
-                          "passed it ([None]: run_dir.claim's 'no error')",
+                          "passed it ([None]: run_dir.claim's 'no error'); on one GPU, rank 0 "
+                          "gathers its own object (its log record's diagnostics)",
     "checkpoint writing": "plumbing.checkpoints.save: torch.distributed.checkpoint cannot pickle "
                           "fake tensors; the call is recorded, nothing is written",
     "host work": "sft.load_sft_data, sft.plan_steps, sft.token_weights, rl.step_prompts run "
@@ -464,6 +522,9 @@ SEAMS = {
                       "cannot run on fake tensors; generate returns the longest responses, a "
                       "token short here and there",
     "reward": "rl.train's reward_fn (GRPO): rewards 0, 1, 0, 1, ... (the grader reads text)",
+    "log summary": "curio_loss.summarize on rank 0 (one GPU: the rank the dry run plays): the "
+                   "gathered diagnostics are fake host tensors whose values a quantile's mask "
+                   "needs; it runs on real zeros of their shapes, outside fake mode",
     "validation": "--eval_every (run after both steps): the engine a stand-in, whose wake "
                   "gathers the trainer's weights in sync buckets and loads them nowhere; the "
                   "samples the longest, graded 0; all_gather_object gives rank 1's block",
@@ -478,8 +539,11 @@ class Seams:
     """The SEAMS installed (put back on close), and what the trainer built: its student, the other
     model, its optimiser (`built`); `on_step` is called where each step of the loop begins."""
 
-    def __init__(self, trainer, stage: str, args, shape: dict, offload: bool, on_step):
+    def __init__(self, trainer, stage: str, args, shape: dict, offload: bool, on_step,
+                 attention_form: str = "trainer"):
         import torch.distributed as dist
+
+        import chunked_logits
 
         from plumbing import checkpoints, generation
 
@@ -487,7 +551,9 @@ class Seams:
         self.on_step, self.validating = on_step, False
         patch = self.patch
         patch(models, "broadcast_weights", allocate_shards(offload))
-        patch(dist, "gather_object", lambda obj, object_gather_list=None, dst=0, group=None: None)
+        patch(trainer, "load_full_model", lambda path, scratch=False, seed=0:
+              models.load_full_model(path, True, seed))
+        patch(dist, "gather_object", gather_object)
         patch(dist, "broadcast_object_list", lambda object_list, src=0, group=None: None)
         patch(checkpoints, "save", lambda out_dir, step, *a, **k: self.saved.append(step)
               or Path(out_dir) / f"step_{step:06d}")
@@ -503,6 +569,10 @@ class Seams:
             return self.built["optimizer"]
 
         patch(trainer, "shard_model", sharded)
+        if attention_form in ("dense_mask", "causal"):
+            patch(chunked_logits, "attention_masks",
+                  dense_mask if attention_form == "dense_mask"
+                  else lambda batch: {"full_attention": None})
         patch(trainer, "make_optimizer", optimizer)
         # the colocated engine (GRPO's rollouts, --eval_every's validation): vLLM cannot run here
         patch(generation, "rollout_engine",
@@ -523,6 +593,8 @@ class Seams:
                     yield planned_step
 
             patch(trainer, "plan_steps", marked_steps)
+            patch(cl, "summarize", on_host(lambda diag, *a: cl_summarize(
+                {k: torch.zeros(v.shape, dtype=v.dtype) for k, v in diag.items()}, *a)))
             read_step = trainer.read_step
 
             def checked_read(loss, grad_norm, diag):
@@ -538,7 +610,7 @@ class Seams:
         self.stack.enter_context(mock.patch.object(owner, name, value))
 
     def wake(self, engine, model, bucket_bytes):
-        """generation.wake's stand-in. In validation (evaluation.validate): the sync's all-gathers,
+        """generation.wake's stand-in. In validation (measure.validate): the sync's all-gathers,
         bucket by bucket as the sync gathers (every rank), loaded into no engine. Else GRPO's
         rollouts: each step begins here (their sync is not covered)."""
         from plumbing import generation
@@ -565,9 +637,9 @@ class Seams:
         longest, their grades 0; all_gather_object gives rank 1's block."""
         import torch.distributed as dist
 
-        import evaluation
+        import measure
 
-        validate = evaluation.validate
+        validate = measure.validate
 
         def validating(*a, **k):
             self.validating = True
@@ -579,10 +651,10 @@ class Seams:
         def all_gather_object(object_list, obj, group=None):
             object_list[:] = [obj] * len(object_list)
 
-        self.patch(evaluation, "validate", validating)
+        self.patch(measure, "validate", validating)
         self.patch(dist, "all_gather_object", all_gather_object)
-        self.patch(evaluation, "generate", longest_samples)
-        self.patch(evaluation, "grade", lambda texts, *a, **k: ([0.0] * len(texts), 0))
+        self.patch(measure, "generate", longest_samples)
+        self.patch(measure, "grade", lambda texts, *a, **k: ([0.0] * len(texts), 0))
 
     def close(self):
         self.stack.close()
@@ -599,6 +671,27 @@ def longest_samples(engine, tokenizer, prompts, n, temperature, top_p, max_new_t
     flat = [generation.Sample([x] * m, FILLER * m, None, [0.0] * m if logprobs else None, "length")
             for m in lengths]
     return [flat[i * n : (i + 1) * n] for i in range(len(prompts))]
+
+
+cl_summarize = cl.summarize
+
+
+def dense_mask(batch):
+    """chunked_logits.attention_masks at 6fbcbf7 (the H200 run's): a padded batch's mask causal and
+    not a padding key, [B, 1, T, T] bool, which rules out flash attention and skips no tile."""
+    if not batch["padded"]:
+        return {"full_attention": None}
+    keep = batch["attention_mask"].bool()                                  # [B, T]
+    T = keep.shape[1]
+    causal = torch.ones(T, T, dtype=torch.bool, device=keep.device).tril()   # [T, T]
+    return causal & keep[:, None, None, :]
+
+
+def gather_object(obj, object_gather_list=None, dst=0, group=None):
+    """dist.gather_object's stand-in: the destination's list holds this rank's object for every
+    rank (the one rank's, on one GPU); elsewhere nothing moves."""
+    if object_gather_list is not None:
+        object_gather_list[:] = [obj] * len(object_gather_list)
 
 
 def on_host(fn):
@@ -676,17 +769,22 @@ def simulate(argv) -> dict:
     kernels = collections.Counter()
     sim_gpu.install_cuda_shims()
     sim_gpu.mesh_outside_fake_mode()
+    sim_gpu.fsdp_moves_fake_tensors()
     sim_gpu.fake_pinned_memory()
     sim_gpu.route_attention_like_cuda(kernels)
     sim_gpu.fake_process_group(own.gpus, rank=1 if own.gpus > 1 else 0)
     device = torch.device("cuda", 0)
     config._attn_implementation = "sdpa"
-    roof = roofline.Roofline(roofline.GPU(bf16_tflops=own.peak_tflops, hbm_tbs=own.hbm_tbs,
-                                          link_gbs=own.link_gbs))
+    gpu = roofline.GPU(bf16_tflops=own.peak_tflops, hbm_tbs=own.hbm_tbs, link_gbs=own.link_gbs)
+    varlen = own.attention_form == "varlen"
+    if varlen and (stage != "sft" or not own.sequences):
+        raise SystemExit("--attention_form varlen: SFT with --sequences only")
+    roof = roofline.Roofline(varlen_lengths=own.sequences if varlen else None)
     first, watch, flops = HostWatch(), HostWatch(), FlopCounterMode(display=False)
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        args, shape = write_inputs(Path(tmp), config, stage, args, own.gpus)
+        args, shape = write_inputs(Path(tmp), config, stage, args, own.gpus, own.sequences,
+                                   packed=varlen)
         found = {}
 
         def started():
@@ -702,13 +800,14 @@ def simulate(argv) -> dict:
 
         def step_2():
             found["tracker"] = step_peak_tracker(found["model"], found["optimizer"])
-            return [found["tracker"], watch]
+            return [found["tracker"], watch, roof]
 
-        # step 1: FLOPs and the roofline (FlopCounterMode's module hooks keep what activation
-        # checkpointing frees: not under the tracker); step 2: memory (the tracker's own step 1
-        # reports a bogus peak) and host reads
-        windows = StepWindows(started, [lambda: [first, flops, roof], step_2])
-        seams = Seams(trainer, stage, args, shape, args.offload, windows.begin)
+        # step 1: FLOPs (FlopCounterMode's module hooks keep what activation checkpointing frees:
+        # not under the tracker); step 2: memory (the tracker's own step 1 reports a bogus peak),
+        # host reads and the roofline (AdamW's states made, as in every later step)
+        windows = StepWindows(started, [lambda: [first, flops], step_2])
+        seams = Seams(trainer, stage, args, shape, args.offload, windows.begin,
+                      own.attention_form)
         try:
             with FakeTensorMode(allow_non_fake_inputs=True):
                 try:
@@ -749,7 +848,9 @@ def simulate(argv) -> dict:
               "seams": SEAMS}
     result |= memory_result(config, stage, args, shape, own, measured, peak_snapshot)
     result["attention_kernel"], result["attention_calls"] = "+".join(sorted(kernels)), dict(kernels)
-    result |= speed_result(roof, flops.get_total_flops(), weights, shape, config, watch)
+    result |= speed_result(roof, gpu, CALIBRATIONS[own.calibration], flops.get_total_flops(),
+                           weights, shape, config, watch)
+    result["attention_form"] = own.attention_form
     result["seconds"] = round(time.perf_counter() - t0, 1)
     result["not_covered"] = NOT_COVERED + (NOT_COVERED_RL if stage == "rl" else []) + (
         [NOT_COVERED_OFFLOAD] if args.offload else []) + (
@@ -817,28 +918,32 @@ def memory_result(config, stage, args, shape, own, measured, peak_snapshot) -> d
             "peak_parts_gib": {str(k): round(v / GIB, 3) for k, v in peak_snapshot.items() if v}}
 
 
-def speed_result(roof, flops: int, weights: int, shape: dict, config, watch) -> dict:
-    """Host syncs, FLOPs and the roofline's estimate of the step (per rank), its regions and
-    costliest ops."""
-    compute = sum(roof.seconds.values())
-    # FSDP overlaps the collectives with compute
-    est = max(compute, roof.comm_seconds())
+def speed_result(roof, gpu, cal, flops: int, weights: int, shape: dict, config, watch) -> dict:
+    """Host syncs, FLOPs and the roofline's estimate of the step (per rank), its regions, op
+    classes and costliest ops; `work` is the record the estimate prices (roofline.compact), for
+    bench/roofline.py's fit."""
+    record = roofline.compact(roof.work)
+    parts = roofline.seconds(record, gpu, cal)
+    compute = sum(parts.values())
+    comm = roof.comm_bytes / (gpu.link_gbs * 1e9)
+    est = max(compute, comm)                            # FSDP overlaps the collectives with compute
     model_flops = 6 * weights * shape["tokens_per_step"]   # 6ND: forward and backward of the tokens
-    teacher = sum(roof.seconds[r] for r in ("teacher forward", "teacher logits", "teacher loss"))
+    teacher = sum(parts[r] for r in ("teacher forward", "teacher logits", "teacher loss"))
     # one bf16 logsumexp over the step's [N, V] logits: a single read of them, at the memory's
     # bandwidth
-    lse = (shape["trained"] * shape["micro_batches"] * config.vocab_size * 2
-           / (roof.gpu.hbm_tbs * 1e12))
+    lse = shape["trained"] * shape["micro_batches"] * config.vocab_size * 2 / (gpu.hbm_tbs * 1e12)
     return {"syncs_per_step": sum(watch.reads.values()), "sync_sites": dict(watch.reads),
             "flops_per_step": flops, "est_ms_per_step": round(est * 1e3, 2),
-            "est_ms_parts": {r: round(s * 1e3, 2) for r, s in roof.seconds.most_common()},
-            "comm_ms_est": round(roof.comm_seconds() * 1e3, 2),
+            "est_ms_parts": {r: round(s * 1e3, 2) for r, s in parts.most_common()},
+            "est_ms_by_class": {c: round(s * 1e3, 2) for c, s in
+                                roofline.seconds(record, gpu, cal, by="cls").most_common()},
+            "comm_ms_est": round(comm * 1e3, 2),
             "host_copy_gib": round(roof.host_copy_bytes / GIB, 2),
-            "mfu_est": round(model_flops / (est * roof.gpu.bf16_tflops * 1e12), 3),
+            "mfu_est": round(model_flops / (est * gpu.bf16_tflops * 1e12), 3),
             "teacher_share": round(teacher / compute, 4),
-            "teacher_loss_per_lse": round(roof.seconds["teacher loss"] / lse, 2),
-            "costliest_ops_ms": {r: roof.top_ops(r) for r in roof.seconds},
-            "gpu_roofs": dataclasses.asdict(roof.gpu)}
+            "teacher_loss_per_lse": round(parts["teacher loss"] / lse, 2),
+            "costliest_ops_ms": {r: roofline.top_ops(record, gpu, cal, r) for r in parts},
+            "gpu_roofs": dataclasses.asdict(gpu), "calibration": cal.name, "work": record}
 
 
 def check_memory(r: dict) -> str | None:
@@ -911,7 +1016,7 @@ def planned(config, stage, args, shape, own) -> dict:
                max_prompt_len=args.max_prompt_len, max_response_len=args.max_response_len)
     if stage == "sft":
         run |= dict(loss=args.loss, updates_per_batch=args.updates_per_batch,
-                    global_batch=(MICRO_BATCHES * shape["sequences"] * own.gpus
+                    global_batch=(shape["micro_batches"] * shape["sequences"] * own.gpus
                                   * args.updates_per_batch),
                     eval_every=args.eval_every, gpu_memory_utilization=args.gpu_memory_utilization)
     else:
@@ -949,10 +1054,12 @@ def describe(r: dict) -> str:
     lines += [f"  FLOPs per step: {r['flops_per_step'] / 1e12:.1f} TFLOP (torch's FlopCounterMode)",
               f"  estimated step time: {r['est_ms_per_step'] / 1e3:.2f} s, MFU {r['mfu_est']:.0%} "
               f"(a roofline estimate on {r['gpu_roofs']['bf16_tflops']:g} TFLOP/s, "
-              f"{r['gpu_roofs']['hbm_tbs']:g} TB/s: a lower bound on the time, not a measurement)",
+              f"{r['gpu_roofs']['hbm_tbs']:g} TB/s, {r['calibration']}; not a measurement)",
               f"    ms: {parts}; collectives {r['comm_ms_est']:.0f} (overlapped)"
               + (f"; host <-> GPU copies {r['host_copy_gib']:.1f} GiB (not in the estimate)"
-                 if r["host_copy_gib"] else "")]
+                 if r["host_copy_gib"] else ""),
+              "    by op class, ms: " + ", ".join(f"{c} {ms:.0f}"
+                                                 for c, ms in r["est_ms_by_class"].items())]
     if r.get("validations"):
         lines.append(f"  validation (--eval_every): {r['validations']} evaluations, through the "
                      f"'validation' seam")
@@ -975,6 +1082,8 @@ def rank_main(argv) -> int:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         result = {"failed": f"the step raised {type(e).__name__} at {failure_site(e)}: "
                             f"{first[:300]}"}
+    if own.teacher_side and "stage" in result:
+        result["teacher_side"] = teacher_side_work(*own.teacher_side)
     if own.json:
         Path(own.json).parent.mkdir(parents=True, exist_ok=True)
         Path(own.json).write_text(json.dumps(result, indent=1) + "\n")
@@ -1004,6 +1113,8 @@ def main(argv=None) -> int:
     own, rest = parse(argv)                              # --help and the dry run's own errors, here
     library = sim_gpu.build()
     env = dict(os.environ, **{sim_gpu.LIB_ENV: str(library)})
+    if own.against:
+        return against(own, env)
     with tempfile.TemporaryDirectory() as tmp:
         def run(extra: list[str], name: str) -> tuple[int, dict]:
             path = Path(own.json) if name == "main" and own.json else Path(tmp) / name
@@ -1040,7 +1151,9 @@ def rank_flags(own) -> list[str]:
     flags = ["--gpus", str(own.gpus), "--gpu_gib", str(own.gpu_gib),
              "--peak_tflops", str(own.peak_tflops),
              "--hbm_tbs", str(own.hbm_tbs), "--link_gbs", str(own.link_gbs)]
+    flags += ["--calibration", own.calibration, "--attention_form", own.attention_form]
     flags += ["--stage", own.stage] if own.stage else []
+    flags += ["--sequences", *map(str, own.sequences)] if own.sequences else []
     return flags + (["--model", own.model] if own.model else [])
 
 
@@ -1051,6 +1164,170 @@ def ratios(r: dict, other: dict) -> dict:
             "peak_ratio": round(r["peak_gib_measured"] / other["peak_gib_measured"], 3),
             "other": {k: other[k] for k in ("flops_per_step", "est_ms_per_step", "mfu_est",
                                             "peak_gib_measured", "est_ms_parts")}}
+
+
+# ------------------------------------------------------------------------------------------------
+# Against a GPU run: bench/gpu_check.sh's figures, predicted
+# ------------------------------------------------------------------------------------------------
+# datasheet memory bandwidth (TB/s) and the memory torch reports (GiB), by device name; first match
+GPUS = [(("H200",), 4.8, 139.8), (("H100", "PCIe"), 2.0, 79.1), (("H100",), 3.35, 79.1)]
+VARIANTS = ["sft", "curio", "curio_self_teacher"]
+
+
+def teacher_side_work(tokens: int, vocab: int) -> dict:
+    """The roofline's record of gpu_check's teacher-side figures on fake CUDA logits [tokens,
+    vocab] bf16: one torch.logsumexp pass, and curio_loss.teacher_log_prob (bisection)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    out = {}
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        z = torch.empty(tokens, vocab, dtype=torch.bfloat16, device="cuda")
+        y = torch.zeros(tokens, dtype=torch.long, device="cuda")
+        runs = {"logsumexp": lambda: torch.logsumexp(z, -1),
+                "bisection": lambda: cl.teacher_log_prob(z, y, cl.LossConfig())}
+        for name, fn in runs.items():
+            roof = roofline.Roofline()
+            with roof:
+                fn()
+            out[name] = roofline.compact(roof.work)
+    return out
+
+
+# what bench/sft_step.py ran at 6fbcbf7 (the H200 run's commit) besides what its summary names; a
+# summary that records its run ({"sft_step": {"lengths": ..., "loss_chunk": ..., ...}}) says
+SFT_STEP_6FBCBF7 = {"loss_chunk": 4096, "grad_ckpt": True, "teacher_every": 5,
+                    "attention_form": "dense_mask"}
+
+
+def bench_run(summary: dict) -> dict:
+    """What bench/sft_step.py ran for a gpu_check summary: its shape, the micro-batch's sequences
+    (the summary's own record, else the entropy row's note that names them), the loss chunk,
+    checkpointing, the teacher's schedule and the attention form (SFT_STEP_6FBCBF7's unless the
+    summary records them), and the teacher side's logits."""
+    import sft_step
+
+    rows = {r["figure"]: r for r in summary["rows"]}
+    run = dict(summary.get("sft_step") or {})
+    if "lengths" not in run:
+        note = rows["logits' median entropy"]["note"]
+        run["lengths"] = json.loads(note[note.index("["):note.index("]") + 1])
+    tokens, vocab = map(int, re.search(r"(\d+) x (\d+)", rows["logsumexp pass"]["note"]).groups())
+    return {"shape": sft_step.SHAPES[summary["shape"]], **SFT_STEP_6FBCBF7,
+            "teacher_side": (tokens, vocab), **run}
+
+
+def against(own, env) -> int:
+    """Dry runs of the summary's configurations (in parallel, one process each), priced on its
+    GPU's roofs with --calibration (or, --fit, the one fitted from the profiles beside it), and
+    the figures predicted over measured."""
+    import sft_step
+
+    path = Path(own.against)
+    summary = json.loads(path.read_text())
+    device = summary["device"]
+    found = next(((bw, gib) for words, bw, gib in GPUS if all(w in device for w in words)), None)
+    if found is None:
+        raise SystemExit(f"{path}: no bandwidth known for {device!r} (dryrun.GPUS)")
+    gpu = roofline.GPU(bf16_tflops=sft_step.datasheet_peak_tflops(device), hbm_tbs=found[0])
+    need = [f"{v} step time" for v in VARIANTS] + ["logsumexp pass", "bisection / logsumexp",
+                                                    "teacher_log_prob (bisection)",
+                                                    "logits' median entropy"]
+    missing = [f for f in need if f not in {r["figure"] for r in summary.get("rows", [])}]
+    if missing:
+        raise SystemExit(f"{path}: no {', '.join(repr(f) for f in missing)} row (a part of "
+                         f"gpu_check that did not run?)")
+    profiles = [path.parent / f"profile_{v}.txt" for v in VARIANTS]
+    if own.fit and not all(f.is_file() for f in profiles):
+        raise SystemExit(f"--fit: {', '.join(str(f) for f in profiles if not f.is_file())} not "
+                         f"found beside {path} (python bench/roofline.py --out DIR on the GPU)")
+    run = bench_run(summary)
+    what_if = own.attention_form not in ("trainer", run["attention_form"])
+    if what_if:                         # the same steps in another attention form: predictions
+        run["attention_form"] = own.attention_form
+    seq, lengths = max(run["lengths"]), run["lengths"]
+    measured = {r["figure"]: r["value"] for r in summary["rows"]}
+    with tempfile.TemporaryDirectory() as tmp:
+        model = Path(tmp) / "model"
+        sft_step.qwen2_config(run["shape"], seq).save_pretrained(model)
+        flags = ["--stage", "sft", "--model", str(model), "--gpus", "1", "--gpu_gib",
+                 str(found[1]), "--peak_tflops", str(gpu.bf16_tflops), "--hbm_tbs",
+                 str(gpu.hbm_tbs), "--token_budget", str(len(lengths) * seq), "--max_prompt_len",
+                 str(seq), "--max_response_len", str(seq), "--loss_chunk", str(run["loss_chunk"]),
+                 "--grad_ckpt" if run["grad_ckpt"] else "--no-grad_ckpt", "--calibration",
+                 own.calibration, "--attention_form", run["attention_form"], "--sequences",
+                 *map(str, lengths)]
+        procs = {}
+        for v in VARIANTS:
+            side = ["--teacher_side", *map(str, run["teacher_side"])] if v == "sft" else []
+            procs[v] = subprocess.Popen([sys.executable, __file__, *flags, "--loss", v, *side,
+                                         "--json", str(Path(tmp) / v)], env=env,
+                                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        results = {}
+        for v, proc in procs.items():
+            out = proc.communicate()[0]
+            results[v] = json.loads((Path(tmp) / v).read_text()) if (Path(tmp) / v).is_file() \
+                else {}
+            if "work" not in results[v]:
+                print(out[-3000:], file=sys.stderr)
+                raise SystemExit(f"--against: the {v} dry run failed: "
+                                 f"{results[v].get('failed', 'no result')}")
+    cal = CALIBRATIONS[own.calibration]
+    if own.fit:
+        profiles = {v: roofline.read_profile(f.read_text()) for v, f in zip(VARIANTS, profiles)}
+        cal = roofline.fit({v: roofline.totals(results[v]["work"]) for v in VARIANTS}, profiles,
+                           run["teacher_every"] + 1, gpu, name=f"fitted to {path}")
+        print("fitted: " + ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(cal).items()
+                                     if k not in ("name", "sources")))
+    print(f"{device}: {summary['shape']}, sequences {lengths} in one micro-batch, loss chunk "
+          f"{run['loss_chunk']}, checkpointing {'on' if run['grad_ckpt'] else 'off'}, attention "
+          f"{run['attention_form']}; roofs {gpu.bf16_tflops:g} TFLOP/s, {gpu.hbm_tbs:g} TB/s; "
+          f"{cal.name}")
+    ratios, predicted = {}, {}
+    for v in VARIANTS:
+        parts = roofline.seconds(results[v]["work"], gpu, cal)
+        # the dry run updates the teacher every step, the bench every teacher_every steps
+        step = sum(parts.values()) - parts["teacher update"] * (1 - 1 / run["teacher_every"])
+        real = measured[f"{v} step time"]
+        ratios[v] = step / real
+        classes = roofline.seconds(results[v]["work"], gpu, cal, by="cls")
+        print(f"{v:20s} step: predicted {step:.3f} s, "
+              + (f"{step / predicted['sft']:.2f}x SFT's, not measured" if what_if and v != "sft"
+                 else "not measured" if what_if
+                 else f"measured {real:.3f} s, predicted/measured {ratios[v]:.2f}")
+              + "  (" + ", ".join(f"{c} {s * 1e3:.0f}" for c, s in classes.most_common())
+              + f" ms); peak memory: dry run {results[v]['peak_gib_measured']:.2f} GiB"
+              + ("" if what_if else
+                 f", GPU {measured.get(f'{v} peak memory', float('nan')):.2f} GiB"))
+        predicted[v] = step
+    if what_if:
+        if own.json:
+            Path(own.json).write_text(json.dumps({"predicted_s": predicted, "device": device,
+                                                  "calibration": cal.name,
+                                                  "attention_form": run["attention_form"]},
+                                                 indent=1) + "\n")
+        return 0
+    side = {k: sum(roofline.seconds(w, gpu, cal).values())
+            for k, w in results["sft"]["teacher_side"].items()}
+    for name, figure in (("logsumexp", "logsumexp pass"),
+                         ("bisection", "teacher_log_prob (bisection)")):
+        print(f"{figure:20s}: predicted {side[name] * 1e3:.2f} ms, measured "
+              f"{measured[figure]:.2f} ms, predicted/measured "
+              f"{side[name] * 1e3 / measured[figure]:.2f}")
+    ratios["teacher_side"] = side["bisection"] / side["logsumexp"] / measured[
+        "bisection / logsumexp"]
+    print(f"bisection / logsumexp: predicted {side['bisection'] / side['logsumexp']:.2f}x, "
+          f"measured {measured['bisection / logsumexp']:.2f}x")
+    print("predicted/measured: " + ", ".join(f"{k} {r:.2f}" for k, r in ratios.items()))
+    if own.json:
+        peaks = {v: [results[v]["peak_gib_measured"], measured[f"{v} peak memory"]]
+                 for v in VARIANTS}
+        Path(own.json).write_text(json.dumps({"ratios": ratios, "predicted_s": predicted,
+                                              "peak_gib": peaks,
+                                              "calibration": dataclasses.asdict(cal),
+                                              "device": device,
+                                              "run": {k: v for k, v in run.items()
+                                                      if k != "shape"}}, indent=1) + "\n")
+    return 0 if all(0.85 <= r <= 1.15 for r in ratios.values()) else 1
 
 
 # Table 2's "Speed" column: seconds per SFT step measured by the paper (8 H800, the authors' verl),

@@ -162,7 +162,7 @@ SFT_FIGURES += [("curio / sft step time", "x"), ("curio_self_teacher / sft step 
 SFT_FIGURES += [(f"{v} {what}", unit) for v in sft_step.VARIANTS
                 for what, unit in (("peak memory", "GiB"), ("planner prediction", "GiB"),
                                    ("measured / planned", "x"))]
-OLD_FORM = "dense_mask"          # sft.py's form at 6fbcbf7, timed beside the default (packed)
+OLD_FORM = "6fbcbf7"          # the step as one H200 measured it, timed beside today's (packed)
 SFT_FIGURES += [(f"{v} {what}", unit) for v in sft_step.VARIANTS
                 for what, unit in ((f"step time, {OLD_FORM}", "s"), (f"packed / {OLD_FORM}", "x"),
                                    (f"peak memory, {OLD_FORM}", "GiB"))]
@@ -217,7 +217,7 @@ def sft_steps(a, scratch: Path, summary: Summary, timeout_s: float):
     old = r["forms"][OLD_FORM]["variants"]
     for v, m in r["variants"].items():
         summary.add(sec, f"{v} step time, {OLD_FORM}", old[v]["step_s"], "s",
-                    note=sft_step.FORMS[OLD_FORM] + "; timed in the same rounds")
+                    note=sft_step.forms.FORMS[OLD_FORM] + "; timed in the same rounds")
         summary.add(sec, f"{v} packed / {OLD_FORM}", m["ratio_to_first_form"], "x",
                     note="step time, the same sequences")
         peak = old[v]["peak_bytes"]

@@ -61,6 +61,7 @@ planned as FSDP2 reduce-scattering every micro-batch.
 """
 import argparse
 import contextlib
+import gc
 import json
 import math
 import runpy
@@ -307,11 +308,22 @@ class LiveTensorBytes(TorchDispatchMode):
     followed (FSDP2 frees and re-allocates unsharded parameters with UntypedStorage.resize_).
     aten.logsumexp writes exp(x - max) into a temporary the size of its input (ATen ReduceOps.cpp,
     logsumexp_out_impl, on CPU and CUDA alike) that a dispatch mode cannot see: it is counted for
-    the op's duration."""
+    the op's duration. resident: also every tensor alive when it starts (found by the garbage
+    collector, uncollected reference cycles included), as torch.cuda's allocator statistics count
+    every allocation of the process."""
 
-    def __init__(self):
+    def __init__(self, resident: bool = False):
         super().__init__()
         self.sizes, self.live, self.peak, self.phase, self.phase_peak = {}, 0, 0, None, {}
+        self.resident = resident
+
+    def track_resident(self):
+        """Every CPU tensor the garbage collector knows of (a parameter, a DTensor's shard...)."""
+        for obj in gc.get_objects():
+            if isinstance(obj, torch.Tensor):
+                with contextlib.suppress(RuntimeError, NotImplementedError):    # no storage
+                    self._track(obj)
+        self._bump()
 
     def set_phase(self, name):
         self.phase = name
@@ -371,11 +383,43 @@ class LiveTensorBytes(TorchDispatchMode):
             return out
 
         torch.UntypedStorage.resize_ = resize_
+        if self.resident:
+            self.track_resident()
         return super().__enter__()
 
     def __exit__(self, *exc):
         torch.UntypedStorage.resize_ = self._resize
         return super().__exit__(*exc)
+
+
+@contextlib.contextmanager
+def allocated_peak(device):
+    """{"bytes": the peak allocated while the block ran, beyond what was allocated when it began;
+    "collected_bytes": what the garbage collection before it freed}, as torch.cuda's allocator
+    counts: every tensor of the process, not only the block's (CPU: LiveTensorBytes with the
+    resident tensors). The garbage is collected first: an earlier in-process run's FSDP2 models sit
+    in reference cycles until Python's cycle collector runs, and in the H200 run's CUDA tests an
+    SFT test's student and base (2.65 GiB) were still allocated in the GRPO test after it."""
+    result = {}
+    if device.type == "cuda":
+        held = torch.cuda.memory_allocated(device)
+        gc.collect()
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)
+        before = torch.cuda.memory_allocated(device)
+        result["collected_bytes"] = held - before
+        yield result
+        result["bytes"] = torch.cuda.max_memory_allocated(device) - before
+        return
+    tracker = LiveTensorBytes(resident=True)
+    with tracker:
+        held = tracker.live
+        gc.collect()
+        tracker.reset_peak()
+        before = tracker.live
+        result["collected_bytes"] = held - before
+        yield result
+        result["bytes"] = tracker.peak - before
 
 
 # ------------------------------------------------------------------------------------------------

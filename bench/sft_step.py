@@ -1,8 +1,8 @@
 """Benchmark (not a test): SFT optimiser steps of vanilla SFT, CurioSFT with a separate teacher, and
 CurioSFT without one (the student's own detached logits), as sft.py takes them: step time, tokens/s,
 MFU, peak memory next to the memory planner's prediction (bench/memory.py), and the CurioSFT / SFT
-step-time ratios; for each form of the micro-batch (--forms, FORMS), old and new timed side by side
-in one run, with the step-time ratio of each form to the first.
+step-time ratios; for each form of the step (--forms: bench/forms.py), old and new timed side by
+side in one run, with the step-time ratio of each form to the first.
 
     python bench/sft_step.py            # CPU-sized default (Qwen vocabulary, small trunk)
     torchrun --standalone --nproc_per_node 1 bench/sft_step.py --shape qwen2.5-1.5b
@@ -58,8 +58,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-import chunked_logits  # noqa: E402
 import curio_loss as cl  # noqa: E402
+import forms  # noqa: E402  (bench/, this file's folder)
 import data  # noqa: E402
 import sft  # noqa: E402
 from chunked_logits import normed_hidden, select_targets  # noqa: E402
@@ -89,12 +89,8 @@ RUN_DEFAULTS = {"smoke": dict(batch=2, seq=256, loss_chunk=128),
 # config/sft_paper.py: token_budget 32768, loss_chunk 4096
 GPU_RUN = dict(batch=4, seq=8192, loss_chunk=4096)
 VARIANTS = ["sft", "curio", "curio_self_teacher"]
-# The micro-batch's forms, old to new: what attention and the layout cost
-FORMS = {"dense_mask": "right-padded rows, a dense [B, 1, T, T] padding mask (sft.py at 6fbcbf7, "
-                       "as one H200 measured it)",
-         "padded": "right-padded rows, causal attention without a mask (--no-pack)",
-         "packed": "the sequences end to end, attention within each (--pack, the default)"}
 TEACHER_EVERY = sft.Args().teacher_every
+
 
 # Dense (no sparsity) bf16 tensor-core peaks from NVIDIA's datasheets, TFLOP/s; first matching rule
 # wins.
@@ -237,7 +233,8 @@ def write_inputs(args, shape: dict, run: dict, entropy: float, device) -> dict:
                      "prompt": [{"role": "user", "content": text[: prompt - overhead]}],
                      "target": [{"role": "assistant", "content": text[prompt + 1 :]}]})  # + EOS
     data.write_jsonl(rows, args.train_file)
-    dataset, loaded, n_targets, _ = sft.load_sft_data(args, tokenizer)
+    # (the weights are written below: the data path asks for the config and tokenizer only)
+    _, dataset, loaded, n_targets, _ = sft.load_sft_data(dataclasses.replace(args, scratch=True))
     if loaded != lengths:
         raise SystemExit(f"--seq {run['seq']}: sequences of {loaded} tokens, not {lengths} (an "
                          f"eighth of each must hold the chat template's {overhead} tokens)")
@@ -269,17 +266,6 @@ def scale_to_entropy(model, batch, median_entropy: float, bf16: bool) -> dict:
             "share_at_most_0.03": (h_scaled <= 0.03).float().mean().item()}
 
 
-def dense_padding_mask(batch):
-    """sft.py's attention mask at 6fbcbf7, for the dense_mask form: causal and not a padding key,
-    [B, 1, T, T] bool (the mask transformers builds for SDPA), for any padded batch."""
-    if not batch["padded"]:
-        return None
-    keep = batch["attention_mask"].bool()                                  # [B, T]
-    T = keep.shape[1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=keep.device).tril()
-    return causal & keep[:, None, None, :]
-
-
 def train_once(args, form: str, device) -> tuple[list[dict], int | None]:
     """sft.train(args) in `form`, checkpoint writing stubbed out: its log records and, on CUDA, the
     peak bytes allocated during the call beyond those allocated before it."""
@@ -288,11 +274,10 @@ def train_once(args, form: str, device) -> tuple[list[dict], int | None]:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-    args = dataclasses.replace(args, pack=form == "packed")
-    mask = dense_padding_mask if form == "dense_mask" else chunked_logits.attention_mask
+    args = dataclasses.replace(args, pack=forms.packs(form))
     with mock.patch.object(checkpoints, "save", lambda *a, **k: "nothing (bench/sft_step.py)"), \
             mock.patch.object(checkpoints, "trainer_state", lambda *a: None), \
-            mock.patch.object(chunked_logits, "attention_mask", mask):
+            forms.code_paths(form):
         sft.train(args, cl.LossConfig(), device)
     peak = torch.cuda.max_memory_allocated(device) - before if device.type == "cuda" else None
     lines = (Path(args.out_dir) / "log.jsonl").read_text().splitlines()
@@ -376,7 +361,7 @@ def report(r: dict):
     first = r["forms_run"][0]
     for form in r["forms_run"]:
         f = r["forms"][form]
-        print(f"{form}: {FORMS[form]}; {f['computed_tokens']} tokens computed")
+        print(f"{form}: {forms.FORMS[form]}; {f['computed_tokens']} tokens computed")
         for v, x in f["variants"].items():
             mem = "n/a on CPU" if x["peak_bytes"] is None else f"{x['peak_bytes'] / 2**30:6.2f} GiB"
             plan = x["planner_note"] if x["planner_bytes"] is None \
@@ -405,7 +390,7 @@ def main():
                         help="tokens per logits chunk (default: 4096)")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of a run per form and variant")
-    parser.add_argument("--forms", nargs="+", default=["dense_mask", "packed"], choices=FORMS,
+    parser.add_argument("--forms", nargs="+", default=["6fbcbf7", "packed"], choices=forms.FORMS,
                         help="the micro-batch's forms, each timed: the ratios are to the first; "
                              "the last is the headline")
     parser.add_argument("--grad_ckpt", action=argparse.BooleanOptionalAction, default=True)
@@ -429,8 +414,7 @@ def main():
         config_json = Path(tmp, "model", "config.json")
         plans = {}
         for form in a.forms:         # the planner's options where it has them (--help lists them)
-            options = {"bf16": bf16, "grad_ckpt": a.grad_ckpt, "pack": form == "packed",
-                       "dense_mask": form == "dense_mask"}
+            options = {"bf16": bf16, "grad_ckpt": a.grad_ckpt, "pack": forms.packs(form)}
             sizes = (run["batch"] * run["seq"], run["seq"], m["trained_tokens"], run["loss_chunk"])
             for v in VARIANTS:
                 plans[form, v] = planner_prediction(Path(a.planner), config_json, v, *sizes, options)

@@ -178,6 +178,30 @@ def mesh_outside_fake_mode() -> None:
     _fsdp_init.init_device_mesh = init_device_mesh
 
 
+def fsdp_moves_fake_tensors() -> None:
+    """fully_shard moves a module's CPU parameters to the GPU with `param.data = param.to(device)`
+    (_fsdp_init._move_states_to_device): on a real tensor that moves it, on a fake one it swaps the
+    data but leaves the device the fake tensor reports (FakeTensor.fake_device), and FSDP then
+    refuses the parameter ("Expects the parameter to already be moved to device cuda:0 but got
+    cpu"). Rank 0 of one GPU meets it: its weights are loaded on the CPU, where a real run moves
+    them exactly so. The device is set after the move, as the real move leaves it."""
+    from torch._subclasses.fake_tensor import FakeTensor
+    from torch.distributed.fsdp._fully_shard import _fsdp_init
+
+    move = _fsdp_init._move_states_to_device
+    if getattr(move, "sets_fake_device", False):
+        return
+
+    def move_states_to_device(params, buffers, device):
+        move(params, buffers, device)
+        for t in [*params, *buffers]:
+            if isinstance(t, FakeTensor) and t.device.type not in ("meta", device.type):
+                t.fake_device = device
+
+    move_states_to_device.sets_fake_device = True
+    _fsdp_init._move_states_to_device = move_states_to_device
+
+
 def route_attention_like_cuda(kernels) -> None:
     """Scaled dot-product attention as a CUDA build would run it on an sm80+ GPU. On a CPU build
     SDPA takes the math path for CUDA tensors (it has no CUDA kernel choice compiled in), which

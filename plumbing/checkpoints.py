@@ -356,6 +356,11 @@ def read_metadata(file: Path):
     return metadata
 
 
+class Refused(pickle.UnpicklingError):
+    """A saved value that is not a plain one (it names a callable): the one-line message says
+    where and what."""
+
+
 def _safe_dcp(directory: Path):
     """(storage_reader, planner) for dcp.load that unpickle nothing beyond metadata and plain
     values: the reader reads .metadata (or a rank's, DCP's fallback) with read_metadata, the
@@ -378,7 +383,18 @@ def _safe_dcp(directory: Path):
 
     class Planner(DefaultLoadPlanner):
         def load_bytes(self, read_item, value):
-            obj = torch.load(value, weights_only=True)
+            try:
+                obj = torch.load(value, weights_only=True)
+            except pickle.UnpicklingError:            # torch's message: bold, cut, many lines
+                value.seek(0)
+                try:
+                    names = torch.serialization.get_unsafe_globals_in_checkpoint(value)
+                except Exception:                     # not even a torch.save file
+                    names = []
+                file = directory / self.metadata.storage_data[read_item.storage_index].relative_path
+                what = f"names {names[0]}" if names else "is not a torch.save value"
+                raise Refused(f"{file}: its saved value {read_item.dest_index.fqn} {what}, which is "
+                              "not a plain value; refused, nothing in it was run") from None
             if self.flatten_state_dict:
                 set_element(self.original_state_dict, self.mappings[read_item.dest_index.fqn], obj)
             else:
@@ -387,10 +403,12 @@ def _safe_dcp(directory: Path):
     return Reader(str(directory)), Planner()
 
 
-def load(path: Path, trainer_state: dict) -> dict:
+def load(path: Path, trainer_state: dict, floats: tuple[str, ...] = ()) -> dict:
     """Loads trainer/ into `trainer_state` in place (same structure as saved) and restores this
-    rank's RNG; returns state.json's counters, checked. Nothing is unpickled but checkpoint metadata
-    (read_metadata) and weights_only loads: a crafted file stops the run with one line."""
+    rank's RNG; returns state.json's counters, checked: non-negative integers, or for the names in
+    `floats` (measured values a resume needs) non-negative floats. Nothing is unpickled but
+    checkpoint metadata (read_metadata) and weights_only loads: a crafted file stops the run with
+    one line."""
     import torch.distributed.checkpoint as dcp
 
     read_metadata(path / "trainer" / ".metadata")      # a refusal here is one line on every rank
@@ -399,6 +417,8 @@ def load(path: Path, trainer_state: dict) -> dict:
         dcp.load(trainer_state, storage_reader=reader, planner=planner)
     except _checkpoint_exception() as e:
         errors = [exc for exc, _ in e.failures.values()]
+        if isinstance(errors[0], Refused):
+            raise SystemExit(str(errors[0])) from None
         raise SystemExit(f"{path / 'trainer'}: cannot be loaded ({type(errors[0]).__name__}: "
                          f"{str(errors[0]).strip().splitlines()[0]})") from None
     rng_file, state_file = path / f"rng_rank{dist.get_rank()}.pt", path / "state.json"
@@ -415,11 +435,15 @@ def load(path: Path, trainer_state: dict) -> dict:
     except (ValueError, UnicodeDecodeError) as e:
         raise SystemExit(f"{state_file}: not valid JSON ({e})") from None
     counters = state.items() if isinstance(state, dict) else ()
-    if not state or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
-                            for _, v in counters):
+    if not state or not all(_counter(v) or (k in floats and isinstance(v, float) and v >= 0)
+                            for k, v in counters):
         raise SystemExit(f"{state_file}: expected counters such as {{\"step\": 12}}, got "
                          f"{json.dumps(state)[:80]}")
     return state
+
+
+def _counter(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
 
 
 def is_trainer_file(name: str) -> bool:
@@ -477,11 +501,11 @@ def trainer_state(model, optimizer, teacher):
     return state
 
 
-def restore(path, model, optimizer, teacher):
+def restore(path, model, optimizer, teacher, floats: tuple[str, ...] = ()):
     from torch.distributed.checkpoint.state_dict import set_model_state_dict, set_state_dict
 
     state = trainer_state(model, optimizer, teacher)
-    position = load(path, state)
+    position = load(path, state, floats)
     set_state_dict(model, optimizer, model_state_dict=state["model"],
                    optim_state_dict=state["optim"])
     if teacher is not None:

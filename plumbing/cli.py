@@ -36,7 +36,7 @@ def field_docs(cls) -> dict[str, str]:
 
 def field_groups(cls) -> list[tuple[str, list]]:
     """(title, fields) for --help: the class's own fields, then each base dataclass's (sft.py's and
-    rl.py's Args take the --eval_* flags from evaluation.ValidationArgs), titled by the first line
+    rl.py's Args take the --eval_* flags from measure.ValidationArgs), titled by the first line
     of the docstring of the class that declares them."""
     groups, seen = [], set()
     for owner in [c for c in cls.__mro__ if is_dataclass(c)]:

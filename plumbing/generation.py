@@ -10,6 +10,7 @@ they were read.
 import importlib.metadata
 import importlib.util
 import itertools
+import math
 import os
 import sys
 import time
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
+import torch.distributed as dist
 import transformers
 from tqdm import tqdm
 
@@ -29,12 +31,16 @@ class Sample:
     token_ids: list[int]  # generated tokens, the EOS included when the model stopped
     text: str  # token_ids decoded without the EOS; special tokens kept ("</think>" always survives)
     # The next two only with generate(logprobs=True), else None: evaluate.py's entropy metric;
-    # rl.py compares the log-probs with the trainer's own, which its ratio uses.
-    logprobs: list[float] | None  # per token, under the sampling distribution (temperature, top-p)
-    # Per-token entropy of the sampling distribution. HF: exact, from the processed scores of every
-    # step. vLLM: -logprob of the sampled token, a one-sample estimate whose token mean is a
-    # consistent estimate of the same mean entropy (E[-log p(y)] = H(p) for y ~ p); only the mean is
-    # meaningful, not single values.
+    # rl.py compares the log-probs with the trainer's own (its engine check).
+    # Per token: the log-prob under the sampling distribution (temperature, top-p), or with an
+    # engine loaded with raw_logprobs, the model's own (temperature 1, no top-p: rl.py's engine).
+    # HF: from a forward of the sample alone (_scored_alone), not from the batch it was drawn in.
+    logprobs: list[float] | None
+    # Per-token entropy of the sampling distribution. HF: exact, from the forward of the sample
+    # alone, so that no value depends on which samples shared its batch (--gen_batch_size).
+    # vLLM: -logprob of the sampled token, a one-sample estimate whose token mean is a consistent
+    # estimate of the same mean entropy (E[-log p(y)] = H(p) for y ~ p); only the mean is
+    # meaningful, not single values; None with raw_logprobs (they are not the sampled ones').
     entropy: list[float] | None
     # HF: "stop" (an EOS) or "length". vLLM: as it reports it: also "abort", "error", "repetition",
     # which are not truncations; the truncation metrics count "length" only.
@@ -47,7 +53,8 @@ class Sample:
 class Engine:
     kind: str  # "hf" or "vllm"
     model: Any  # a transformers model (hf) or a vllm.LLM (vllm); rl.py loads new weights into it
-    logprobs: bool = True  # vLLM: returns the sampling distribution's log-probs (load_engine)
+    logprobs: bool = True  # vLLM: returns log-probs (load_engine)
+    raw_logprobs: bool = False  # they are the model's own, not the sampling distribution's
     sleeps: bool = False  # vLLM sleep mode (rl.py): weights and KV cache freed but for rollouts
     has_trainer_weights: bool = True  # False once the trainer has moved on (rollout_engine, wake)
 
@@ -150,13 +157,15 @@ def vllm_cpu_settings(kwargs: dict) -> dict:
 
 
 def load_engine(path: str, engine: str = "auto", dtype: str = "auto", seed: int = 0, *,
-                logprobs: bool = True, random_weights: bool = False, **vllm_kwargs):
+                logprobs: bool = True, raw_logprobs: bool = False, random_weights: bool = False,
+                **vllm_kwargs):
     """(Engine, tokenizer) for a checkpoint directory. vllm_kwargs go to vllm.LLM
     (tensor_parallel_size, gpu_memory_utilization, max_model_len, distributed_executor_backend,
     enable_sleep_mode, ...); the HF engine ignores them. logprobs=False: a vLLM engine that never
-    returns log-probs, with a leaner sampler. random_weights: the architecture of config.json
-    without its weights (sft.py --scratch: the first sync brings the trainer's). Never
-    trust_remote_code."""
+    returns log-probs, with a leaner sampler. raw_logprobs: the log-probs generate returns are the
+    model's own, at temperature 1 before top-p, not the sampling distribution's (Sample.logprobs).
+    random_weights: the architecture of config.json without its weights (sft.py --scratch: the
+    first sync brings the trainer's). Never trust_remote_code."""
     check_model_dir(path, weights=not random_weights)
     if random_weights:
         vllm_kwargs["load_format"] = "dummy"
@@ -172,14 +181,15 @@ def load_engine(path: str, engine: str = "auto", dtype: str = "auto", seed: int 
         from vllm import LLM  # lazy: the GPU wheel cannot even be imported on a CPU build of torch
 
         if logprobs:
-            # Log-probs after temperature and top-p, i.e. of the distribution actually sampled. An
-            # engine-wide cost: with it, vLLM 0.32's TopKTopPSampler
-            # (v1/sample/ops/topk_topp_sampler.py) never takes FlashInfer's fused top-p path and its
-            # forward_native takes a [batch, vocab] log_softmax at every decoding step, whether a
-            # request asked for log-probs or not.
-            vllm_kwargs["logprobs_mode"] = "processed_logprobs"
-        return Engine("vllm", LLM(model=path, seed=seed, dtype=dtype, **vllm_kwargs),
-                      logprobs), tokenizer
+            # vLLM 0.32's v1/sample/sampler.py: raw_logprobs are log_softmax of the model's logits
+            # before temperature, penalties and top-p; processed_logprobs those after temperature
+            # and top-p, i.e. of the distribution actually sampled. An engine-wide choice and cost:
+            # with processed ones, TopKTopPSampler (v1/sample/ops/topk_topp_sampler.py) never takes
+            # FlashInfer's fused top-p path and its forward_native takes a [batch, vocab]
+            # log_softmax at every decoding step, whether a request asked for log-probs or not.
+            vllm_kwargs["logprobs_mode"] = "raw_logprobs" if raw_logprobs else "processed_logprobs"
+        return Engine("vllm", LLM(model=path, seed=seed, dtype=dtype, **vllm_kwargs), logprobs,
+                      raw_logprobs), tokenizer
     device = "cuda" if torch.cuda.is_available() else "cpu"
     auto = torch.bfloat16 if device == "cuda" else torch.float32  # bf16 matmuls are slow on CPU
     torch_dtype = auto if dtype == "auto" else getattr(torch, dtype, None)
@@ -192,7 +202,7 @@ def load_engine(path: str, engine: str = "auto", dtype: str = "auto", seed: int 
         model = transformers.AutoModelForCausalLM.from_pretrained(path, dtype=torch_dtype,
                                                                   use_safetensors=True)
     model = model.to(device).eval()
-    return Engine("hf", model), tokenizer
+    return Engine("hf", model, raw_logprobs=raw_logprobs), tokenizer
 
 
 def generate(engine, tokenizer, prompts: list[str], n: int = 8, temperature: float = 0.6,
@@ -200,7 +210,7 @@ def generate(engine, tokenizer, prompts: list[str], n: int = 8, temperature: flo
              logprobs: bool = True, offset: int = 0) -> list[list[Sample]]:
     """n samples for each prompt (prompt-major). `engine` is an Engine or a bare HF model.
     logprobs=False leaves Sample.logprobs and Sample.entropy None and saves what they cost: vLLM
-    builds no Python object per token, HF takes no log-softmax and no entropy per step. offset: the
+    builds no Python object per token, HF runs no forward of each sample alone. offset: the
     index of prompts[0] in the whole list a caller splits over ranks; the seeds derive from global
     indices, so the samples do not depend on the split."""
     if not isinstance(engine, Engine):
@@ -209,13 +219,13 @@ def generate(engine, tokenizer, prompts: list[str], n: int = 8, temperature: flo
         if logprobs and not engine.logprobs:
             raise ValueError("generate(logprobs=True) on a vLLM engine loaded with logprobs=False")
         return _generate_vllm(engine.model, tokenizer, prompts, n, temperature, top_p,
-                              max_new_tokens, seed, logprobs, offset)
+                              max_new_tokens, seed, logprobs, offset, engine.raw_logprobs)
     return _generate_hf(engine.model, tokenizer, prompts, n, temperature, top_p, max_new_tokens,
-                        seed, batch_size, logprobs, offset)
+                        seed, batch_size, logprobs, offset, engine.raw_logprobs)
 
 
 def _generate_vllm(llm, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, logprobs,
-                   offset):
+                   offset, raw):
     from vllm import SamplingParams
 
     # vLLM 0.32 vllm/sampling_params.py: logprobs=0 returns the sampled token's log-prob only, None
@@ -241,41 +251,40 @@ def _generate_vllm(llm, tokenizer, prompts, n, temperature, top_p, max_new_token
             # "stop" (an EOS or stop token, kept in token_ids, as SFT trains it), "length"
             # (max_tokens or max_model_len), "abort", "error", "repetition"
             text, stop_text = _decode(tokenizer, ids, o.finish_reason == "stop")
-            samples.append(Sample(ids, text, lps, None if lps is None else [-lp for lp in lps],
-                                  o.finish_reason, stop_text))
+            entropy = None if lps is None or raw else [-lp for lp in lps]
+            samples.append(Sample(ids, text, lps, entropy, o.finish_reason, stop_text))
         result.append(samples)
     return result
 
 
-class _SampledLogProbs(transformers.LogitsProcessor):
-    """The last of generate's logits processors: it sees each step's scores after temperature and
-    top-p (the distribution HF samples from) and keeps only what the samples need: the entropy of
-    each step, and the log-prob of the token each row draws, read at the next step (or, for the last
-    one, by `finish`) from input_ids. Memory: one step's [rows, V] log-probs, where output_scores
-    keeps every step's (320 GB for 64 sequences of 8192 tokens at Qwen's vocabulary). The per-step
-    values go into tensors allocated once: on a CPU, a small tensor kept at every step between the
-    step's [rows, V] temporaries fragments the heap (1.3 GB resident for 8 x 512 tokens)."""
-
-    def __init__(self, max_new_tokens: int):
-        self.max_new_tokens, self.step, self.logp = max_new_tokens, 0, None
-
-    def __call__(self, input_ids, scores):
-        if self.logp is None:
-            shape = (len(scores), self.max_new_tokens)
-            self.sampled_logp, self.entropy = (scores.new_zeros(shape, dtype=torch.float32)
-                                               for _ in range(2))
-        else:                                                 # the token drawn at the previous step
-            self.sampled_logp[:, self.step - 1] = self.logp.gather(-1, input_ids[:, -1:])[:, 0]
-        self.logp = scores.float().log_softmax(-1)                   # [rows, V]
-        self.entropy[:, self.step] = entropy(scores)
-        self.step += 1
-        return scores
-
-    def finish(self, last_tokens):
-        """[rows, T] log-probs and entropies of the sampled tokens, given the tokens drawn at the
-        last step."""
-        self.sampled_logp[:, self.step - 1] = self.logp.gather(-1, last_tokens[:, None])[:, 0]
-        return self.sampled_logp[:, : self.step], self.entropy[:, : self.step]
+@torch.no_grad()
+def _scored_alone(model, prompt_ids: list[int], token_ids: list[int], top_p_warper, temperature,
+                  raw: bool, chunk: int = 32) -> tuple[list[float], list[float]]:
+    """(log-probs, entropies) of one sample's tokens from a forward of prompt + sample alone: the
+    HF engine's per-token figures, computed so that none depends on which samples shared its batch
+    (a batched, left-padded forward rounds each row by its batch's shapes: ~1e-6 in float32). Each
+    position's float32 logits go through the draw's warpers (temperature, then top-p) for the
+    entropy of the sampling distribution; the log-prob is the raw logits' (raw) or the warped ones',
+    the drawn token kept in the nucleus (the draw's own scores had it there: this forward may round
+    the boundary otherwise). The decoder's hidden states meet the head `chunk` positions at a time:
+    [chunk, V] logits, never [T, V] (5 GB for 8k tokens at Qwen's vocabulary)."""
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt_ids + token_ids], device=device)
+    hidden = model.get_decoder()(input_ids=ids, use_cache=False).last_hidden_state[0]    # [P+T, H]
+    hidden = hidden[len(prompt_ids) - 1 : -1]                     # the positions that predict them
+    y = ids[0, len(prompt_ids):, None]                                                    # [T, 1]
+    logp, ent = [], []
+    for s in range(0, len(token_ids), chunk):
+        z, y_c = model.get_output_embeddings()(hidden[s : s + chunk]).float(), y[s : s + chunk]
+        tempered = z / temperature if temperature != 1.0 else z       # as generate's warpers
+        scores = tempered if top_p_warper is None else top_p_warper(ids, tempered)
+        ent.append(entropy(scores))
+        if raw:
+            logp.append(z.log_softmax(-1).gather(-1, y_c)[:, 0])
+        else:
+            kept = scores.scatter(-1, y_c, tempered.gather(-1, y_c))
+            logp.append(kept.log_softmax(-1).gather(-1, y_c)[:, 0])
+    return torch.cat(logp).tolist(), torch.cat(ent).tolist()
 
 
 class _SeededDraw(transformers.LogitsProcessor):
@@ -298,7 +307,7 @@ class _SeededDraw(transformers.LogitsProcessor):
 
 @torch.no_grad()
 def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size,
-                 logprobs, offset):
+                 logprobs, offset, raw):
     eos = _eos_ids(model, tokenizer)
     pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos[0]
     device = next(model.parameters()).device
@@ -312,17 +321,14 @@ def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_token
         ids = torch.tensor([[pad] * (width - len(e)) + e for e in encoded], device=device)
         mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded], device=device)
         # generate() appends its own temperature and top-p warpers after every processor passed to
-        # it, so the warpers are passed here, in HF's order, with the recorder after them;
-        # generate's own are switched off (1.0). The sampling itself, softmax then multinomial, is
-        # generate's.
+        # it, so the warpers are passed here, in HF's order, with the draw after them; generate's
+        # own are switched off (1.0).
         processors = transformers.LogitsProcessorList()
         if temperature != 1.0:
             processors.append(transformers.TemperatureLogitsWarper(temperature))
-        if top_p < 1.0:
-            processors.append(transformers.TopPLogitsWarper(top_p))
-        recorder = _SampledLogProbs(max_new_tokens) if logprobs else None
-        if recorder is not None:
-            processors.append(recorder)
+        top_p_warper = transformers.TopPLogitsWarper(top_p) if top_p < 1.0 else None
+        if top_p_warper is not None:
+            processors.append(top_p_warper)
         # a seed per sample from its prompt's global index, as vLLM's (seed + index * n + child)
         first = offset + start
         processors.append(_SeededDraw([seed + (first + i) * n + j for i in range(len(encoded))
@@ -335,8 +341,6 @@ def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_token
                 num_return_sequences=n, max_new_tokens=max_new_tokens, eos_token_id=eos,
                 pad_token_id=pad, return_dict_in_generate=True)  # (its draw: the caller's RNG kept)
         new = out.sequences[:, width:]  # (B * n, T), rows grouped by prompt
-        if recorder is not None:
-            logp, ent = recorder.finish(new[:, -1])  # (B * n, T) each
         for row in range(new.shape[0]):
             ids = new[row].tolist()
             stop = next((t for t, i in enumerate(ids) if i in eos), None)
@@ -344,9 +348,12 @@ def _generate_hf(model, tokenizer, prompts, n, temperature, top_p, max_new_token
             length = len(ids) if stop is None else stop + 1
             stopped = stop is not None
             text, stop_text = _decode(tokenizer, ids[:length], stopped)
-            sample = Sample(ids[:length], text, logp[row, :length].tolist() if logprobs else None,
-                            ent[row, :length].tolist() if logprobs else None,
-                            "stop" if stopped else "length", stop_text)
+            logp = ent = None
+            if logprobs:
+                logp, ent = _scored_alone(model, encoded[row // n], ids[:length], top_p_warper,
+                                          temperature, raw)
+            sample = Sample(ids[:length], text, logp, ent, "stop" if stopped else "length",
+                            stop_text)
             if row % n == 0:
                 result.append([])
             result[-1].append(sample)
@@ -484,13 +491,14 @@ def _reload_weights(worker, weights) -> list[str]:
 # ------------------------------------------------------------------------------------------------
 def rollout_engine(path: str, engine: str, dtype: str, seed: int, gpu_memory_utilization: float,
                    max_model_len: int, sleep: bool, has_trainer_weights: bool,
-                   random_weights: bool = False):
+                   random_weights: bool = False, raw_logprobs: bool = False):
     """(Engine, tokenizer) for rl.py's rollouts, created before the trainer's model: vLLM's
     gpu_memory_utilization is a share of TOTAL memory, which must be free at creation. With the
     sampled tokens' log-probs, which rl.py only compares with the trainer's own (its ratio uses the
-    trainer's numerics). has_trainer_weights: the trainer starts from the same checkpoint (not a
-    resumed run); otherwise the first wake loads the trainer's weights. sft.py's validation engine
-    is the same (random_weights: for --scratch, whose directory has none)."""
+    trainer's numerics): raw_logprobs, the model's own, before temperature and top-p.
+    has_trainer_weights: the trainer starts from the same checkpoint (not a resumed run); otherwise
+    the first wake loads the trainer's weights. sft.py's validation engine is the same
+    (random_weights: for --scratch, whose directory has none)."""
     kind = engine_kind(engine)
     gpu = kind == "vllm" and vllm_device() != "cpu"
     if gpu and "RANK" not in os.environ:            # external_launcher reads RANK / LOCAL_RANK
@@ -499,7 +507,8 @@ def rollout_engine(path: str, engine: str, dtype: str, seed: int, gpu_memory_uti
                          "--engine hf runs anywhere")
     sleeps = gpu and sleep                     # vLLM's CPU build has no sleep (vllm_cpu_settings)
     engine, tokenizer = load_engine(
-        path, kind, dtype=dtype, seed=seed, logprobs=True, random_weights=random_weights,
+        path, kind, dtype=dtype, seed=seed, logprobs=True, raw_logprobs=raw_logprobs,
+        random_weights=random_weights,
         # one engine per rank, in the rank's process
         tensor_parallel_size=1, distributed_executor_backend="external_launcher",
         gpu_memory_utilization=gpu_memory_utilization, max_model_len=max_model_len,
@@ -535,3 +544,68 @@ def sleep(engine: Engine) -> None:
     """After the rollouts: the trainer has the GPU until the next wake."""
     if engine.sleeps:
         engine.model.sleep(level=2)
+
+
+# ------------------------------------------------------------------------------------------------
+# The engine check (rl.py): did the engine sample from the trainer's policy?
+# ------------------------------------------------------------------------------------------------
+# Step 1 samples from the checkpoint the engine and the trainer both loaded, so its difference is
+# this device's and dtype's numeric floor between the two implementations (float32 on a CPU, HF and
+# vLLM engines: 1.2e-7 to 1.9e-7 nats). Later steps move it little, a weight the sync got wrong by
+# orders of magnitude: on CPUs, 10 healthy runs of 4 steps stayed within 1.1 x their step 1, layer
+# 0's down_proj delivered x3 gave 0.03 nats, 1e5 x (tests/test_rl.py test_the_engine_check_*,
+# tests/test_vllm_cpu.py); 10 x leaves room to both sides. The floor counts as at least
+# ENGINE_FLOOR_MIN (float32's rounding of log-probs of a few nats); --engine_logp_tol stays the
+# ceiling (bf16 engines: a floor of hundredths, not measured here). A sleeping engine (vLLM on
+# GPUs) drops its weights at creation, so its step 1 already syncs: a sync wrong from its first load
+# is then left to the ceiling.
+ENGINE_FLOOR_FACTOR = 10.0
+ENGINE_FLOOR_MIN = 1e-6
+
+
+@torch.no_grad()
+def engine_logp_diff(engine_lp: list[torch.Tensor], trainer_lp: list[torch.Tensor]):
+    """(mean, max) over all ranks of |engine log-prob - trainer's log-prob| per response token the
+    engine sampled (NaN in engine_lp: a token it did not sample, the expert's), both the model's
+    own at temperature 1 before top-p (the engine's raw log-probs: rollout_engine), i.e. the same
+    quantity from two implementations: with the trainer's weights in the engine they differ by
+    numerics only; (nan, nan) without tokens. No mask indexing (a host sync on a GPU): one read,
+    the step's check before its update."""
+    engine, trainer = torch.cat(engine_lp), torch.cat(trainer_lp).float()             # [N]
+    sampled = ~engine.isnan()
+    diff = torch.where(sampled, (engine - trainer).abs(), 0.0)
+    sums = torch.stack([diff.double().sum(), sampled.double().sum()])
+    top = torch.cat([diff, diff.new_zeros(1)]).amax().double()
+    dist.all_reduce(sums)
+    dist.all_reduce(top, op=dist.ReduceOp.MAX)
+    read = torch.stack([sums[0] / sums[1].clamp(min=1), top, (sums[1] == 0).double()])
+    mean, top, none = read.cpu().tolist()                                     # the host read
+    return (math.nan, math.nan) if none else (mean, top)
+
+
+class EngineCheck:
+    """rl.py's check before each update that the engine sampled from the trainer's policy: a weight
+    the sync missed shows here, as plausible losses would not. floor: step 1's difference (a
+    resumed run's, from its checkpoint; else its first step's); tol: --engine_logp_tol."""
+
+    def __init__(self, tol: float, floor: float | None = None):
+        self.tol, self.floor = tol, floor
+
+    def limit(self) -> float:
+        """The largest mean difference a step may have."""
+        return min(self.tol, ENGINE_FLOOR_FACTOR * max(self.floor, ENGINE_FLOOR_MIN))
+
+    def __call__(self, engine_lp, trainer_lp, synced: bool, failed) -> tuple[float, float]:
+        """The step's (mean, max) difference (engine_logp_diff), or failed(why), the run's
+        one-line stop, when the mean is above the limit (nan too)."""
+        mean, top = engine_logp_diff(engine_lp, trainer_lp)
+        self.floor = mean if self.floor is None else self.floor
+        if not mean <= self.limit():
+            cause = ("a weight the sync missed or left stale" if synced else
+                     "the engine does not run the trainer's model (dtype? checkpoint?)")
+            raise failed(f"the engine's log-probs of its samples differ from the trainer's by "
+                         f"{mean:.3g} nats on average (max {top:.3g}), above {self.limit():.3g} "
+                         f"({ENGINE_FLOOR_FACTOR:g} x step 1's {self.floor:.3g}, at least "
+                         f"{ENGINE_FLOOR_MIN:g}; at most --engine_logp_tol {self.tol}): {cause}; "
+                         f"stopped before the update")
+        return mean, top

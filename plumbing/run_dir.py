@@ -48,6 +48,17 @@ def claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool,
     return lock
 
 
+def recorded(out_dir: Path) -> dict:
+    """The settings run_config.json in out_dir records ({} for none, or an unreadable one: claim
+    then says why). Read before claim, on every rank: a value the run started with, which a resume
+    keeps (claim rewrites the file with the same value)."""
+    try:
+        settings = json.loads((Path(out_dir) / "run_config.json").read_text())
+    except (OSError, ValueError, UnicodeDecodeError):
+        return {}
+    return settings if isinstance(settings, dict) else {}
+
+
 def release() -> None:
     """End of a run: release the directories this process claimed (a later run in the process may
     claim them)."""
@@ -92,13 +103,14 @@ def _claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool, 
             recorded = {**json.loads(json.dumps(defaults)), **recorded.pop("loss_config", {}),
                         **recorded}
             changed = sorted(k for k in settings.keys() | recorded.keys()
-                             if k not in may_change and settings.get(k) != recorded.get(k))
+                             if k not in may_change and not _same(k, settings.get(k),
+                                                                  recorded.get(k)))
             if changed:
                 diffs = ", ".join(f"--{k} {recorded.get(k)!r} -> {settings.get(k)!r}"
                                   for k in changed)
                 raise SystemExit(f"{out_dir} holds a run with other settings ({diffs}); resume it "
                                  "with its own settings or choose another --out_dir")
-            if data and recorded_data and recorded_data != data:
+            if data and recorded_data and _content(recorded_data) != _content(data):
                 raise SystemExit(f"{data['file']} is not the file this run started on (then: "
                                  f"{recorded_data['rows']} rows, sha256 "
                                  f"{recorded_data['sha256'][:12]}; now: {data['rows']} rows, "
@@ -114,6 +126,22 @@ def _claim(out_dir: Path, settings: dict, may_change: set[str], resuming: bool, 
     write_atomic(recorded_file, json.dumps({**settings, **({"data": data} if data else {})},
                                            indent=1))
     return lock
+
+
+# the settings that name a file or directory: the same one through another path (../, a link) is
+# the same setting
+PATH_SETTINGS = ("model", "train_file", "eval_file", "out_dir")
+
+
+def _same(name: str, value, recorded) -> bool:
+    if name in PATH_SETTINGS and isinstance(value, str) and isinstance(recorded, str):
+        return value == recorded or Path(value).resolve() == Path(recorded).resolve()
+    return value == recorded
+
+
+def _content(data: dict) -> dict:
+    """A data file's identity without its path (compared as a setting, resolved)."""
+    return {k: v for k, v in data.items() if k != "file"}
 
 
 def leave_after_signal(out_dir: Path, step: int, signal_name: str | None, log) -> None:
@@ -172,8 +200,9 @@ def check_end(out_dir: Path, resume_from: Path | None, last_step: int, flag: str
     step = 0 if resume_from is None else int(resume_from.name.removeprefix("step_"))
     record, rank0 = _record(out_dir), dist.get_rank() == 0
     if (out_dir / "complete.json").exists() and record != step:
-        print0(f"{out_dir / 'complete.json'}: names step {record}, but the newest intact "
-               f"checkpoint is {resume_from or 'none'}: ignored and removed")
+        said = ("not a completion record ({\"step\": N})" if record is None else
+                f"names step {record}, but the newest intact checkpoint is {resume_from or 'none'}")
+        print0(f"{out_dir / 'complete.json'}: {said}: ignored and removed")
         if rank0:
             (out_dir / "complete.json").unlink(missing_ok=True)
         record = None

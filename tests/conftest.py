@@ -22,14 +22,15 @@ def pytest_configure(config):
 
 # The files that take minutes, longest first: `bash run.sh test` hands whole files to its workers in this order, and
 # a long file started last would run alone while the other cores wait (measured: 23.5 min with them last). The
-# longest were split in two so that no file holds a worker much longer than the rest (test_reliability_resume,
-# test_dryrun_rl, test_vllm_cpu_eval, test_demo_probe). Order: the test time of each file in a 2-worker run of
-# the suite on 2 shared cores (`pytest -n 2 --dist loadfile --junitxml`, summed per file)
+# longest were split so that no file holds a worker much longer than the rest (test_reliability_resume,
+# test_dryrun_quick, test_vllm_cpu_eval, test_demo_probe). Order: the test time of each file in a 2-worker run of
+# the suite on 2 shared cores (`pytest -n 2 --dist loadfile --junitxml`, summed per file; test_resume_settings,
+# newer, placed by estimate)
 LONGEST_FILES = ["test_reliability_resume.py", "test_dryrun.py", "test_demo.py", "test_vllm_cpu.py",
-                 "test_dryrun_rl.py", "test_help.py", "test_reliability.py", "test_sft.py", "test_hybrid.py",
+                 "test_resume_settings.py", "test_help.py", "test_reliability.py", "test_sft.py", "test_hybrid.py",
                  "test_generation.py", "test_vllm_cpu_eval.py", "test_curio_loss.py", "test_memory.py",
-                 "test_bench.py", "test_evaluate_run.py", "test_demo_probe.py", "test_evaluate.py", "test_rl.py",
-                 "test_hub.py", "test_paper_scale.py"]
+                 "test_dryrun_quick.py", "test_bench.py", "test_evaluate_run.py", "test_demo_probe.py",
+                 "test_evaluate.py", "test_rl.py", "test_hub.py", "test_paper_scale.py"]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -153,3 +154,47 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+def grpo_step_peak(memory, config, batch, loss_chunk: int, device, micro_batches: int = 1):
+    """GRPO's training as rl.train runs it, twice (the second time with AdamW's states): the old log-probs, then one
+    optimiser step of `micro_batches` micro-batches (each `batch`), on a Qwen2 of `config` sharded by FSDP2 in bf16
+    with activation checkpointing. Returns bench/memory.py's allocated_peak over the whole (the peak beyond what was
+    allocated before it, garbage collected first; CPU: live tensor bytes with the resident ones) and the
+    micro-batch's trained tokens. The CPU and CUDA planner tests share it, so the CPU suite checks the way the CUDA
+    test measures."""
+    import chunked_logits
+    import rl
+    from transformers import Qwen2ForCausalLM
+
+    from plumbing import models
+
+    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
+    n = int(batch["loss_mask"][:, 1:].sum())
+    args = rl.Args(loss_chunk=loss_chunk)
+    with memory.allocated_peak(device) as measured:
+        torch.manual_seed(0)
+        model = models.shard_model(Qwen2ForCausalLM(config), device, True, True)
+        optimizer = models.make_optimizer(model, 1e-6, 0.01, 0.999, device, False)
+        adv = torch.randn(n, generator=torch.Generator().manual_seed(1)).to(device)
+        for k in (1, micro_batches):
+            old = [chunked_logits.token_log_probs(model, batch, args.loss_chunk, args.temperature) for _ in range(k)]
+            model.reshard()
+            rl.policy_update(model, optimizer, [rl.MicroBatch(batch, adv, lp, ent) for lp, ent in old], args, device)
+            del old
+    return measured, n
+
+
+@pytest.fixture(scope="session")
+def library():
+    """bench/dryrun.py's simulated-GPU C++ library: built on first use (~40 s with g++ and ninja), cached outside the
+    repository; its path."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "bench"
+    code = "import sys; sys.path.insert(0, sys.argv[1]); import sim_gpu; print(sim_gpu.build())"
+    done = subprocess.run([sys.executable, "-c", code, str(bench)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr[-2000:]
+    return done.stdout.strip().splitlines()[-1]

@@ -100,10 +100,13 @@ def install(monkeypatch):
 
         @torch.no_grad()
         def _logprobs(self, prompt_ids, ids, sp):
-            # processed_logprobs: the model's log-probs of the tokens at the request's temperature (the fake's
-            # tokens are not drawn from the model, and top-p is not applied)
+            # v1/sample/sampler.py Sampler.forward: raw_logprobs are the model's log-probs of the tokens before
+            # temperature and top-p; processed_logprobs here those at the request's temperature (the fake's tokens
+            # are not drawn from the model, and top-p is not applied)
+            raw = self.kwargs.get("logprobs_mode") == "raw_logprobs"
             logits = self.model(torch.tensor([prompt_ids + ids])).logits[0, len(prompt_ids) - 1 : -1].float()
-            lps = (logits / sp.temperature).log_softmax(-1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
+            temperature = 1.0 if raw else sp.temperature
+            lps = (logits / temperature).log_softmax(-1).gather(-1, torch.tensor(ids)[:, None])[:, 0]
             return [{t: Logprob(lp)} for t, lp in zip(ids, lps.tolist())]
 
         def reset_prefix_cache(self):

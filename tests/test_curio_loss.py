@@ -402,6 +402,34 @@ def test_top_k_values_are_torch_topks_to_the_bit(v):
         assert torch.equal(cl._top_k_values(z.bfloat16(), k), z.bfloat16().topk(k, dim=-1).values)
 
 
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_bf16_log_probs_and_gradient_are_the_float32_copys_without_one(temperature):
+    """student_log_prob of bf16 logits (a GPU's head) reads them in float32 blocks (_LogProb) instead of one float32
+    copy: lp, the log-partition and the gradient are the copy's (to float32 rounding), -inf logits included, and
+    backward keeps nothing larger than the bf16 logits themselves."""
+    z = (3 * llm_like_logits(64, 5000, seed=4)).bfloat16()
+    z[5, :100] = float("-inf")
+    y = torch.distributions.Categorical(logits=z.float()).sample()
+    g = torch.randn(64)
+    saved = []
+    half = z.clone().requires_grad_()
+    with torch.autograd.graph.saved_tensors_hooks(lambda t: saved.append(t.nbytes) or t, lambda t: t):
+        lp, lse = cl.student_log_prob(half, y, temperature)
+    (g * lp + lse.sin()).sum().backward()
+    full = z.float().requires_grad_()
+    lp32, lse32 = cl.student_log_prob(full, y, temperature)
+    (g * lp32 + lse32.sin()).sum().backward()
+    torch.testing.assert_close(lp, lp32, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(lse, lse32, rtol=1e-5, atol=1e-5)
+    assert half.grad.dtype == torch.bfloat16
+    torch.testing.assert_close(half.grad.float(), full.grad.bfloat16().float(), rtol=1e-2, atol=1e-6)
+    assert max(saved) <= z.nbytes
+    x = torch.randn(5, 40, dtype=torch.float64, requires_grad=True)
+    assert torch.autograd.gradcheck(lambda x: cl._LogProb.apply(x, y[:5] % 40, temperature), (x,))
+    # the logged entropy of bf16 logits, blockwise: the float32 copy's
+    torch.testing.assert_close(cl.entropy(z), cl.entropy(z.float()), rtol=1e-5, atol=1e-5)
+
+
 def test_low_entropy_rule_is_exact():
     """The forced-tau_min decision equals the exact float64 H_full <= 0.03 on rule_rows, on both sides of the
     threshold, including rows whose top-k entropy is low while the full one is not."""

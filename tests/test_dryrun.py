@@ -13,34 +13,19 @@ ROOT = Path(__file__).resolve().parents[1]
 DRYRUN = str(ROOT / "bench" / "dryrun.py")
 
 
-@pytest.fixture(scope="module")
-def library():
-    """The simulated-GPU C++ library: built on first use (~40 s with g++ and ninja), cached outside the repo."""
-    code = "import sys; sys.path.insert(0, sys.argv[1]); import sim_gpu; print(sim_gpu.build())"
-    done = subprocess.run([sys.executable, "-c", code, str(ROOT / "bench")], capture_output=True, text=True)
-    assert done.returncode == 0, done.stderr[-2000:]
-    return done.stdout.strip().splitlines()[-1]
-
-
-# The paper's presets at 7B on 8 simulated GPUs: the two SFT runs here, GRPO's in tests/test_dryrun_rl.py, so that
-# the two files run side by side (--dist loadfile keeps a file on one worker)
-PAPER_RUNS = {"sft_curio": ["config/sft_paper.py", "--eval_every", "59"],     # with validation: its engine's share
-              "sft_baseline": ["config/sft_paper.py", "--loss", "sft"],
-              "rl_paper": ["config/rl_paper.py", "--eval_every", "20"]}
-
-
-def run_paper_presets(names: list[str], tmp_path) -> dict[str, dict]:
-    """bench/dryrun.py with these PAPER_RUNS at once (two cores), each checked as any preset's run: {name: its
-    --json}."""
-    procs = {name: subprocess.Popen([sys.executable, DRYRUN, *PAPER_RUNS[name], "--gpus", "8", "--json",
-                                     str(tmp_path / name)],
+def test_paper_presets_run_on_8_simulated_gpus_within_10_percent_of_the_plan(library, tmp_path):
+    """CurioSFT and one baseline with the paper's SFT preset, and GRPO with the paper's RL preset, at 7B on 8
+    simulated GPUs, the three at once (two cores)."""
+    runs = {"sft_curio": ["config/sft_paper.py", "--eval_every", "59"],     # with validation: its engine's share
+            "sft_baseline": ["config/sft_paper.py", "--loss", "sft"],
+            "rl_paper": ["config/rl_paper.py", "--eval_every", "20"]}
+    procs = {name: subprocess.Popen([sys.executable, DRYRUN, *argv, "--gpus", "8", "--json", str(tmp_path / name)],
                                     cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for name in names}
-    results = {}
+             for name, argv in runs.items()}
     for name, proc in procs.items():
         out = proc.communicate(timeout=900)[0]
         assert proc.returncode == 0, f"{name}: {out[-3000:]}"
-        r = results[name] = json.loads((tmp_path / name).read_text())
+        r = json.loads((tmp_path / name).read_text())
         assert r["model"] == "Qwen/Qwen2.5-Math-7B" and r["gpus"] == 8 and r["steps_run"] == 2
         assert 0.9 <= r["ratio"] <= 1.1 and r["fits"] and r["margin_gib"] > 0, r
         assert "math" not in r["attention_kernel"] and "flash" in r["attention_kernel"], r
@@ -53,26 +38,24 @@ def run_paper_presets(names: list[str], tmp_path) -> dict[str, dict]:
         assert r["syncs_per_step"] == len(own) and sorted(s[s.index("("):] for s in r["sync_sites"]) == own, r
         if r["stage"] == "sft":
             assert {"teacher update", "teacher forward"} <= set(r["est_ms_parts"]) or name == "sft_baseline", r
-        assert 0.2 < r["mfu_est"] < 0.8 and r["est_ms_per_step"] > 1000 and r["flops_per_step"] > 1e15, r
+        # calibrated on one H200 (tests/test_roofline.py): an SFT step's MFU in the 20s at 7B, not the roofs' 44%
+        assert 0.15 < r["mfu_est"] < 0.6 and r["est_ms_per_step"] > 1000 and r["flops_per_step"] > 1e15, r
+        assert r["calibration"].startswith("calibrated on one H200") and r["est_ms_by_class"]["matmul"] > 0, r
         assert r["not_covered"] and "failed" not in r
         assert "peak per GPU, step 2: measured" in out and "a roofline estimate" in out
-    return results
-
-
-def test_paper_sft_presets_run_on_8_simulated_gpus_within_10_percent_of_the_plan(library, tmp_path):
-    """CurioSFT and one baseline with the paper's SFT preset at 7B on 8 simulated GPUs, the two at once (two
-    cores)."""
-    runs = run_paper_presets(["sft_curio", "sft_baseline"], tmp_path)
-    curio, sft = runs["sft_curio"], runs["sft_baseline"]
-    assert curio["loss"] == "curio"
+    curio, sft = (json.loads((tmp_path / name).read_text()) for name in ("sft_curio", "sft_baseline"))
+    assert curio["loss"] == "curio" and json.loads((tmp_path / "rl_paper").read_text())["stage"] == "rl"
     # sft.py --eval_every ran after both steps, and the fit counts the planner's validation phase (vLLM awake)
     assert curio["validations"] == 2 and sft["validations"] == 0
+    assert json.loads((tmp_path / "rl_paper").read_text())["validations"] == 2     # rl.py's, with its rollout engine
     share = 0.5 * curio["gpu_gib"]                                       # sft.py's --gpu_memory_utilization
     assert curio["peak_gib_planned_all_phases"] > share + 10 and share > curio["peak_gib_planned"], curio
-    # the paper's cost claim, 1.25x SFT's step: one teacher forward against the student's three passes
+    # the paper's cost claim, 1.25x SFT's step: one teacher forward against the student's three passes; in time,
+    # calibrated, the teacher side's top-k (its radix passes at 6% of the memory's bandwidth on the H200) adds more
     assert 1.2 < curio["flops_per_step"] / sft["flops_per_step"] <= 1.27
-    assert 1.2 < curio["est_ms_per_step"] / sft["est_ms_per_step"] <= 1.30
-    assert 0.15 < curio["teacher_share"] < 0.25 and sft["teacher_share"] == 0
+    assert 1.2 < curio["est_ms_per_step"] / sft["est_ms_per_step"] <= 1.40
+    assert 0.15 < curio["teacher_share"] < 0.30 and sft["teacher_share"] == 0
+
 
 
 @pytest.mark.slow   # 4-5 min on 2 cores: CI runs the paper's presets' dry runs, this adds the hybrids' update

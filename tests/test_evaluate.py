@@ -14,7 +14,7 @@ import transformers
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import evaluate as ev  # noqa: E402
-import evaluation  # noqa: E402
+import measure  # noqa: E402
 from data import Example, build_prompt  # noqa: E402
 from plumbing.synthetic import build_toy_tokenizer  # noqa: E402
 from plumbing import cli, generation, report
@@ -46,7 +46,7 @@ def _sample(ids, entropy=0.5, finish="stop"):
 def test_benchmark_metrics_avg_pass_length_entropy():
     scores = [[1, 0, 0, 1], [0, 0, 0, 0], [1, 1, 1, 1]]
     samples = [[_sample([q, j, 9, 9, 9][: 2 + j]) for j in range(4)] for q in range(3)]
-    m = evaluation.benchmark_metrics(samples, scores)
+    m = measure.benchmark_metrics(samples, scores)
     assert m["avg"] == pytest.approx(6 / 12)  # avg@4
     assert list(m["pass_at_k"]) == ["1", "2", "4"]
     assert m["pass_at_k"]["1"] == pytest.approx(m["avg"])  # unbiased pass@1 is avg@n
@@ -56,25 +56,25 @@ def test_benchmark_metrics_avg_pass_length_entropy():
     assert m["entropy"] == pytest.approx(0.5) and m["truncated"] == 0.0
     # per-question accuracy 1/2, 0, 1: sample standard deviation 1/2 over 3 questions; one question of 3 mixed
     assert m["avg_stderr"] == pytest.approx(0.5 / math.sqrt(3)) and m["mixed_frac"] == pytest.approx(1 / 3)
-    one = evaluation.benchmark_metrics(samples[:1], scores[:1])
+    one = measure.benchmark_metrics(samples[:1], scores[:1])
     assert one["avg_stderr"] is None and one["mixed_frac"] == 1.0        # one question: no spread to measure
     table = report.results_table({"name": "x", "benchmarks": {"aime": m}, "summary": {"id_avg": 0.5, "ood_avg": None},
                                   "grader_failures": 0})
     assert "| avg@n | s.e. | pass@1 | pass@2 | pass@4 | mixed |" in table
     assert "| aime | 3 | 4 | 50.0 | 28.9 | 50.0 |" in table and "| 66.7 | 33.3 | 4 |" in table
-    assert list(evaluation.benchmark_metrics(samples, [q[:3] for q in scores])["pass_at_k"]) == ["1", "2", "3"]
+    assert list(measure.benchmark_metrics(samples, [q[:3] for q in scores])["pass_at_k"]) == ["1", "2", "3"]
 
 
 def test_ngram_diversity():
     a, b = [1, 2, 3, 4, 5, 6], [7, 8, 9, 10, 11, 12]
-    assert evaluation.ngram_diversity([a, a, a]) == 0.0
-    assert evaluation.ngram_diversity([a, b]) == 1.0
+    assert measure.ngram_diversity([a, a, a]) == 0.0
+    assert measure.ngram_diversity([a, b]) == 1.0
     # 4-grams {1234, 2345} vs {1234, 2346}: Jaccard 1/3
-    assert evaluation.ngram_diversity([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6]]) == pytest.approx(2 / 3)
+    assert measure.ngram_diversity([[1, 2, 3, 4, 5], [1, 2, 3, 4, 6]]) == pytest.approx(2 / 3)
     # mean over the three pairs: (1 - 1) + (1 - 0) + (1 - 0), / 3
-    assert evaluation.ngram_diversity([a, a, b]) == pytest.approx(2 / 3)
-    assert evaluation.ngram_diversity([[1, 2], [1, 2]]) == 0.0 and evaluation.ngram_diversity([[1, 2], [2, 1]]) == 1.0
-    assert evaluation.ngram_diversity([a]) is None
+    assert measure.ngram_diversity([a, a, b]) == pytest.approx(2 / 3)
+    assert measure.ngram_diversity([[1, 2], [1, 2]]) == 0.0 and measure.ngram_diversity([[1, 2], [2, 1]]) == 1.0
+    assert measure.ngram_diversity([a]) is None
 
 
 T = "<think>\nlet me think\n</think>\n"  # grading.py's own tests: tests/test_grader.py
@@ -180,7 +180,7 @@ def test_evaluate_wiring_with_canned_responses(tmp_path, monkeypatch):
                         for j, t in enumerate(texts)])
         return out
 
-    monkeypatch.setattr(evaluation, "generate", fake_generate)
+    monkeypatch.setattr(measure, "generate", fake_generate)
     benchmarks = ev.load_benchmarks(str(_write_benchmarks(tmp_path)))
     result, records = ev.evaluate_benchmarks(None, None, benchmarks, ev.Args(n_samples=4, grader_workers=2, model="m"))
     m = result["benchmarks"]
@@ -205,7 +205,7 @@ def test_the_authors_grading_sees_the_end_token(tmp_path, monkeypatch):
         return [[generation.Sample([1, 2], T + f"The answer is {a}", [-1.0] * 2, [0.1] * 2, "stop", stop)
                  for stop in ("<|im_end|>", "")] for a in answers]
 
-    monkeypatch.setattr(evaluation, "generate", fake_generate)
+    monkeypatch.setattr(measure, "generate", fake_generate)
     math = {"math": ev.load_benchmarks(str(_write_benchmarks(tmp_path)))["math"]}
     for grading, scores in (("paper", [1.0] * 4), ("authors", [0.0, 1.0] * 2), ("authors_rl", [0.0, 1.0] * 2)):
         args = ev.Args(n_samples=2, grader_workers=1, model="m", grading=grading)
@@ -378,7 +378,7 @@ def test_unparsable_ground_truths_and_grader_failures_are_counted_per_benchmark(
     rows = [row("math", "2+3?", "5"), row("math", "q2", "\\text{}"), row("math", "q3", "$"),
             row("aime", "q4", "5"), row("arc_c", "q5", "B")]
     bench.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    monkeypatch.setattr(evaluation, "generate", fake_generate)
+    monkeypatch.setattr(measure, "generate", fake_generate)
     result, _ = ev.evaluate_benchmarks(None, None, ev.load_benchmarks(str(bench)),
                                        ev.Args(n_samples=2, grader_workers=1, model="m"))
     math_ = result["benchmarks"]["math"]

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 import evaluate as ev
-import evaluation
+import measure
 from plumbing import generation, run_dir
 from test_evaluate import QUESTIONS, _write_benchmarks, _write_sft_data, checkpoint  # noqa: F401 (a fixture)
 from test_paper_scale import REPO, torchrun
@@ -21,7 +21,7 @@ def test_rank_blocks_are_contiguous_whole_batches():
     for count in range(0, 12):
         for batch_size in (1, 3, 4):
             for world in (1, 2, 3, 5):
-                blocks = [evaluation.rank_block(count, batch_size, r, world) for r in range(world)]
+                blocks = [measure.rank_block(count, batch_size, r, world) for r in range(world)]
                 assert [i for b in blocks for i in b] == list(range(count)), (count, batch_size, world)
                 assert all(b.start % batch_size == 0 for b in blocks if len(b))
 
@@ -95,15 +95,15 @@ def test_a_rerun_after_a_crash_keeps_the_finished_benchmarks(checkpoint, tmp_pat
         return generate
 
     out = tmp_path / "crashed"
-    monkeypatch.setattr(evaluation, "generate", crash_on(2))
+    monkeypatch.setattr(measure, "generate", crash_on(2))
     with pytest.raises(RuntimeError, match="killed"):
         ev.main(argv + ["--out", str(out)])
     first = next(iter(ev.load_benchmarks(str(bench))))
-    assert [p.name for p in (out / "progress").iterdir()] == [evaluation.progress_file_name(first)]
+    assert [p.name for p in (out / "progress").iterdir()] == [measure.progress_file_name(first)]
     assert not (out / "results.json").exists()
 
     calls.clear()
-    monkeypatch.setattr(evaluation, "generate", crash_on(0))
+    monkeypatch.setattr(measure, "generate", crash_on(0))
     capsys.readouterr()
     ev.main(argv + ["--out", str(out)])
     assert len(calls) == 2  # the first benchmark was loaded, not generated again

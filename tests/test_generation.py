@@ -9,7 +9,7 @@ import torch
 import transformers
 
 import evaluate as ev
-import evaluation
+import measure
 from data import build_prompt
 from plumbing.synthetic import build_toy_tokenizer
 from fake_vllm import install
@@ -67,19 +67,24 @@ def test_hf_generation_stops_on_endoftext_that_the_checkpoint_does_not_name(chat
 
 def test_hf_generation_without_logprobs_samples_the_same_tokens(chat_checkpoint):
     engine, tok = generation.load_engine(chat_checkpoint, "hf")
-    calls = []
-    real_generate = engine.model.generate
+    calls, alone = [], []
+    real_generate, real_alone = engine.model.generate, generation._scored_alone
 
     def spy(**kwargs):
         assert "output_scores" not in kwargs                     # never every step's [B * n, V] scores
-        calls.append(any(isinstance(p, generation._SampledLogProbs) for p in kwargs["logits_processor"]))
+        calls.append(len(alone))
         return real_generate(**kwargs)
 
     engine.model.generate = spy
+    generation._scored_alone = lambda *args: alone.append(1) or real_alone(*args)
     prompts = [build_prompt(q, tok) for q in QUESTIONS]
-    full = generation.generate(engine, tok, prompts, n=3, max_new_tokens=10, seed=5, batch_size=2)
-    lean = generation.generate(engine, tok, prompts, n=3, max_new_tokens=10, seed=5, batch_size=2, logprobs=False)
-    assert calls == [True, True, False, False]                  # the recorder only where log-probs are asked
+    try:
+        full = generation.generate(engine, tok, prompts, n=3, max_new_tokens=10, seed=5, batch_size=2)
+        lean = generation.generate(engine, tok, prompts, n=3, max_new_tokens=10, seed=5, batch_size=2,
+                                   logprobs=False)
+    finally:
+        generation._scored_alone = real_alone
+    assert calls == [0, 6, 9, 9] and len(alone) == 9          # a forward per sample only where log-probs are asked
     assert [[(s.token_ids, s.finish_reason) for s in q] for q in lean] == \
            [[(s.token_ids, s.finish_reason) for s in q] for q in full]
     assert all(s.logprobs is None and s.entropy is None for q in lean for s in q)
@@ -107,52 +112,47 @@ def test_hf_samples_do_not_depend_on_how_prompts_are_batched(chat_checkpoint):
     assert tokens(4, seed=8) != whole
 
 
-def reference_hf_samples(model, tok, prompts, n, temperature, top_p, max_new_tokens, seed, batch_size):
-    """What _generate_hf returned before it recorded log-probs as it went: every step's [B * n, V] processed
-    scores (temperature, then top-p) kept to the end, then the sampled tokens' log-probs and the entropies from
-    them. The draw is _generate_hf's: each sample's own seed (_SeededDraw, after the kept scores)."""
-    eos = generation._eos_ids(model, tok)
-    out_all = []
-
-    class Keep(transformers.LogitsProcessor):
-        def __call__(self, input_ids, scores):
-            kept.append(scores.clone())
-            return scores
-
-    for start in range(0, len(prompts), batch_size):
-        encoded = [generation.encode(tok, p) for p in prompts[start : start + batch_size]]
-        width = max(map(len, encoded))
-        ids = torch.tensor([[tok.pad_token_id] * (width - len(e)) + e for e in encoded])
-        mask = torch.tensor([[0] * (width - len(e)) + [1] * len(e) for e in encoded])
-        kept, seeds = [], [seed + (start + i) * n + j for i in range(len(encoded)) for j in range(n)]
-        processors = transformers.LogitsProcessorList(
-            [transformers.TemperatureLogitsWarper(temperature), transformers.TopPLogitsWarper(top_p), Keep(),
-             generation._SeededDraw(seeds, ids.device)])
-        out = model.generate(input_ids=ids, attention_mask=mask, do_sample=True, temperature=1.0, top_p=1.0,
-                             logits_processor=processors, top_k=0, repetition_penalty=1.0,
-                             num_return_sequences=n, max_new_tokens=max_new_tokens, eos_token_id=eos,
-                             pad_token_id=tok.pad_token_id, return_dict_in_generate=True)
-        new = out.sequences[:, width:]
-        logp = torch.stack([s.float().log_softmax(-1).gather(-1, new[:, t : t + 1])[:, 0]
-                            for t, s in enumerate(kept)], 1)
-        ent = torch.stack([generation.entropy(s) for s in kept], 1)
-        out_all += [(new[r].tolist(), logp[r].tolist(), ent[r].tolist()) for r in range(new.shape[0])]
-    return out_all
+def reference_alone(model, tok, prompt, sample, temperature, top_p, raw):
+    """A sample's per-token log-probs and entropies from the whole [T, V] logits of prompt + sample alone
+    (model(ids).logits): the warpers HF generate draws with (temperature, then top-p) for the entropy; the log-prob
+    the raw logits' (raw) or the warped ones', the drawn token kept in the nucleus."""
+    prompt_ids = generation.encode(tok, prompt)
+    ids = torch.tensor([prompt_ids + sample.token_ids])
+    logits = model(ids).logits[0, len(prompt_ids) - 1 : -1].float()                     # [T, V]
+    y = torch.tensor(sample.token_ids)[:, None]
+    tempered = logits / temperature
+    scores = transformers.TopPLogitsWarper(top_p)(ids, tempered) if top_p < 1 else tempered
+    if raw:
+        logp = logits.log_softmax(-1).gather(-1, y)[:, 0]
+    else:
+        logp = scores.scatter(-1, y, tempered.gather(-1, y)).log_softmax(-1).gather(-1, y)[:, 0]
+    return logp, generation.entropy(scores)
 
 
-@pytest.mark.parametrize("temperature,top_p", [(0.6, 0.95), (1.0, 1.0), (1.3, 0.5)])
-def test_hf_log_probs_recorded_as_it_goes_equal_the_kept_scores(chat_checkpoint, temperature, top_p):
-    engine, tok = generation.load_engine(chat_checkpoint, "hf")
+@pytest.mark.parametrize("temperature,top_p,raw", [(0.6, 0.95, False), (1.0, 1.0, True), (1.3, 0.5, True)])
+def test_hf_log_probs_and_entropies_are_each_samples_alone(chat_checkpoint, temperature, top_p, raw):
+    """Per token, the sampling distribution's entropy and a log-prob (of it, or raw: the model's own, temperature
+    1 and no top-p, as rl.py's engine check wants) from a forward of the sample alone: the same, bit for bit,
+    however the prompts were batched (a batched forward rounds each row by its batch: val_entropy would follow
+    --gen_batch_size), and those of the sample's whole logits to float32's rounding."""
+    engine, tok = generation.load_engine(chat_checkpoint, "hf", raw_logprobs=raw)
     prompts = [build_prompt(q, tok) for q in QUESTIONS]
-    got = generation.generate(engine, tok, prompts, n=3, temperature=temperature, top_p=top_p, max_new_tokens=12,
-                              seed=4, batch_size=2)
-    want = reference_hf_samples(engine.model, tok, prompts, 3, temperature, top_p, 12, 4, 2)
-    flat = [s for q in got for s in q]
-    assert len(flat) == len(want) == 9
-    for s, (ids, logp, ent) in zip(flat, want):
-        k = len(s.token_ids)
-        assert s.token_ids == ids[:k] and s.logprobs == logp[:k] and s.entropy == ent[:k]   # bit for bit
+    runs = [generation.generate(engine, tok, prompts, n=3, temperature=temperature, top_p=top_p, max_new_tokens=12,
+                                seed=4, batch_size=size) for size in (1, 3)]
+    figures = [[(s.token_ids, s.logprobs, s.entropy) for q in run for s in q] for run in runs]
+    assert figures[0] == figures[1] and len(figures[0]) == 9
+    flat = [s for q in runs[1] for s in q]
+    for prompt, s in zip([p for p in prompts for _ in range(3)], flat):
+        logp, ent = reference_alone(engine.model, tok, prompt, s, temperature, top_p, raw)
+        assert torch.allclose(torch.tensor(s.logprobs), logp, atol=1e-5) and torch.isfinite(logp).all()
+        assert torch.allclose(torch.tensor(s.entropy), ent, atol=1e-5)
     assert any(s.finish_reason == "length" for s in flat) and max(len(s.token_ids) for s in flat) == 12
+    if raw:                       # the same samples and entropies as the sampling distribution's log-probs
+        processed = generation.generate(generation.Engine("hf", engine.model), tok, prompts, n=3,
+                                        temperature=temperature, top_p=top_p, max_new_tokens=12, seed=4)
+        processed = [s for q in processed for s in q]
+        assert [(s.token_ids, s.entropy) for s in processed] == [(s.token_ids, s.entropy) for s in flat]
+        assert ([s.logprobs for s in processed] == [s.logprobs for s in flat]) == (temperature == top_p == 1)
 
 
 HF_MEMORY_PROBE = r"""
@@ -177,9 +177,9 @@ print("PEAK_GROWTH_MB", (after - before) / 1024, "TOKENS", sum(lengths), min(len
 
 def test_hf_sampling_memory_is_one_steps_logits_at_the_real_vocabulary(tmp_path):
     """8 samples x 256 tokens at Qwen's 151,936-token vocabulary with log-probs: keeping every step's scores would
-    hold 256 x 8 x 151,936 floats (1.2 GB; 2.4 GB more resident, as measured with output_scores=True); recording
-    as it goes keeps one step's (4.9 MB; 76 MB more resident, measured). The peak resident memory may grow by less
-    than 600 MB while it samples."""
+    hold 256 x 8 x 151,936 floats (1.2 GB; 2.4 GB more resident, as measured with output_scores=True); a forward
+    of each sample alone meets the head 32 positions at a time (19 MB of float32 logits; 147 MB more resident,
+    measured). The peak resident memory may grow by less than 600 MB while it samples."""
     import re
     import subprocess
     import sys
@@ -220,7 +220,7 @@ def test_vllm_sampling_params_finish_reasons_and_lean_engine(chat_checkpoint, mo
     assert len(stopped.logprobs) == len(stopped.token_ids) and max(stopped.logprobs) < 0
     assert stopped.entropy == [-lp for lp in stopped.logprobs]      # vLLM's one-sample estimate
     scores = [[1.0, 0.0], [0.0, 0.0]]
-    assert evaluation.benchmark_metrics(out, scores)["truncated"] == 0.25    # abort and repetition are not truncations
+    assert measure.benchmark_metrics(out, scores)["truncated"] == 0.25    # abort and repetition are not truncations
 
     # a lean engine: built without processed log-probs, asked for none
     lean, _ = generation.load_engine(chat_checkpoint, "vllm", "bfloat16", logprobs=False)

@@ -12,13 +12,11 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
-from transformers import AutoTokenizer, Qwen2Config, Qwen2ForCausalLM
+from transformers import AutoTokenizer, Qwen2Config
 
-import chunked_logits
 import data
-import rl
 import sft
-from conftest import toy_rows
+from conftest import grpo_step_peak, toy_rows
 from plumbing import checkpoints, generation, models
 
 pytestmark = pytest.mark.gpu
@@ -115,30 +113,20 @@ def test_planner_is_within_15_percent_of_max_memory_allocated(world_of_one_cuda,
 
 
 def test_planner_is_within_15_percent_of_a_grpo_steps_max_memory_allocated(world_of_one_cuda):
-    device = torch.device("cuda")
+    """max_memory_allocated counts every allocation of the process: conftest.grpo_step_peak collects the garbage
+    first and counts from what was allocated before (on the H200, without that, the kl test's student and base,
+    2.65 GiB of float32 shards still in reference cycles, made 13.54 GiB of a 10.86 GiB step)."""
     config = Qwen2Config(vocab_size=151936, hidden_size=1024, num_hidden_layers=4, num_attention_heads=8,
                          num_key_value_heads=2, intermediate_size=2816, max_position_embeddings=8192,
                          tie_word_embeddings=False)
-    batch = {k: v.to(device) if isinstance(v, torch.Tensor) else v
-             for k, v in gpu_batch(2, 4096, 151936).items()}
-    n = int(batch["loss_mask"][:, 1:].sum())
-    args = rl.Args(loss_chunk=2048)
-    torch.manual_seed(0)
-    model = models.shard_model(Qwen2ForCausalLM(config), device, True, True)
-    optimizer = models.make_optimizer(model, 1e-6, 0.01, 0.999, device, False)
-    adv = torch.randn(n, device=device)
-    for _ in range(2):
-        torch.cuda.reset_peak_memory_stats(device)
-        old, ent = chunked_logits.token_log_probs(model, batch, args.loss_chunk, args.temperature)
-        model.reshard()
-        rl.policy_update(model, optimizer, [rl.MicroBatch(batch, adv, old, ent)], args, device)
-    peak = torch.cuda.max_memory_allocated(device)
+    measured, n = grpo_step_peak(memory, config, gpu_batch(2, 4096, 151936), 2048, torch.device("cuda"))
     plan = memory.plan(config.to_dict(), stage="rl", gpus=1, micro_batch=2, seq_len=4096, trained_tokens=n,
                        loss_chunk=2048, grad_ckpt=True, mini_batch=1, rollouts=2, vllm_sleep=True)
     training = plan["phases"]["rl training"]
-    ratio = peak / training["total_bytes"]
-    print(f"grpo: max_memory_allocated {peak / 2**30:.2f} GiB, planned {training['total_bytes'] / 2**30:.2f} GiB "
-          f"(at '{training['moment']}'), measured/planned {ratio:.3f}")
+    ratio = measured["bytes"] / training["total_bytes"]
+    print(f"grpo: max_memory_allocated {measured['bytes'] / 2**30:.2f} GiB, planned "
+          f"{training['total_bytes'] / 2**30:.2f} GiB (at '{training['moment']}'), measured/planned {ratio:.3f}; "
+          f"the garbage collection before it freed {measured['collected_bytes'] / 2**30:.2f} GiB")
     assert abs(ratio - 1) < 0.15
 
 

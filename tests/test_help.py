@@ -9,15 +9,17 @@ REPO = Path(__file__).resolve().parents[1]
 
 CASES = {
     "sft.py": ["usage: sft.py [config/PRESET.py ...]", "torchrun --nproc_per_node 8 sft.py config/sft_paper.py",
-               "(required) Hugging Face model directory", "sft.py settings:", "loss settings (curio_loss.LossConfig):",
+               "(required) the model to start from: a Hugging Face model directory", "sft.py settings:",
+               "settings sft.py and rl.py share:", "loss settings (curio_loss.LossConfig):",
                "{sft,curio,curio_fixed_tau,curio_self_teacher,",
                "--loss_norm {batch_token_mean,micro_batch_token_mean}",
-               "(default: 1e-05)", "validation during training: evaluation.validate",
+               "(default: 1e-05)", "validation during training: measure.validate",
                "--eval_top_p EVAL_TOP_P, --eval-top-p EVAL_TOP_P validation nucleus sampling"],
-    "rl.py": ["usage: rl.py [config/PRESET.py ...]", "(required) checkpoint to start from", "rl.py settings:",
+    "rl.py": ["usage: rl.py [config/PRESET.py ...]", "(required) the model to start from", "rl.py settings:",
+              "settings sft.py and rl.py share:", "Table 3's hybrids (hybrid.py): rl.py --hybrid:", "(default: 1e-06)",
               "--policy_loss {ppo_clip,custom_loss_rl}", "--engine {auto,hf,vllm}",
               "--reward {paper,authors,authors_rl}", "--clip_ratio_c CLIP_RATIO_C",
-              "validation during training: evaluation.validate", "--eval_grading {paper,authors,authors_rl}"],
+              "validation during training: measure.validate", "--eval_grading {paper,authors,authors_rl}"],
     "evaluate.py": ["usage: evaluate.py [config/PRESET.py ...]", "--grading {paper,authors,authors_rl}"],
     "evaluate.py plot": ["usage: evaluate.py plot", "--results"],
     "evaluate.py tokens": ["usage: evaluate.py tokens", "--teacher", "loss settings (curio_loss.LossConfig):"],
@@ -54,7 +56,7 @@ def test_the_readme_names_table_names_what_rl_py_logs_and_takes():
     table = readme[readme.index("**Names, against TRL's and verl's.**"):].split("\n\n")[1]
     ours = [re.findall(r"`([^`]+)`", row.split("|")[1]) for row in table.splitlines()[2:]]
     flags = {f.name for cls in (rl.Args, evaluate.Args) for f in fields(cls)}
-    source = (REPO / "rl.py").read_text()
+    source = (REPO / "rl.py").read_text() + (REPO / "plumbing" / "grpo_log.py").read_text()
     logged = set(re.findall(r'"(\w+)":', source))                  # the keys of its records
     assert len(ours) >= 12
     for name in (name for names in ours for name in names):

@@ -161,13 +161,13 @@ def test_the_entropy_bonus_sums_as_many_token_means_as_their_gpus_would(world_of
 
     args = rl.Args(entropy_coef=0.001, loss_agg="rank_sum_over_max_len")
     cpu = torch.device("cpu")
-    assert rl.entropy_bonus_scale(mbs([100, 50]), args, cpu) == 8 / 2     # theirs: 1 on each GPU
+    assert hybrid.entropy_bonus_scale(mbs([100, 50]), args, cpu) == 8 / 2     # theirs: 1 on each GPU
     big = [9000] * 40                                   # 360,000 tokens: 2 on each of their 8
-    assert rl.entropy_bonus_scale(mbs(big), args, cpu) == 16 / 40
+    assert hybrid.entropy_bonus_scale(mbs(big), args, cpu) == 16 / 40
     one_gpu = rl.Args(entropy_coef=0.001, loss_agg="rank_sum_over_max_len", loss_agg_ranks=1,
                       entropy_pack_tokens=60)
-    assert rl.entropy_bonus_scale(mbs([100, 50]), one_gpu, cpu) == 3 / 2  # ceil(150 / 60)
-    assert rl.entropy_bonus_scale(mbs([100]), rl.Args(), cpu) is None
+    assert hybrid.entropy_bonus_scale(mbs([100, 50]), one_gpu, cpu) == 3 / 2  # ceil(150 / 60)
+    assert hybrid.entropy_bonus_scale(mbs([100]), rl.Args(), cpu) is None
 
 
 def test_the_expert_flag_follows_its_tokens_through_the_length_sort(world_of_one):
@@ -573,7 +573,7 @@ def test_the_engine_continues_prompt_and_prefix_ids(checkpoint, toy_sft_file, wo
                 n = s.prefix_len
                 assert seen[3 * i + j] == prompt_ids[i] + demo[:n]
                 assert s.token_ids[:n] == demo[:n] and len(s.token_ids) <= 24
-                # the engine's log-probs for the engine check (rl.engine_logp_diff): none for the prefix
+                # the engine's log-probs for the engine check (generation.engine_logp_diff): none for the prefix
                 assert len(s.logprobs) == len(s.token_ids) and all(math.isnan(x) for x in s.logprobs[:n])
                 assert all(x <= 0 for x in s.logprobs[n:])
                 stopped = s.finish_reason == "stop"

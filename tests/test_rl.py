@@ -415,7 +415,7 @@ def test_vllm_sleeps_whenever_the_trainer_works(checkpoint, toy_sft_file, world_
     assert gradings == ["authors_rl"] * 2                               # one grading per step, as --reward says
     llm = vllm.engines[-1]
     assert llm.kwargs["enable_sleep_mode"] and llm.kwargs["distributed_executor_backend"] == "external_launcher"
-    assert llm.kwargs["logprobs_mode"] == "processed_logprobs" and llm.kwargs["max_model_len"] == 518
+    assert llm.kwargs["logprobs_mode"] == "raw_logprobs" and llm.kwargs["max_model_len"] == 518   # the check's
     assert {p.kwargs["logprobs"] for p in vllm.sampling_params} == {0}     # the sampled tokens' (engine_logp_diff)
     from safetensors.torch import load_file
     for load, weights in zip(llm.loads, [checkpoint, tmp_path / "step_000001"]):   # first sync: the checkpoint
@@ -461,13 +461,12 @@ def test_vllm_settings_a_resume_may_change_change_no_request(checkpoint, toy_sft
 def test_engine_logp_diff_counts_only_the_tokens_the_engine_sampled(world_of_one):
     """Mean and max of |engine - trainer| over the engine's tokens; an expert's (NaN: no engine log-prob) are left
     out; a step without any is (nan, nan), which stops a run as an excess would."""
-    def mb(old, engine):
-        return rl.MicroBatch({}, torch.zeros(len(old)), old_lp=torch.tensor(old), engine_lp=torch.tensor(engine))
+    def diff(pairs):                                              # [(trainer's, engine's) per micro-batch]
+        return generation.engine_logp_diff([torch.tensor(e) for _, e in pairs], [torch.tensor(t) for t, _ in pairs])
 
-    minis = [[mb([-1.0, -2.0, -3.0], [-1.5, float("nan"), -3.0])], [mb([-0.1], [-0.4])]]
-    mean, top = rl.engine_logp_diff(minis)
+    mean, top = diff([([-1.0, -2.0, -3.0], [-1.5, float("nan"), -3.0]), ([-0.1], [-0.4])])
     assert mean == pytest.approx((0.5 + 0.0 + 0.3) / 3) and top == pytest.approx(0.5)
-    nothing = rl.engine_logp_diff([[mb([-1.0], [float("nan")])]])
+    nothing = diff([([-1.0], [float("nan")])])
     assert all(x != x for x in nothing)
 
 
@@ -500,6 +499,81 @@ def test_a_tensor_the_sync_leaves_out_stops_the_run_before_the_update(checkpoint
                                "'model.layers.1.mlp.down_proj.weight'; nothing after step 0 is saved")
     assert not updates and not (tmp_path / "log.jsonl").read_text()
     run_dir.release()                                # what the process's exit does (the next test's run_dir)
+
+
+# ---------------------------------------------------------------- the engine check's limit, from the run
+def x3_from_the_second_load(monkeypatch):
+    """A fault in the sync: layer 0's mlp.down_proj.weight delivered three times too large at every sync, i.e.
+    from the engine's second load on (the HF engine's first is from the checkpoint); every parameter still
+    loaded, so no name check sees it."""
+    buckets = generation.full_weight_buckets
+
+    def scaled(model, dtype, bucket_bytes):
+        for bucket in buckets(model, dtype, bucket_bytes):
+            yield [(name, t * 3 if name == "model.layers.0.mlp.down_proj.weight" else t) for name, t in bucket]
+    monkeypatch.setattr(generation, "full_weight_buckets", scaled)
+
+
+def engine_check_args(checkpoint, toy_sft_file, out, **kw):
+    return dataclasses.replace(rl.Args(), **{
+        "model": str(checkpoint), "train_file": str(toy_sft_file), "out_dir": str(out), "steps": 4,
+        "prompts_per_step": 4, "rollouts": 4, "mini_batch": 2, "micro_batch": 8, "max_prompt_len": 512,
+        "max_response_len": 16, "lr": 1e-3, "bf16": False, "grad_ckpt": False, "loss_chunk": 256, "engine": "hf",
+        "save_every": 0, **kw})
+
+
+def test_the_engine_check_lets_healthy_runs_through(checkpoint, toy_sft_file, world_of_one, tmp_path, capsys):
+    """Healthy runs, 3 seeds x top_p 1, 0.95, 0.7 (and one at temperature 0.7, where the trainer's log-probs for
+    the check are a second pass at temperature 1, as the engine's raw ones are), 4 steps each: none stops, and
+    every step's mean difference stays near step 1's (the floor generation.ENGINE_FLOOR_FACTOR multiplies)."""
+    ratios, floors = [], []
+    for seed, top_p, temperature in [(s, p, 1.0) for s in range(3) for p in (1.0, 0.95, 0.7)] + [(0, 0.95, 0.7)]:
+        args = engine_check_args(checkpoint, toy_sft_file, tmp_path / f"{seed}_{top_p}_{temperature}", seed=seed,
+                                 top_p=top_p, temperature=temperature)
+        means = [r["engine_logp_diff_mean"] for r in rl.train(args, world_of_one, reward_fn=in_lower_quarter)]
+        assert len(means) == 4 and 0 < means[0] < 1e-6, means            # float32: numerics only
+        ratios.append(max(means[1:]) / means[0])
+        floors.append(means[0])
+    with capsys.disabled():
+        print(f"\nthe engine check, {len(ratios)} healthy runs: step 1's mean difference {min(floors):.2g} to "
+              f"{max(floors):.2g} nats; later steps' / step 1's at most {max(ratios):.2f}")
+    assert max(ratios) < generation.ENGINE_FLOOR_FACTOR / 3
+
+
+@pytest.mark.parametrize("top_p", [1.0, 0.95])
+def test_the_engine_check_stops_a_stale_weight_at_the_step_it_first_shows(top_p, checkpoint, toy_sft_file,
+                                                                         world_of_one, tmp_path, monkeypatch):
+    """The x3 fault: step 2's rollouts, the first from a sync, differ from the trainer's by hundredths of a nat
+    (some 1e5 times step 1's), under the fixed --engine_logp_tol: the run stops there with one line, before the
+    update, nothing of step 2 logged. top_p adds nothing: both sides' log-probs are the model's before it."""
+    x3_from_the_second_load(monkeypatch)
+    args = engine_check_args(checkpoint, toy_sft_file, tmp_path, top_p=top_p)
+    with pytest.raises(SystemExit) as stop:
+        rl.train(args, world_of_one, reward_fn=in_lower_quarter)
+    said = str(stop.value)
+    assert said.startswith("step 2: the engine's log-probs of its samples differ from the trainer's by ") and \
+        "a weight the sync missed or left stale; stopped before the update; nothing after step 0 is saved" in said
+    mean = float(said.split(" by ")[1].split(" nats")[0])
+    assert 1e-3 < mean < args.engine_logp_tol and "\n" not in said, said
+    assert [json.loads(line)["step"] for line in (tmp_path / "log.jsonl").read_text().splitlines()] == [1]
+    run_dir.release()
+
+
+def test_a_resumed_run_keeps_the_engine_floor_of_its_step_1(checkpoint, toy_sft_file, world_of_one, tmp_path,
+                                                           monkeypatch):
+    """The floor is step 1's, saved in every checkpoint (state.json): a run resumed at step 2 whose first sync
+    goes wrong stops at step 3, where a floor measured at the resumed run's own first step would have taken the
+    fault for numerics."""
+    args = engine_check_args(checkpoint, toy_sft_file, tmp_path, steps=2)
+    first = rl.train(args, world_of_one, reward_fn=in_lower_quarter)
+    state = json.loads((tmp_path / "step_000002" / "state.json").read_text())
+    assert state == {"step": 2, "engine_logp_floor": first[0]["engine_logp_diff_mean"]}
+    x3_from_the_second_load(monkeypatch)          # the resumed engine's first load is the checkpoint's: a sync
+    args.steps = 4
+    with pytest.raises(SystemExit, match=r"^step 3: the engine's log-probs .* step 1's "
+                                         rf"{first[0]['engine_logp_diff_mean']:.3g}, "):
+        rl.train(args, world_of_one, reward_fn=in_lower_quarter)
+    run_dir.release()
 
 
 VLLM_SYNC_SCRIPT = r"""
@@ -703,6 +777,7 @@ def test_command_line_run_writes_its_log_and_an_hf_checkpoint(checkpoint, toy_sf
     assert json.loads((out / "run_config.json").read_text())["prompts_per_step"] == 8       # from config/rl_tiny.py
     from transformers import AutoModelForCausalLM, AutoTokenizer
     ckpt = checkpoints.latest(out)
-    assert ckpt.name == "step_000002" and json.loads((ckpt / "state.json").read_text()) == {"step": 2}
+    assert ckpt.name == "step_000002" and json.loads((ckpt / "state.json").read_text()).keys() == {
+        "step", "engine_logp_floor"} and json.loads((ckpt / "state.json").read_text())["step"] == 2
     AutoModelForCausalLM.from_pretrained(ckpt)
     AutoTokenizer.from_pretrained(ckpt)

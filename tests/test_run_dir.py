@@ -42,6 +42,29 @@ def test_a_run_recorded_before_a_setting_existed_resumes_at_its_default(tmp_path
         run_dir.claim(tmp_path, {**newer, "hybrid": "luffy"}, set(), resuming=True, defaults=defaults)
 
 
+def test_the_same_files_through_other_paths_are_the_same_settings(tmp_path, monkeypatch):
+    """--model, --train_file given as another path to the same file on resume (../, ./, a link, absolute): not a
+    change; another file is one, and training data whose digest differs is refused whatever its path."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "train.jsonl").write_text("{}")
+    (tmp_path / "link.jsonl").symlink_to(tmp_path / "data" / "train.jsonl")
+    (tmp_path / "other.jsonl").write_text("{}")
+    monkeypatch.chdir(tmp_path / "data")
+    out = tmp_path / "out"
+    settings = {**SETTINGS, "model": ".", "train_file": "train.jsonl"}
+    data = {"file": "train.jsonl", "sha256": "ab" * 32, "rows": 1}
+    run_dir.claim(out, settings, set(), resuming=False, data=data).close()
+    for path in ("../data/train.jsonl", "./train.jsonl", str(tmp_path / "link.jsonl"),
+                 str(tmp_path / "data" / "train.jsonl")):
+        moved = {**settings, "model": "../data", "train_file": path}
+        run_dir.claim(out, moved, set(), resuming=True, data={**data, "file": path}).close()
+    with pytest.raises(SystemExit, match=r"--train_file '.*train.jsonl' -> '../other.jsonl'\)"):
+        run_dir.claim(out, {**settings, "train_file": "../other.jsonl"}, set(), resuming=True, data=data)
+    with pytest.raises(SystemExit, match=r"^../data/train.jsonl is not the file this run started on"):
+        run_dir.claim(out, {**settings, "train_file": "../data/train.jsonl"}, set(), resuming=True,
+                      data={"file": "../data/train.jsonl", "sha256": "cd" * 32, "rows": 1})
+
+
 def test_stale_partial_checkpoints_are_removed(tmp_path):
     (tmp_path / "step_000004.tmp" / "trainer").mkdir(parents=True)
     (tmp_path / "step_000002").mkdir()
@@ -60,13 +83,19 @@ def checkpoint_dirs(out, *steps):
 @pytest.mark.parametrize("record", ['{"step": 24}', '{"step": 12', '{"step": true}', "[]", '{"step": 6}'])
 def test_a_completion_record_without_its_checkpoint_is_ignored(tmp_path, capsys, record):
     """The probe's case: complete.json says 24 (by hand, a truncated copy, two machines' files), the newest intact
-    checkpoint is step 12: not complete; the record is dropped with one line and the run resumes."""
+    checkpoint is step 12: not complete; the record is dropped with one line and the run resumes. A record that is
+    not JSON of that shape is said to be none."""
     newest = checkpoint_dirs(tmp_path, 6, 12)
     (tmp_path / "complete.json").write_text(record)
     assert run_dir.completed(tmp_path) is None                       # the demo's check: not a finished stage
     assert not run_dir.check_end(tmp_path, newest, 24, "--max_steps")
     said = capsys.readouterr().out
-    assert f"{tmp_path / 'complete.json'}: names step " in said and f"newest intact checkpoint is {newest}" in said
+    if record in ('{"step": 24}', '{"step": 6}'):
+        assert (f"{tmp_path / 'complete.json'}: names step {json.loads(record)['step']}, but the newest intact "
+                f"checkpoint is {newest}: ignored and removed\n") == said
+    else:
+        assert said == (f"{tmp_path / 'complete.json'}: not a completion record ({{\"step\": N}}): ignored and "
+                        "removed\n")
     assert "complete at" not in said and not (tmp_path / "complete.json").exists()
     (tmp_path / "complete.json").write_text('{"step": 12}')         # named by nothing intact: resume_point's None
     assert not run_dir.check_end(tmp_path, None, 24, "--max_steps")

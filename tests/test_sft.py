@@ -49,6 +49,26 @@ def test_trained_positions_are_exactly_response_and_eos(world_of_one, tiny_model
                if (int(p) + 1) % t != 0)
 
 
+def test_the_unchunked_definition_is_the_chunked_checkpointed_loss(world_of_one, tiny_model_dir):
+    """sft.curio_loss_unchunked, Alg. 1 lines 4-13 in a few lines with the logits whole, against what training runs
+    (curio_micro_batch_loss: the logits a chunk at a time, each recomputed in backward): the loss and the gradient."""
+    model, teacher = fsdp_model(tiny_model_dir, 0), fsdp_model(tiny_model_dir, 1)
+    teacher.requires_grad_(False)
+    batch, _, _ = toy_batch(tiny_model_dir)
+    cfg = cl.LossConfig()
+    grads = []
+    for loss_of in (lambda: sft.curio_loss_unchunked(model, teacher, batch, cfg),
+                    lambda: sft.curio_micro_batch_loss(model, teacher, batch, sft.Args(loss_chunk=7), cfg, False)[0]):
+        loss = loss_of()
+        loss.backward()
+        grads.append((loss.detach(), [p.grad.full_tensor().clone() for p in model.parameters()]))
+        model.zero_grad(set_to_none=True)
+    (unchunked, g0), (chunked, g1) = grads
+    torch.testing.assert_close(chunked, unchunked, rtol=1e-5, atol=1e-5)
+    for a, b in zip(g1, g0):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+
+
 def test_chunked_loss_equals_loss_on_full_logits(world_of_one, tiny_model_dir):
     model, teacher = fsdp_model(tiny_model_dir, 0), fsdp_model(tiny_model_dir, 1)
     teacher.requires_grad_(False)

@@ -1,4 +1,4 @@
-"""Validation during training (--eval_every, evaluation.validate): the val_* records at their steps, the training
+"""Validation during training (--eval_every, measure.validate): the val_* records at their steps, the training
 unchanged by them, an evaluation interrupted and rerun, a bad eval file refused before anything is written."""
 import json
 
@@ -7,7 +7,7 @@ import torch
 from safetensors.torch import load_file
 
 import curio_loss as cl
-import evaluation
+import measure
 import rl
 import sft
 from plumbing import checkpoints, generation, models, run_dir
@@ -49,7 +49,7 @@ def run_sft(model_dir, train_file, out, *flags):
 def quick_grader(monkeypatch):
     """The real grader's processes take seconds to start: one in-process stand-in that grades by the text, so
     that the scores still depend on the samples."""
-    monkeypatch.setattr(evaluation, "grade", lambda texts, *args: ([float(len(t) % 2) for t in texts], 0))
+    monkeypatch.setattr(measure, "grade", lambda texts, *args: ([float(len(t) % 2) for t in texts], 0))
     monkeypatch.setattr(rl, "grade", lambda texts, *args: ([float(len(t) % 2) for t in texts], 0))
 
 
@@ -82,27 +82,27 @@ def test_an_evaluation_interrupted_is_repeated_and_a_finished_run_does_nothing(
     third run evaluates nothing."""
     flags = ["--eval_every", "1", "--eval_file", str(eval_file), "--save_every", "2"]
     run_sft(tiny_model_dir, toy_sft_file, tmp_path / "whole", *flags)
-    measure, calls = evaluation.measure_benchmarks, []
+    measured, calls = measure.measure_benchmarks, []
 
     def crash_on_fourth(*args, **kwargs):
         calls.append(1)
         if len(calls) == 4:
             raise RuntimeError("killed during the evaluation")
-        return measure(*args, **kwargs)
+        return measured(*args, **kwargs)
 
-    monkeypatch.setattr(evaluation, "measure_benchmarks", crash_on_fourth)
+    monkeypatch.setattr(measure, "measure_benchmarks", crash_on_fourth)
     out = tmp_path / "crashed"
     with pytest.raises(RuntimeError, match="killed"):
         run_sft(tiny_model_dir, toy_sft_file, out, *flags)
     run_dir.release()                                          # the crashed run's lock (a new process has none)
     assert [p.name for p in checkpoints.complete(out)] == ["step_000002"]
     assert [r["step"] for r in untimed(out) if "val_accuracy" in r] == [1, 2, 3]
-    monkeypatch.setattr(evaluation, "measure_benchmarks", measure)
+    monkeypatch.setattr(measure, "measure_benchmarks", measured)
     run_sft(tiny_model_dir, toy_sft_file, out, *flags)
     assert untimed(out) == untimed(tmp_path / "whole")
     val_samples = [(d / "val_samples.jsonl").read_text() for d in (out, tmp_path / "whole")]
     assert val_samples[0] == val_samples[1]
-    monkeypatch.setattr(evaluation, "measure_benchmarks", crash_on_fourth)   # a finished run evaluates nothing
+    monkeypatch.setattr(measure, "measure_benchmarks", crash_on_fourth)   # a finished run evaluates nothing
     calls.clear()
     run_sft(tiny_model_dir, toy_sft_file, out, *flags)
     assert calls == [] and untimed(out) == untimed(tmp_path / "whole")
@@ -143,7 +143,7 @@ def test_a_bad_eval_file_is_refused_before_anything_is_written(world_of_one, tin
         assert "--eval_every 2: needs --eval_file" in str(refused.value)
     else:                                                      # evaluate.py's own message (its loader's)
         with pytest.raises((ValueError, FileNotFoundError)) as by_evaluate:
-            evaluation.load_benchmarks(flags[1])
+            measure.load_benchmarks(flags[1])
         assert str(refused.value) == str(by_evaluate.value)
         assert "row 1" in str(refused.value) or "no such file" in str(refused.value)
     assert not out.exists()
@@ -154,14 +154,14 @@ def test_validation_leaves_the_trainings_random_stream_as_it_was(world_of_one, c
     """Whatever the engine draws from torch's global generator, the training's stream continues as without it
     (fork_rng): the trainers' own draws (data order, scratch weights) stay those of a run without --eval_every."""
     engine, tokenizer = generation.load_engine(str(checkpoint), "hf")
-    settings = evaluation.eval_settings(rl.Args(eval_max_new_tokens=4), batch_size=6)
-    questions = evaluation.load_eval_file(str(eval_file), tokenizer, settings)
+    settings = measure.eval_settings(rl.Args(eval_max_new_tokens=4), batch_size=6)
+    questions = measure.load_eval_file(str(eval_file), tokenizer, settings)
     model = models.shard_model(models.load_full_model(str(checkpoint), scratch=False, seed=0), torch.device("cpu"),
                                bf16=False, grad_ckpt=False)
-    measure = evaluation.measure_benchmarks
-    monkeypatch.setattr(evaluation, "measure_benchmarks", lambda *a, **k: (torch.rand(5), measure(*a, **k))[1])
+    measured = measure.measure_benchmarks
+    monkeypatch.setattr(measure, "measure_benchmarks", lambda *a, **k: (torch.rand(5), measured(*a, **k))[1])
     state = torch.get_rng_state()
-    fields = evaluation.validate(engine, model, tokenizer, questions, settings, 3, None, tmp_path / "s.jsonl")
+    fields = measure.validate(engine, model, tokenizer, questions, settings, 3, None, tmp_path / "s.jsonl")
     assert torch.equal(torch.get_rng_state(), state) and fields["step"] == 3
 
 

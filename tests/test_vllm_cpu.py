@@ -23,7 +23,8 @@ REPO = Path(__file__).resolve().parent.parent
 # rl.train with a toy reward that the random model can move (the math grader would give it 0 everywhere, and no
 # update would change a weight): the fraction of response tokens whose id is a multiple of 4. BREAK_SYNC breaks the
 # first weight sync once: "left_out" drops one tensor, "stale_head" skips the tied lm_head's processing (vLLM's CPU
-# build then keeps the embedding's old packed copy for the logits).
+# build then keeps the embedding's old packed copy for the logits); or every sync: "x3" delivers layer 0's
+# mlp.down_proj.weight three times too large from the engine's second load on (every parameter still loaded).
 RL_SCRIPT = r"""
 import os, sys
 sys.path.insert(0, {repo!r})
@@ -56,7 +57,13 @@ def break_once(kind):
             method.__dict__.pop("process_weights_after_loading", None)
             done.append(1)
 
-    if kind == "left_out":
+    def x3(model, dtype, bucket_bytes):
+        for bucket in buckets(model, dtype, bucket_bytes):
+            yield [(name, t * 3 if name == "model.layers.0.mlp.down_proj.weight" else t) for name, t in bucket]
+
+    if kind == "x3":
+        generation.full_weight_buckets = x3
+    elif kind == "left_out":
         generation.full_weight_buckets = left_out
     else:
         generation._reload_weights = stale_head
@@ -143,23 +150,36 @@ def test_rl_with_vllm_syncs_a_tied_model_exactly_and_resumes_after_sigterm(tied_
     assert [r["loss"] for r in records(out)] == [r["loss"] for r in records(tmp_path / "a")]
 
 
-@pytest.mark.parametrize("broken", ["stale_head"])       # "left_out": tests/test_rl.py, with the stand-in engine
-def test_a_broken_weight_sync_stops_the_run_before_the_update(broken, tied_checkpoint, toy_sft_file, tmp_path):
-    """The first sync broken once: a tensor left out (the sync's own check names it) or the tied lm_head's packed
-    copy left stale (nothing raises: the bug found on vLLM's CPU build; only the engine's log-probs of its samples,
-    no longer the trainer's, show it): either way the run stops at step 2 with one line, before step 2's update,
-    and nothing of step 2 is saved or logged."""
+@pytest.mark.parametrize("broken, top_p", [("stale_head", "1.0"), ("x3", "1.0"), ("x3", "0.95")])
+def test_a_broken_weight_sync_stops_the_run_before_the_update(broken, top_p, tied_checkpoint, toy_sft_file,
+                                                              tmp_path):
+    """The sync broken: a tensor left out (the sync's own check names it: tests/test_rl.py), the tied lm_head's
+    packed copy left stale at the first sync (nothing raises: the bug found on vLLM's CPU build), or layer 0's
+    down_proj delivered x3 at every sync (0.03 nats on average: under the fixed --engine_logp_tol, 1e5 x step 1's
+    difference). Only the engine's log-probs of its samples, no longer the trainer's, show the last two: the run
+    stops at step 2 with one line, before step 2's update, and nothing of step 2 is saved or logged; at top_p 1 and
+    0.95 alike (both sides' log-probs are the model's own, before top-p)."""
     script = tmp_path / "rl_toy.py"
     script.write_text(RL_SCRIPT.format(repo=str(REPO)))
     out = tmp_path / "o"
-    proc = run(rl_command(script, tied_checkpoint, toy_sft_file, out, "--lr", "3e-2"), BREAK_SYNC=broken)
+    proc = run(rl_command(script, tied_checkpoint, toy_sft_file, out, "--lr", "3e-2", "--top_p", top_p),
+               BREAK_SYNC=broken)
     assert proc.returncode == 1, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = proc.stderr.strip().splitlines()[-1]
-    if broken == "left_out":
-        assert last == "step 2: weight sync: 1 engine parameters got no weight, e.g. 'model.norm.weight'; " \
-                       "nothing after step 0 is saved", last
-    else:
-        assert last.startswith("step 2: the engine's log-probs of its samples differ from the trainer's by ") \
-            and "a weight the sync missed or left stale" in last, last
+    assert last.startswith("step 2: the engine's log-probs of its samples differ from the trainer's by ") \
+        and "a weight the sync missed or left stale" in last, last
     assert [r["step"] for r in records(out)] == [1] and not list(out.glob("step_*"))
     assert "Traceback" not in proc.stderr
+
+
+def test_healthy_runs_pass_the_engine_check_at_top_p_095(tied_checkpoint, toy_sft_file, tmp_path):
+    """Beside the run at top_p 1 above: another seed at top_p 0.95 trains its three steps, each step's mean
+    difference within 2 x step 1's (vLLM's raw log-probs, before top-p, against the trainer's)."""
+    script = tmp_path / "rl_toy.py"
+    script.write_text(RL_SCRIPT.format(repo=str(REPO)))
+    out = tmp_path / "o"
+    proc = run(rl_command(script, tied_checkpoint, toy_sft_file, out, "--top_p", "0.95", "--seed", "1"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    means = [r["engine_logp_diff_mean"] for r in records(out)]
+    assert len(means) == 3 and 0 < means[0] < 1e-6 and max(means) < 2 * means[0], means
+

@@ -65,8 +65,10 @@ def benchmark_metrics(samples: list[list[Sample]], scores: list[list[float]]) ->
         "mixed_frac": float(np.mean((correct > 0) & (correct < n))),
         "pass_at_k": pass_k,
         "response_length": n_tokens / len(flat),  # tokens, EOS included
-        # token-mean entropy of the sampling distribution, temperature and top-p applied
-        "entropy": sum(sum(s.entropy) for s in flat) / max(n_tokens, 1),
+        # token-mean entropy of the sampling distribution, temperature and top-p applied (None from
+        # an engine without it: rl.py's vLLM engine returns the model's raw log-probs)
+        "entropy": sum(sum(s.entropy) for s in flat) / max(n_tokens, 1)
+        if all(s.entropy is not None for s in flat) else None,
         "diversity": float(np.mean(diversities)) if diversities else None,
         "truncated": float(np.mean([s.finish_reason == "length" for s in flat])),
     }
@@ -272,7 +274,7 @@ def prompt_mode(args) -> str:
 # ================================================================================================
 @dataclass
 class ValidationArgs:
-    """validation during training: evaluation.validate, the measurement evaluate.py makes
+    """validation during training: measure.validate, the measurement evaluate.py makes
 
     sft.py's and rl.py's Args inherit these flags."""
     eval_every: int = 0
@@ -357,6 +359,36 @@ def eval_due(step: int, every: int) -> bool:
     return every > 0 and step % every == 0
 
 
+class Validation:
+    """A training run's --eval_every: its settings and questions, read when the run starts (a bad
+    eval file is refused before anything is written), the colocated engine (rl.py's rollout
+    engine, or sft.py's own: own_engine) and, after each due step, validate()."""
+
+    def __init__(self, args, tokenizer):
+        self.every, self.engine, self.bucket_bytes = args.eval_every, None, args.sync_bucket_mb << 20
+        self.settings = eval_settings(args, args.gen_batch_size, args.grader_timeout,
+                                      args.grader_workers)
+        self.questions = load_eval_file(args.eval_file, tokenizer, self.settings) \
+            if self.every else None
+
+    def own_engine(self, args, device, bf16: bool, random_weights: bool = False) -> None:
+        """sft.py's engine, asleep until a validation (made before the models: vLLM's share of the
+        GPU must be free), seeded outside the training's random stream."""
+        with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []):
+            self.engine, _ = generation.rollout_engine(
+                args.model, args.engine, "bfloat16" if bf16 else "float32",
+                args.seed + dist.get_rank(), args.gpu_memory_utilization,
+                args.max_prompt_len + self.settings.max_new_tokens, sleep=True,
+                has_trainer_weights=False, random_weights=random_weights)
+
+    def after(self, step: int, model, tokenizer, run) -> None:
+        """validate() after optimiser step `step` when it is due: a part of the step, logged (the
+        run's log) and saved with it (the run's val_samples.jsonl)."""
+        if eval_due(step, self.every):
+            validate(self.engine, model, tokenizer, self.questions, self.settings, step, run.log,
+                     run.out_dir / "val_samples.jsonl", self.bucket_bytes)
+
+
 def validation_fields(metrics: dict[str, dict], failures: int) -> dict:
     """The log's val_* fields from measure_benchmarks' metrics: pooled over every sample of every
     source (accuracy, response length) and over every sampled token (entropy); with several
@@ -364,17 +396,19 @@ def validation_fields(metrics: dict[str, dict], failures: int) -> dict:
     samples = {b: m["questions"] * m["n"] for b, m in metrics.items()}
     tokens = {b: samples[b] * m["response_length"] for b, m in metrics.items()}
     n_samples, n_tokens = sum(samples.values()), max(sum(tokens.values()), 1e-9)
+    entropy = all(m["entropy"] is not None for m in metrics.values())    # else none is logged
     fields = {
         "val_accuracy": sum(m["avg"] * samples[b] for b, m in metrics.items()) / n_samples,
-        "val_entropy": sum(m["entropy"] * tokens[b] for b, m in metrics.items()) / n_tokens,
+        **({"val_entropy": sum(m["entropy"] * tokens[b] for b, m in metrics.items()) / n_tokens}
+           if entropy else {}),
         "val_response_len": sum(tokens.values()) / n_samples,
         "val_truncated_frac": sum(m["truncated"] * samples[b] for b, m in metrics.items())
         / n_samples,
         "val_grader_failures": failures}
     if len(metrics) > 1:
         for b, m in metrics.items():
-            fields |= {f"val_accuracy/{b}": m["avg"], f"val_entropy/{b}": m["entropy"],
-                       f"val_response_len/{b}": m["response_length"]}
+            fields |= {f"val_accuracy/{b}": m["avg"], f"val_response_len/{b}": m["response_length"],
+                       **({f"val_entropy/{b}": m["entropy"]} if entropy else {})}
     return fields
 
 

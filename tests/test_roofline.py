@@ -1,0 +1,126 @@
+"""bench/roofline.py: the dry run's time estimate against the one GPU run it is calibrated on (bench/data/), the
+attention forms it prices, and the fit that reads a GPU run's profile."""
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import roofline  # noqa: E402
+
+H200 = ROOT / "bench" / "data" / "h200-2026-11-27"
+
+
+def test_the_dry_run_predicts_the_h200_run_within_15_percent(tmp_path):
+    """python bench/dryrun.py --against the H200's gpu_check summary, with --fit: bench/sft_step.py's three variants
+    dry-run at its shapes and sequences on one simulated H200 (each a --gpus 1 dry run of sft.train, rank 0), the
+    teacher side on its logits; the calibration fitted from the profiles beside the summary is the one the project
+    ships (roofline.H200_2026_11_27), and every figure is predicted within 15%, memory within 2%."""
+    out = tmp_path / "against.json"
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "dryrun.py"), "--against", str(H200 / "summary.json"),
+                           "--fit", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    last = done.stdout.strip().splitlines()[-1]
+    assert re.fullmatch(r"predicted/measured: sft \d\.\d\d, curio \d\.\d\d, curio_self_teacher \d\.\d\d, "
+                        r"teacher_side \d\.\d\d", last), last
+    r = json.loads(out.read_text())
+    assert set(r["ratios"]) == {"sft", "curio", "curio_self_teacher", "teacher_side"}
+    assert all(0.85 <= x <= 1.15 for x in r["ratios"].values()), r["ratios"]
+    shipped = roofline.H200_2026_11_27
+    fitted = r["calibration"]
+    for name in ("matmul", "gemv", "memory", "topk", "broadcast", "optimizer_us", "kernel_us"):
+        assert fitted[name] == pytest.approx(getattr(shipped, name), rel=0.01), name
+    for form, (fwd, bwd) in shipped.attention.items():
+        assert fitted["attention"][form] == pytest.approx([fwd, bwd], rel=0.01), form
+    for v, (dry, gpu) in r["peak_gib"].items():                 # torch's tracker on fake tensors against CUDA
+        assert dry == pytest.approx(gpu, rel=0.02), v
+
+
+FORMS = r'''
+import collections, json, os, sys
+from pathlib import Path
+sys.path[:0] = [sys.argv[1], sys.argv[1] + "/bench"]
+import sim_gpu
+sim_gpu.preload(Path(os.environ["CURIOSFT_SIM_GPU_LIB"]))
+import torch
+import torch.nn.functional as F
+import roofline
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+sim_gpu.install_cuda_shims()
+sim_gpu.route_attention_like_cuda(collections.Counter())
+B, H, T, d, lengths = 4, 12, 8192, 128, [8192, 7168, 6144, 5120]
+total = sum(lengths)
+work = {}
+with FakeTensorMode(allow_non_fake_inputs=True):
+    def qkv(b, t):
+        return [torch.empty(b, H, t, d, dtype=torch.bfloat16, device="cuda", requires_grad=True) for _ in range(3)]
+
+    mask = torch.ones(B, 1, T, T, dtype=torch.bool, device="cuda")
+    cum = torch.tensor([0, 8192, 15360, 21504, 26624], dtype=torch.int32).to("cuda")
+    packed = [torch.empty(total, H, d, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
+    runs = {"dense_mask": (None, lambda: F.scaled_dot_product_attention(*qkv(B, T), attn_mask=mask).sum().backward()),
+            "causal": (None, lambda: F.scaled_dot_product_attention(*qkv(B, T), is_causal=True).sum().backward()),
+            "varlen": (lengths, lambda: torch.ops.aten._flash_attention_forward(*packed, cum, cum, T, T, 0.0, True,
+                                                                               False)),
+            "one_row": (lengths, lambda: F.scaled_dot_product_attention(*qkv(1, total),
+                                                                        is_causal=True).sum().backward())}
+    for name, (varlen, fn) in runs.items():
+        roof = roofline.Roofline(varlen_lengths=varlen)
+        with roof:
+            fn()
+        work[name] = roofline.compact(roof.work)
+print(json.dumps(work))
+'''
+
+
+def test_each_attention_form_is_priced_by_the_tiles_it_computes(library):
+    """A right-padded batch of four sequences (8192 ... 5120 tokens) with a dense mask computes all of B T^2; causal
+    (no mask) half of it; packed (a varlen call with cumulative lengths, or one causal row priced as those
+    sequences) sum(l_i^2) / 2, whatever the fake tensors' unknown lengths. Priced on the H200's calibration, the
+    forms' times follow their FLOPs (causal and varlen share dense_mask's measured efficiency: an assumption)."""
+    done = subprocess.run([sys.executable, "-c", FORMS, str(ROOT)], capture_output=True, text=True, timeout=300,
+                          env=dict(os.environ, CURIOSFT_SIM_GPU_LIB=library))
+    assert done.returncode == 0, done.stderr[-3000:]
+    work = json.loads(done.stdout.strip().splitlines()[-1])
+    keys = {name: {r[3]: r[0] * r[4] for r in rows if r[2] == "attention"} for name, rows in work.items()}
+    B, H, d, lengths = 4, 12, 128, [8192, 7168, 6144, 5120]
+    dense = 4 * B * H * 8192**2 * d                               # QK^T and PV, 2 FLOPs a multiply-add
+    assert keys["dense_mask"] == {"fwd dense_mask": dense, "bwd dense_mask": 2.5 * dense}
+    assert keys["causal"] == {"fwd causal": dense // 2, "bwd causal": 2.5 * dense // 2}
+    varlen = 4 * H * d * sum(n * n for n in lengths) // 2
+    assert keys["varlen"] == {"fwd varlen": varlen}
+    assert keys["one_row"] == {"fwd varlen": varlen, "bwd varlen": 2.5 * varlen}
+    gpu, cal = roofline.GPU(hbm_tbs=4.8), roofline.H200_2026_11_27
+    seconds = {name: roofline.seconds(rows, gpu, cal, by="cls")["attention"] for name, rows in work.items()}
+    assert seconds["causal"] == pytest.approx(seconds["dense_mask"] / 2, rel=0.01)
+    assert seconds["one_row"] / seconds["dense_mask"] == pytest.approx(varlen / dense, rel=0.01)
+
+
+def test_a_profile_table_is_read_and_a_class_costs_its_work_at_its_efficiency():
+    """read_profile parses torch.profiler's table (rows whose cut names coincide summed), and work_seconds prices each
+    class on its own roof."""
+    rows = roofline.read_profile((H200 / "profile_sft.txt").read_text())
+    assert rows["aten::mm"] == pytest.approx([2.615, 2.717, 3846])
+    assert rows["aten::_cudnn_attention_forward"][2] == 336
+    cut = "void at::native::elementwise_kernel<128, 4, at::native::gpu_kernel_impl_nocas..."
+    assert rows[cut][2] == 3036 + 336 + 1848 + 840                                  # four rows of that cut name
+    gpu, cal = roofline.GPU(bf16_tflops=1000, hbm_tbs=4.0), roofline.Calibration(
+        "test", matmul=0.5, memory=0.5, broadcast=100.0, topk=400.0, gemv=1000.0, optimizer_us=10.0,
+        attention={f: (0.4, 0.2) for f in roofline.FORMS}, kernel_us=3.0)
+    work = roofline.Work
+    assert roofline.work_seconds(work("r", "matmul", "mm", flops=10**15), gpu, cal) == pytest.approx(2.0)
+    assert roofline.work_seconds(work("r", "attention", "bwd causal", flops=10**15), gpu, cal) == pytest.approx(5.0)
+    assert roofline.work_seconds(work("r", "memory", "exp", bytes=4 * 10**12), gpu, cal) == pytest.approx(2.0)
+    assert roofline.work_seconds(work("r", "broadcast", "sub", bytes=1, elements=10**11), gpu, cal) == \
+        pytest.approx(1.0)
+    assert roofline.work_seconds(work("r", "topk", "topk", elements=4 * 10**11), gpu, cal) == pytest.approx(1.0)
+    assert roofline.work_seconds(work("r", "gemv", "bmm", bytes=10**12), gpu, cal) == pytest.approx(1.0)
+    assert roofline.work_seconds(work("r", "optimizer", "adamw", bytes=2 * 10**12, elements=100), gpu, cal) == \
+        pytest.approx(1.0 + 1e-3)
+    assert roofline.work_seconds(work("r", "memory", "tiny", bytes=8), gpu, cal) == pytest.approx(3e-6)
