@@ -92,16 +92,16 @@ SIZES = {
                   "--save_every", "250", "--keep_last", "1"],
         sft=["--epochs", "3", "--global_batch", "16", "--lr", "1e-3", "--warmup_steps", "16",
              "--token_budget", "2048", "--log_every", "4", "--save_every", "16"],
-        eval=["--n_samples", "8", "--max_new_tokens", "48", "--sft_examples", "64", "--batch_size",
+        eval=["--n_samples", "4", "--max_new_tokens", "48", "--sft_examples", "64", "--batch_size",
               "32"],
-        rl=["--steps", "16", "--prompts_per_step", "8", "--rollouts", "8", "--mini_batch", "4",
+        rl=["--steps", "8", "--prompts_per_step", "8", "--rollouts", "8", "--mini_batch", "4",
             "--micro_batch", "16", "--gen_batch_size", "32", "--max_response_len", "48", "--lr",
             "1e-4", "--top_p", "1.0"],
         n_val=32, val_sft=[], val_rl=[],              # no validation while training: time
-        probe=["--n_rows", "512", "--steps", "32", "--save_every", "4"],
+        probe=["--n_rows", "256", "--steps", "16", "--save_every", "4", "--losses", "sft", "curio"],
         seeds=[0, 1, 2, 3], threads=1, base_threads=1,
-        cost=dict(data=9, base=60, sft=15, curio=22, entropy=15, eval=10, rl=30, compare=4,
-                  probe=40),
+        cost=dict(data=9, base=60, sft=15, curio=22, entropy=15, eval=6, rl=15, compare=4,
+                  probe=15),
     ),
     "full": dict(
         name="full",
@@ -1082,29 +1082,42 @@ def headline(metrics: list[dict], by_seed: list[dict[str, dict]]) -> list[str]:
         return statistics.mean(map(get, metrics))
 
     steps = metrics[0]["sft"]["sft"]["steps"][1:]
-    mean_after_rl, half = t_interval([paired_row(p["curio+grpo - sft+grpo"])["difference"]
-                                      for p in by_seed])
+    at_end = [entropy(m, "curio") - entropy(m, "sft") for m in metrics]
+    taken = [entropy(m, "base") - entropy(m, "sft") for m in metrics]
+    dead_end = [100 * paired_row(p["curio - sft"], toy.EXPERT_FAILS)["difference"] for p in by_seed]
+    works = [100 * paired_row(p["curio - sft"], toy.EXPERT_WORKS)["difference"] for p in by_seed]
+    after_rl = [100 * paired_row(p["curio+grpo - sft+grpo"])["difference"] for p in by_seed]
     return [f"## What {len(metrics)} seeds support", "",
             "Means over the seeds, each with its 95% Student's t interval over them: one seed's "
             "numbers depend on the machine (the CPU's kernels order the float sums, and training "
-            "on this toy carries a rounding difference far), the mean over seeds much less.", "",
-            "1. **SFT takes the exploring away; CurioSFT keeps more of it.** The entropy of the "
-            f"first number (nats, at temperature 1): the base {mean(lambda m: entropy(m, 'base')):.2f}"
+            "on this toy carries a rounding difference far), the mean over seeds much less. Each "
+            "claim in bold says what its interval shows at this size; docs/demo.md has 24 seeds of "
+            "the full size.", "",
+            f"1. **Base − SFT: {verdict(taken, 'SFT takes the exploring away')}; CurioSFT − SFT: "
+            f"{verdict(at_end, 'CurioSFT keeps more of it')}.** The entropy of the first number "
+            f"(nats, at temperature 1): the base {mean(lambda m: entropy(m, 'base')):.2f}"
             f", after SFT {mean(lambda m: entropy(m, 'sft')):.3f}, after CurioSFT "
-            f"{mean(lambda m: entropy(m, 'curio')):.3f}. CurioSFT − SFT at the end: "
-            + signed([entropy(m, "curio") - entropy(m, "sft") for m in metrics]) + "; over SFT's "
-            f"checkpoints (steps {steps[0]}-{steps[-1]}), on average: "
-            + signed([over_sft(m, "curio") - over_sft(m, "sft") for m in metrics]) + ".",
-            "2. **What it keeps pays where exploring pays, before RL** (a lean: two intervals among "
-            "several, none corrected for looking at several). CurioSFT − SFT in points of avg@n, "
-            "on the questions where the expert's order is a dead end: "
-            + points_over_seeds("curio - sft", toy.EXPERT_FAILS) + "; where it works: "
-            + points_over_seeds("curio - sft", toy.EXPERT_WORKS) + ".",
-            "3. **After GRPO, the paper's question.** CurioSFT+GRPO − "
-            f"SFT+GRPO: {points_over_seeds('curio+grpo - sft+grpo', 'all avg')}: the interval "
-            + ("holds" if abs(mean_after_rl) <= half else "excludes") + " zero. One seed's difference after "
+            f"{mean(lambda m: entropy(m, 'curio')):.3f}. Base − SFT: {signed(taken)}. CurioSFT − SFT "
+            f"at the end: {signed(at_end)}; over SFT's checkpoints (steps {steps[0]}-{steps[-1]}), "
+            "on average: " + signed([over_sft(m, "curio") - over_sft(m, "sft") for m in metrics]) + ".",
+            "2. **CurioSFT − SFT before RL, where the expert's order is a dead end: "
+            f"{verdict(dead_end, 'above SFT')}; where it works: {verdict(works, 'above SFT')}** "
+            "(two intervals among several, none corrected for looking at several). In points of "
+            f"avg@n, where it is a dead end: {signed(dead_end, '{:+.1f}')}; where it works: "
+            f"{signed(works, '{:+.1f}')}.",
+            f"3. **After GRPO, the paper's question: {verdict(after_rl, 'CurioSFT+GRPO above')}.** "
+            f"CurioSFT+GRPO − SFT+GRPO: {signed(after_rl, '{:+.1f}')}. One seed's difference after "
             "RL moves by tens of points with the float order alone; 24 seeds of the full size "
             "could not tell the two apart (docs/demo.md).", ""]
+
+
+def verdict(values: list[float], claim: str) -> str:
+    """What the 95% t interval of the per-seed `values` says of `claim` (that their mean is above 0):
+    the claim when it lies above zero, else that it holds zero or lies below."""
+    mean, half = t_interval(values)
+    if mean - half > 0:
+        return claim + " (the interval excludes zero)"
+    return "the interval holds zero" if mean + half >= 0 else "the reverse (the interval is below zero)"
 
 
 def report(metrics: list[dict], paired: dict[str, dict], out: Path,

@@ -521,9 +521,18 @@ def test_the_headline_gives_each_claim_as_a_mean_over_seeds_with_its_interval():
     assert "the base 1.40, after SFT 0.050, after CurioSFT 0.100" in lines
     # by kind (stand_in_compare: twice the difference where the expert's order fails, minus it where it works)
     assert "is a dead end: +2.0 [-3.8, +7.8], above 0 on 2 of 4 seeds; where it works: -1.0 [-3.9, +1.9]" in lines
-    assert "SFT+GRPO: +1.0 [-1.9, +3.9], above 0 on 2 of 4 seeds: the interval holds zero" in lines
+    assert "SFT+GRPO: +1.0 [-1.9, +3.9], above 0 on 2 of 4 seeds." in lines
+    # each bold claim is what its interval shows: above zero, holding it, below it
+    assert ("**Base − SFT: SFT takes the exploring away (the interval excludes zero); CurioSFT − SFT: CurioSFT "
+            "keeps more of it (the interval excludes zero).**") in lines
+    assert ("**CurioSFT − SFT before RL, where the expert's order is a dead end: the interval holds zero; where it "
+            "works: the interval holds zero**") in lines
+    assert "**After GRPO, the paper's question: the interval holds zero.**" in lines
     far = [{name: stand_in_compare(d) for name in by_seed[0]} for d in [0.05, 0.06, 0.07, 0.08]]
-    assert "the interval excludes zero" in "\n".join(demo.headline(metrics, far))
+    assert ("**After GRPO, the paper's question: CurioSFT+GRPO above (the interval excludes zero).**"
+            in "\n".join(demo.headline(metrics, far)))
+    below = [stand_in_metrics(s, 0.05 + d, 0.05) for s, d in enumerate([0.02, 0.04, 0.06, 0.08])]
+    assert "CurioSFT − SFT: the reverse (the interval is below zero).**" in "\n".join(demo.headline(below, by_seed))
 
 
 def test_a_folder_run_at_another_size_or_float_order_is_refused(tmp_path):
