@@ -362,6 +362,11 @@ def flag(args: list[str], name: str, default: int) -> int:
 # ------------------------------------------------------------------------------------------------
 # Measurements the stage scripts do not make
 # ------------------------------------------------------------------------------------------------
+# from_pretrained is not thread-safe: seeds measured side by side (threads) loaded tied models whose
+# lm_head was left at its random initialisation ("lm_head.weight | MISSING"), 7.9 nats of entropy
+LOADING = threading.Lock()
+
+
 def load_for_scoring(ckpt: Path):
     """The checkpoint's tokenizer, and a function from texts to the model's next-token logits after
     each ([len(texts), V], float32, at temperature 1)."""
@@ -370,8 +375,9 @@ def load_for_scoring(ckpt: Path):
 
     # one "Loading weights" bar per checkpoint: noise here
     transformers.utils.logging.disable_progress_bar()
-    tok = transformers.AutoTokenizer.from_pretrained(ckpt)
-    model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
+    with LOADING:
+        tok = transformers.AutoTokenizer.from_pretrained(ckpt)
+        model = transformers.AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32).eval()
 
     def next_token_logits(texts: list[str]) -> torch.Tensor:
         ids = [tok.encode(t) for t in texts]

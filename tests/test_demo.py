@@ -1,4 +1,5 @@
 """The CPU demo end to end (demo.py --size ci), and its progress lines and table cells."""
+import concurrent.futures
 import json
 import math
 import os
@@ -15,6 +16,7 @@ import data
 from demo import decisive_token as decisive
 from demo import run as demo
 from demo import toy
+from plumbing import checkpoints
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -189,6 +191,17 @@ def check_probe_curves(probe: dict, before: int) -> None:
         assert list(curve) == ["0", "1", "2"] and all(0 <= p <= 1 for p in curve.values())
     assert probe["p_put_off"]["sft"]["0"] == probe["p_put_off"]["curio"]["0"]      # both start from the base
     assert probe["p_put_off"]["sft"]["2"] != probe["p_put_off"]["curio"]["2"]      # the losses differ
+
+
+def test_models_scored_side_by_side_score_as_one_alone(demo_ci):
+    """Seeds run side by side measure their checkpoints in threads at once: each gets the entropy and
+    probabilities it gets alone (concurrent from_pretrained calls left a tied lm_head random)."""
+    rows = [json.loads(line) for line in (demo_ci[0] / "world" / "test.jsonl").read_text().splitlines()]
+    ckpt = checkpoints.latest(demo_ci[0] / "runs" / "base")
+    alone = demo.branching_stats(ckpt, rows)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda _: demo.branching_stats(ckpt, rows), range(8)))
+    assert together == [alone] * 8, (alone, together)
 
 
 def test_a_finished_seed_reuses_its_metrics_and_measures_an_older_layout_again(demo_ci, tmp_path, monkeypatch):
