@@ -251,6 +251,7 @@ def test_several_seeds_run_side_by_side_and_the_summary_opens_with_what_they_sup
         compared.append((kwargs.get("tag", ""), name, len(paired["a"]["evaluations"])))
 
     monkeypatch.setattr(demo, "run_stage", compare)
+    monkeypatch.setattr(demo, "PROGRESS", demo.Progress())    # its plan, not left to the tests after it
     demo.run(argparse.Namespace(size="ci", seeds=[0, 1], seed=None, jobs=4, threads=None, no_pack=False,
                                 no_probe=False), out)
     names = [f"compare {a} - {b}" for a, b in demo.COMPARISONS]
