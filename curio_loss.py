@@ -335,11 +335,16 @@ def _row_blocks(z):
     bounded temporary."""
     n, v = z.shape
     dtype = torch.promote_types(z.dtype, torch.float32)
-    rows = max(1, (16 << 20 if z.device.type == "cpu" else 256 << 20) // (v * dtype.itemsize))
+    rows = _block_rows(v, dtype, z.device.type)
     buf = torch.empty(min(rows, n), v, dtype=dtype, device=z.device)
     for s in range(0, n, rows):
         e = min(s + rows, n)
         yield s, e, buf[: e - s]
+
+
+def _block_rows(v: int, dtype: torch.dtype, device_type: str) -> int:
+    """Rows of a _row_blocks block of v columns (bench/memory.py plans its buffers by them)."""
+    return max(1, (16 << 20 if device_type == "cpu" else 256 << 20) // (v * dtype.itemsize))
 
 
 def _log_sum_exp(z, shift, inv_tau=None):

@@ -45,6 +45,9 @@ stop-signal check. It fails, in one line naming the place, unless:
   fits       both figures fit the GPU (--gpu_gib) with the planner's headroom kept free; if not,
              it names the largest token budget (GRPO: micro-batch; else GPU count) that fits by
              the planner, and confirms it with a second dry run
+The step runs in the trainer's form (its --pack: packed micro-batches, varlen attention; --no-pack:
+padded rows), or another --form of bench/forms.py (6fbcbf7: the step one H200 measured, a dense
+mask, the loss's float32 copy, torch's AdamW on DTensors).
 It reports the host reads with the lines that ask for them, FLOPs per step (FlopCounterMode), and
 an estimate of the step's time and MFU on the GPU given by --peak_tflops, --hbm_tbs
 (bench/roofline.py: each op at its class's efficiency measured on one H200, --calibration; an
@@ -55,8 +58,9 @@ NOT_COVERED.
     python bench/dryrun.py --against bench/data/h200-2026-11-27/summary.json [--fit]
 
 dry-runs what a `bash bench/gpu_check.sh` summary measured (bench/sft_step.py's three variants at
-its shapes and sequences, one GPU, and the teacher side), prices it on that GPU's roofs and prints
-predicted / measured per figure; --fit refits the calibration from the profiles beside it first.
+its shapes and sequences, in the form it ran, one GPU, and the teacher side), prices it on that
+GPU's roofs and prints predicted / measured per figure; --fit refits the calibration from the
+profiles beside it first; --form another form predicts that form's steps at the same shapes.
 """
 import argparse
 import collections
@@ -88,7 +92,9 @@ from torch.utils._python_dispatch import TorchDispatchMode  # noqa: E402
 from torch.utils._pytree import tree_flatten  # noqa: E402
 
 import baselines  # noqa: E402
+import chunked_logits  # noqa: E402
 import curio_loss as cl  # noqa: E402
+import forms  # noqa: E402
 import memory  # noqa: E402
 import roofline  # noqa: E402
 from plumbing import models  # noqa: E402
@@ -111,9 +117,12 @@ NOT_COVERED = [
     "rank 0's own work: its run-directory checks, gathering and summary of the logged diagnostics, "
     "log.jsonl (the object collectives carry nothing here)",
     "checkpoint writing and resuming (torch.distributed.checkpoint, safetensors)",
-    "kernel speed beyond the calibration's classes (measured on one H200 at 1.5B shapes, a dense "
-    "mask: causal and packed attention's efficiency is assumed equal), time the GPU waits on "
-    "the host, NCCL and its buffers, the CUDA context and the allocator's fragmentation",
+    "kernel speed beyond the calibration's classes (measured on one H200 at 1.5B shapes in "
+    "6fbcbf7's form: a dense mask, the loss's float32 copy, torch's AdamW on DTensors; causal "
+    "and varlen attention at the masked kernel's efficiency, the blockwise loss's and the "
+    "blockwise top-k's kernels at their classes' rates, ShardLocalAdamW's host time none: not "
+    "measured), time the GPU waits on the host, NCCL and its buffers, the CUDA context and the "
+    "allocator's fragmentation",
     "numerics on a GPU (fake tensors hold no values: bf16 rounding, NaN, the loss's values)",
 ]
 NOT_COVERED_OFFLOAD = ("with --offload, the estimated time leaves out the optimiser step on the "
@@ -160,13 +169,11 @@ def parse(argv):
     parser.add_argument("--calibration", choices=list(CALIBRATIONS), default="h200-2026-11-27",
                         help="each op class's efficiency for the time estimate (bench/roofline.py):"
                         " measured on one H200, or none (the datasheet's roofs: a lower bound)")
-    parser.add_argument("--attention_form", choices=["trainer", "dense_mask", "causal", "varlen"],
-                        default="trainer", help="SFT: the trainer's attention as it is, or what "
-                        "if (a seam in chunked_logits.attention_masks): 'dense_mask' (a padded "
-                        "micro-batch gets a [B, 1, T, T] mask, as at 6fbcbf7), 'causal' (no mask: "
-                        "causal by SDPA's flag, right padding untouched), 'varlen' (with "
-                        "--sequences: the micro-batch's sequences as one packed row, attention "
-                        "priced per sequence)")
+    parser.add_argument("--form", choices=list(forms.FORMS), help="the step's form "
+                        "(bench/forms.py): " + "; ".join(f"{k}: {v}" for k, v in forms.FORMS.items())
+                        + ". Default: the trainer's own (--pack, its default: packed; --no-pack: "
+                        "padded). With --against: another form's predictions at the summary's "
+                        "shapes")
     parser.add_argument("--against", metavar="SUMMARY_JSON", help="instead: dry-run what a "
                         "`bash bench/gpu_check.sh` summary.json measured (bench/sft_step.py's "
                         "three variants at its shape and sequences, the teacher side) on that "
@@ -401,14 +408,13 @@ def synthetic_tokenizer():
     return tokenizer
 
 
-def write_inputs(tmp: Path, config, stage: str, args, gpus: int, sequences=None,
-                 packed: bool = False):
+def write_inputs(tmp: Path, config, stage: str, args, gpus: int, sequences=None):
     """tmp/model (the preset's config.json, the synthetic tokenizer, no weights: an empty
     model.safetensors, as rank 1 builds the model on the meta device and reads none) and
     tmp/train.jsonl: rows whose prompt and response are the longest the settings admit, a token
     short here and there so that a micro-batch is padded (SFT with `sequences`: those, each rank
-    all of them each step; `packed`: as one row, their prompts and responses end to end). Returns
-    the dry run's settings of the trainer (`run_settings`) and the micro-batch shape."""
+    all of them each step). Returns the dry run's settings of the trainer (`run_settings`) and the
+    micro-batch shape."""
     import data
     from safetensors.torch import save_file
 
@@ -424,14 +430,6 @@ def write_inputs(tmp: Path, config, stage: str, args, gpus: int, sequences=None,
         lengths = sorted(sequences, reverse=True) * gpus
         prompt_lens = [n // 8 for n in lengths]
         responses = [n - p for n, p in zip(lengths, prompt_lens)]     # with its EOS
-        if packed:               # one row per rank: the packed micro-batch's tokens, trained alike
-            per_rank = len(sequences)
-            prompt_lens = [sum(prompt_lens[:per_rank])] * gpus
-            responses = [sum(responses[:per_rank])] * gpus
-            args = dataclasses.replace(
-                args, max_prompt_len=max(args.max_prompt_len, prompt_lens[0]),
-                max_response_len=max(args.max_response_len, responses[0]),
-                token_budget=max(args.token_budget, prompt_lens[0] + responses[0]))
         n_rows, prompt = len(prompt_lens), min(prompt_lens)
     elif stage == "sft":
         seq = min(args.max_prompt_len + args.max_response_len, args.token_budget)
@@ -478,7 +476,9 @@ def write_inputs(tmp: Path, config, stage: str, args, gpus: int, sequences=None,
     run_args = dataclasses.replace(args, **common, steps=STEPS, prompts_per_step=prompts * gpus,
                                    mini_batch=prompts * gpus, log_rollouts=0)
     sequences = prompts * args.rollouts
-    return run_args, {"sequences": args.micro_batch, "seq_len": prompt + args.max_response_len,
+    seq = prompt + args.max_response_len
+    return run_args, {"sequences": args.micro_batch, "seq_len": seq,
+                      "tokens": args.micro_batch * seq,      # packed: within a token a sequence
                       "trained": args.micro_batch * args.max_response_len,
                       "micro_batches": -(-sequences // args.micro_batch),
                       "tokens_per_step": sequences * (prompt + args.max_response_len)
@@ -486,14 +486,20 @@ def write_inputs(tmp: Path, config, stage: str, args, gpus: int, sequences=None,
 
 
 def sft_shape(args, lengths: list[int], prompts: list[int], gpus: int) -> dict:
-    """The micro-batches rank 1 trains in step 2, from sft.py's own plan of the rows."""
+    """The micro-batches rank 1 trains in step 2, from sft.py's own plan of the rows; the largest,
+    by the tokens it computes (packed: its sequences'; padded: its longest x its count)."""
     import sft
 
     rank = 1 if gpus > 1 else 0
     *_, batch, step_mbs = list(sft.plan_steps(lengths, gpus, args, 0, 0))[STEPS - 1]
     mine = [batch[rank][k] for k in step_mbs]
-    widest = max(mine, key=len)
-    return {"sequences": len(widest), "seq_len": max(lengths),
+
+    def computed(mb):
+        mb_lengths = [lengths[i] for i in mb]
+        return sum(mb_lengths) if args.pack else max(mb_lengths) * len(mb)
+
+    widest = max(mine, key=computed)
+    return {"sequences": len(widest), "seq_len": max(lengths), "tokens": computed(widest),
             "trained": sum(lengths[i] - prompts[i] for i in widest), "micro_batches": len(mine),
             "lengths": [lengths[i] for i in widest],
             "tokens_per_step": sum(lengths[i] for mb in mine for i in mb)}
@@ -539,11 +545,8 @@ class Seams:
     """The SEAMS installed (put back on close), and what the trainer built: its student, the other
     model, its optimiser (`built`); `on_step` is called where each step of the loop begins."""
 
-    def __init__(self, trainer, stage: str, args, shape: dict, offload: bool, on_step,
-                 attention_form: str = "trainer"):
+    def __init__(self, trainer, stage: str, args, shape: dict, offload: bool, on_step):
         import torch.distributed as dist
-
-        import chunked_logits
 
         from plumbing import checkpoints, generation
 
@@ -569,10 +572,6 @@ class Seams:
             return self.built["optimizer"]
 
         patch(trainer, "shard_model", sharded)
-        if attention_form in ("dense_mask", "causal"):
-            patch(chunked_logits, "attention_masks",
-                  dense_mask if attention_form == "dense_mask"
-                  else lambda batch: {"full_attention": None})
         patch(trainer, "make_optimizer", optimizer)
         # the colocated engine (GRPO's rollouts, --eval_every's validation): vLLM cannot run here
         patch(generation, "rollout_engine",
@@ -676,17 +675,6 @@ def longest_samples(engine, tokenizer, prompts, n, temperature, top_p, max_new_t
 cl_summarize = cl.summarize
 
 
-def dense_mask(batch):
-    """chunked_logits.attention_masks at 6fbcbf7 (the H200 run's): a padded batch's mask causal and
-    not a padding key, [B, 1, T, T] bool, which rules out flash attention and skips no tile."""
-    if not batch["padded"]:
-        return {"full_attention": None}
-    keep = batch["attention_mask"].bool()                                  # [B, T]
-    T = keep.shape[1]
-    causal = torch.ones(T, T, dtype=torch.bool, device=keep.device).tril()   # [T, T]
-    return causal & keep[:, None, None, :]
-
-
 def gather_object(obj, object_gather_list=None, dst=0, group=None):
     """dist.gather_object's stand-in: the destination's list holds this rank's object for every
     rank (the one rank's, on one GPU); elsewhere nothing moves."""
@@ -761,6 +749,8 @@ def simulate(argv) -> dict:
     stage = stage_of(presets, own.stage)
     model_name, config = model_config(own.model, presets)
     trainer, args, user_cfg = stage_settings(stage, presets, rest, model_name)
+    if own.form:                       # (its code paths: rank_main's forms.code_paths)
+        args = dataclasses.replace(args, pack=forms.packs(own.form))
     trainer.check_world(args, own.gpus)
 
     from torch._subclasses.fake_tensor import FakeTensorMode
@@ -776,15 +766,12 @@ def simulate(argv) -> dict:
     device = torch.device("cuda", 0)
     config._attn_implementation = "sdpa"
     gpu = roofline.GPU(bf16_tflops=own.peak_tflops, hbm_tbs=own.hbm_tbs, link_gbs=own.link_gbs)
-    varlen = own.attention_form == "varlen"
-    if varlen and (stage != "sft" or not own.sequences):
-        raise SystemExit("--attention_form varlen: SFT with --sequences only")
-    roof = roofline.Roofline(varlen_lengths=own.sequences if varlen else None)
-    first, watch, flops = HostWatch(), HostWatch(), FlopCounterMode(display=False)
+    roof = roofline.Roofline()
+    first, watch = HostWatch(), HostWatch()
+    flops = FlopCounterMode(display=False, custom_mapping=varlen_flop_formulas(roof))
     t0 = time.perf_counter()
     with tempfile.TemporaryDirectory() as tmp:
-        args, shape = write_inputs(Path(tmp), config, stage, args, own.gpus, own.sequences,
-                                   packed=varlen)
+        args, shape = write_inputs(Path(tmp), config, stage, args, own.gpus, own.sequences)
         found = {}
 
         def started():
@@ -806,8 +793,7 @@ def simulate(argv) -> dict:
         # not under the tracker); step 2: memory (the tracker's own step 1 reports a bogus peak),
         # host reads and the roofline (AdamW's states made, as in every later step)
         windows = StepWindows(started, [lambda: [first, flops], step_2])
-        seams = Seams(trainer, stage, args, shape, args.offload, windows.begin,
-                      own.attention_form)
+        seams = Seams(trainer, stage, args, shape, args.offload, windows.begin)
         try:
             with FakeTensorMode(allow_non_fake_inputs=True):
                 try:
@@ -842,7 +828,7 @@ def simulate(argv) -> dict:
     result = {"stage": stage, "model": model_name, "gpus": own.gpus, "presets": presets,
               "loss": (args.loss if stage == "sft"
                        else args.policy_loss if args.hybrid == "none" else args.hybrid),
-              "micro_batch": shape,
+              "form": own.form or ("packed" if args.pack else "padded"), "micro_batch": shape,
               "micro_batches_per_step": shape["micro_batches"], "steps_run": STEPS,
               "checkpoints_written": seams.saved, "validations": seams.validations,
               "seams": SEAMS}
@@ -850,7 +836,6 @@ def simulate(argv) -> dict:
     result["attention_kernel"], result["attention_calls"] = "+".join(sorted(kernels)), dict(kernels)
     result |= speed_result(roof, gpu, CALIBRATIONS[own.calibration], flops.get_total_flops(),
                            weights, shape, config, watch)
-    result["attention_form"] = own.attention_form
     result["seconds"] = round(time.perf_counter() - t0, 1)
     result["not_covered"] = NOT_COVERED + (NOT_COVERED_RL if stage == "rl" else []) + (
         [NOT_COVERED_OFFLOAD] if args.offload else []) + (
@@ -864,10 +849,30 @@ def simulate(argv) -> dict:
     return result
 
 
+def varlen_flop_formulas(roof) -> dict:
+    """FlopCounterMode's formulas for torch's varlen attention (forward, backward): torch's own read
+    the offsets' values, which fake tensors lack; these take the packed micro-batch's lengths from
+    roof.varlen_lengths (charged_regions sets them) and count every square whole, as torch's
+    formulas count causal attention."""
+    def formula(pass_):
+        def count(*args, out_val=None, **kwargs):
+            query = args[0] if pass_ == "fwd" else args[1]
+            return roofline.varlen_flops(query.shape, roof.varlen_lengths, pass_)
+        count._get_raw = True             # FlopCounterMode passes the tensors, not their shapes
+        return count
+
+    import torch.nn.attention.varlen  # noqa: F401  (registers the torch_attn ops)
+
+    return {torch.ops.torch_attn._varlen_attn: formula("fwd"),
+            torch.ops.torch_attn._varlen_attn_backward: formula("bwd")}
+
+
 @contextlib.contextmanager
 def charged_regions(roof, trainer, optimizer, teacher, base):
     """The roofline's regions: the teacher's (or the base model's) forward and head, the
-    optimiser's step, the old log-probs, the teacher's update; the functions are put back on
+    optimiser's step, the old log-probs, the teacher's update; and the packed micro-batch's
+    sequence lengths, which its varlen attention is priced by (roof.varlen_lengths, set where
+    chunked_logits.packed_sequences passes them to the model). The functions are put back on
     exit."""
     def charged(fn, label):
         def wrapper(*args, **kwargs):
@@ -882,10 +887,18 @@ def charged_regions(roof, trainer, optimizer, teacher, base):
             roof.watch_module(m, label)
     heads_of = [m for m in (trainer, baselines) if hasattr(m, "no_grad_logits")]  # sft.py's too
     old_lp_of = [m for m in (trainer, baselines) if hasattr(m, "token_log_probs")]  # PSFT's too
-    saved = [(cl, "teacher_log_prob"), (optimizer, "step"), (trainer, "update_teacher")]
+    saved = [(cl, "teacher_log_prob"), (optimizer, "step"), (trainer, "update_teacher"),
+             (chunked_logits, "packed_sequences")]
     saved += [(m, "no_grad_logits") for m in heads_of] + [(m, "token_log_probs") for m in old_lp_of]
     saved = [(owner, name, getattr(owner, name)) for owner, name in saved if hasattr(owner, name)]
     cl.teacher_log_prob = charged(cl.teacher_log_prob, "teacher loss")
+    packed_sequences = chunked_logits.packed_sequences
+
+    def packed(model, batch):
+        roof.varlen_lengths = list(batch["seq_lens"]) if "cu_seq_lens" in batch else None
+        return packed_sequences(model, batch)
+
+    chunked_logits.packed_sequences = packed
     optimizer.step = charged(optimizer.step, "optimizer")
     for owner in old_lp_of:
         owner.token_log_probs = charged(owner.token_log_probs, "old log-probs")
@@ -990,7 +1003,7 @@ def largest_fitting(config, stage, args, shape, own, ratio: float) -> dict | Non
     seq = shape["seq_len"]
     trained = shape["trained"] // shape["sequences"]
     for k in range(shape["sequences"] - 1, 0, -1):
-        smaller = dict(shape, sequences=k, trained=k * trained)
+        smaller = dict(shape, sequences=k, tokens=k * seq, trained=k * trained)
         new_args = dataclasses.replace(args, micro_batch=k) if stage == "rl" else args
         need = planned(config, stage, new_args, smaller, own)["total_bytes"] * ratio
         if need <= limit:
@@ -1009,7 +1022,7 @@ def largest_fitting(config, stage, args, shape, own, ratio: float) -> dict | Non
 def planned(config, stage, args, shape, own) -> dict:
     """bench/memory.py's plan for the shapes the dry run ran: its micro-batch and micro-batches per
     step."""
-    run = dict(stage=stage, gpus=own.gpus, token_budget=shape["sequences"] * shape["seq_len"],
+    run = dict(stage=stage, gpus=own.gpus, token_budget=shape["tokens"], pack=args.pack,
                seq_len=shape["seq_len"], trained_tokens=shape["trained"],
                loss_chunk=args.loss_chunk,
                bf16=args.bf16, grad_ckpt=args.grad_ckpt, offload=args.offload, gpu_gib=own.gpu_gib,
@@ -1035,8 +1048,9 @@ def describe(r: dict) -> str:
     mb = r["micro_batch"]
     lines = [f"dry run: {r['stage']} {r['loss']}, {r['model']}, {r['gpus']} simulated GPUs of "
              f"{r['gpu_gib']} GiB; {r['steps_run']} optimiser steps of "
-             f"{r['micro_batches_per_step']} micro-batches of {mb['sequences']} x "
-             f"{mb['seq_len']} tokens ({mb['trained']} trained), {r['seconds']} s",
+             f"{r['micro_batches_per_step']} micro-batches of up to {mb['sequences']} sequences, "
+             f"{mb['tokens']} tokens computed ({mb['trained']} trained), form {r['form']}, "
+             f"{r['seconds']} s",
              f"  peak per GPU, step 2: measured {r['peak_gib_measured']:.2f} GiB (torch's "
              f"FSDPMemTracker), planned {r['peak_gib_planned']:.2f} GiB (bench/memory.py): "
              f"ratio {r['ratio']:.3f}",
@@ -1074,7 +1088,12 @@ def rank_main(argv) -> int:
     failed check."""
     own, _ = parse(argv)
     try:
-        result = simulate(argv)
+        # the form's code paths (6fbcbf7's: the dense mask, the float32 copy, torch's AdamW), for
+        # the step and the teacher side alike
+        with forms.code_paths(own.form) if own.form else contextlib.nullcontext():
+            result = simulate(argv)
+            if own.teacher_side:
+                result["teacher_side"] = teacher_side_work(*own.teacher_side)
     except DryRunFailure as e:
         result = {"failed": str(e)}
     except Exception as e:
@@ -1082,8 +1101,6 @@ def rank_main(argv) -> int:
         first = (str(e).strip().splitlines() or [type(e).__name__])[0]
         result = {"failed": f"the step raised {type(e).__name__} at {failure_site(e)}: "
                             f"{first[:300]}"}
-    if own.teacher_side and "stage" in result:
-        result["teacher_side"] = teacher_side_work(*own.teacher_side)
     if own.json:
         Path(own.json).parent.mkdir(parents=True, exist_ok=True)
         Path(own.json).write_text(json.dumps(result, indent=1) + "\n")
@@ -1151,7 +1168,7 @@ def rank_flags(own) -> list[str]:
     flags = ["--gpus", str(own.gpus), "--gpu_gib", str(own.gpu_gib),
              "--peak_tflops", str(own.peak_tflops),
              "--hbm_tbs", str(own.hbm_tbs), "--link_gbs", str(own.link_gbs)]
-    flags += ["--calibration", own.calibration, "--attention_form", own.attention_form]
+    flags += ["--calibration", own.calibration] + (["--form", own.form] if own.form else [])
     flags += ["--stage", own.stage] if own.stage else []
     flags += ["--sequences", *map(str, own.sequences)] if own.sequences else []
     return flags + (["--model", own.model] if own.model else [])
@@ -1193,16 +1210,16 @@ def teacher_side_work(tokens: int, vocab: int) -> dict:
     return out
 
 
-# what bench/sft_step.py ran at 6fbcbf7 (the H200 run's commit) besides what its summary names; a
-# summary that records its run ({"sft_step": {"lengths": ..., "loss_chunk": ..., ...}}) says
-SFT_STEP_6FBCBF7 = {"loss_chunk": 4096, "grad_ckpt": True, "teacher_every": 5,
-                    "attention_form": "dense_mask"}
+# what bench/sft_step.py ran at 6fbcbf7 (the H200 run's commit) besides what its summary names,
+# in bench/forms.py's form "6fbcbf7"; a summary that records its run ({"sft_step": {"form": ...,
+# "lengths": ..., "loss_chunk": ..., ...}}, as bench/gpu_check.py writes it now) says
+SFT_STEP_6FBCBF7 = {"loss_chunk": 4096, "grad_ckpt": True, "teacher_every": 5, "form": "6fbcbf7"}
 
 
 def bench_run(summary: dict) -> dict:
     """What bench/sft_step.py ran for a gpu_check summary: its shape, the micro-batch's sequences
     (the summary's own record, else the entropy row's note that names them), the loss chunk,
-    checkpointing, the teacher's schedule and the attention form (SFT_STEP_6FBCBF7's unless the
+    checkpointing, the teacher's schedule and the step's form (SFT_STEP_6FBCBF7's unless the
     summary records them), and the teacher side's logits."""
     import sft_step
 
@@ -1241,9 +1258,12 @@ def against(own, env) -> int:
         raise SystemExit(f"--fit: {', '.join(str(f) for f in profiles if not f.is_file())} not "
                          f"found beside {path} (python bench/roofline.py --out DIR on the GPU)")
     run = bench_run(summary)
-    what_if = own.attention_form not in ("trainer", run["attention_form"])
-    if what_if:                         # the same steps in another attention form: predictions
-        run["attention_form"] = own.attention_form
+    if run["form"] not in forms.FORMS:
+        raise SystemExit(f"{path}: form {run['form']!r} is none of bench/forms.py's "
+                         f"({', '.join(forms.FORMS)})")
+    what_if = own.form not in (None, run["form"])
+    if what_if:                         # the same steps in another form: predictions
+        run["form"] = own.form
     seq, lengths = max(run["lengths"]), run["lengths"]
     measured = {r["figure"]: r["value"] for r in summary["rows"]}
     with tempfile.TemporaryDirectory() as tmp:
@@ -1254,7 +1274,7 @@ def against(own, env) -> int:
                  str(gpu.hbm_tbs), "--token_budget", str(len(lengths) * seq), "--max_prompt_len",
                  str(seq), "--max_response_len", str(seq), "--loss_chunk", str(run["loss_chunk"]),
                  "--grad_ckpt" if run["grad_ckpt"] else "--no-grad_ckpt", "--calibration",
-                 own.calibration, "--attention_form", run["attention_form"], "--sequences",
+                 own.calibration, "--form", run["form"], "--sequences",
                  *map(str, lengths)]
         procs = {}
         for v in VARIANTS:
@@ -1279,18 +1299,22 @@ def against(own, env) -> int:
         print("fitted: " + ", ".join(f"{k} {v}" for k, v in dataclasses.asdict(cal).items()
                                      if k not in ("name", "sources")))
     print(f"{device}: {summary['shape']}, sequences {lengths} in one micro-batch, loss chunk "
-          f"{run['loss_chunk']}, checkpointing {'on' if run['grad_ckpt'] else 'off'}, attention "
-          f"{run['attention_form']}; roofs {gpu.bf16_tflops:g} TFLOP/s, {gpu.hbm_tbs:g} TB/s; "
+          f"{run['loss_chunk']}, checkpointing {'on' if run['grad_ckpt'] else 'off'}, form "
+          f"{run['form']}; roofs {gpu.bf16_tflops:g} TFLOP/s, {gpu.hbm_tbs:g} TB/s; "
           f"{cal.name}")
-    ratios, predicted = {}, {}
+    ratios, predicted, mfu = {}, {}, {}
+    # MFU as bench/sft_step.py counts it: the model FLOPs of the sequences' real tokens
+    model_flops = sft_step.model_flops(run["shape"], lengths,
+                                       results["sft"]["micro_batch"]["trained"])["total"]
     for v in VARIANTS:
         parts = roofline.seconds(results[v]["work"], gpu, cal)
         # the dry run updates the teacher every step, the bench every teacher_every steps
         step = sum(parts.values()) - parts["teacher update"] * (1 - 1 / run["teacher_every"])
         real = measured[f"{v} step time"]
         ratios[v] = step / real
+        mfu[v] = model_flops / (step * gpu.bf16_tflops * 1e12)
         classes = roofline.seconds(results[v]["work"], gpu, cal, by="cls")
-        print(f"{v:20s} step: predicted {step:.3f} s, "
+        print(f"{v:20s} step: predicted {step:.3f} s (MFU {mfu[v]:.1%}), "
               + (f"{step / predicted['sft']:.2f}x SFT's, not measured" if what_if and v != "sft"
                  else "not measured" if what_if
                  else f"measured {real:.3f} s, predicted/measured {ratios[v]:.2f}")
@@ -1301,10 +1325,10 @@ def against(own, env) -> int:
         predicted[v] = step
     if what_if:
         if own.json:
-            Path(own.json).write_text(json.dumps({"predicted_s": predicted, "device": device,
-                                                  "calibration": cal.name,
-                                                  "attention_form": run["attention_form"]},
-                                                 indent=1) + "\n")
+            Path(own.json).write_text(json.dumps({
+                "predicted_s": predicted, "mfu": mfu, "device": device, "calibration": cal.name,
+                "form": run["form"], "peak_gib": {v: results[v]["peak_gib_measured"]
+                                                  for v in VARIANTS}}, indent=1) + "\n")
         return 0
     side = {k: sum(roofline.seconds(w, gpu, cal).values())
             for k, w in results["sft"]["teacher_side"].items()}
@@ -1322,6 +1346,7 @@ def against(own, env) -> int:
         peaks = {v: [results[v]["peak_gib_measured"], measured[f"{v} peak memory"]]
                  for v in VARIANTS}
         Path(own.json).write_text(json.dumps({"ratios": ratios, "predicted_s": predicted,
+                                              "mfu": mfu,
                                               "peak_gib": peaks,
                                               "calibration": dataclasses.asdict(cal),
                                               "device": device,

@@ -4,7 +4,7 @@ exits 0 when every part ran, whatever the targets say, and 1 when a part crashed
 time.
 
     bash bench/gpu_check.sh [--out out/gpu_check] [--shape qwen2.5-1.5b] [--layers N]
-                            [--peak_tflops X]
+                            [--peak_tflops X] [--rounds N] [--parts 1 2 3]
     bash bench/gpu_check.sh --smoke   # tiny shapes, two steps, on any device (CPU: gloo, fp32)
 
 --out gets three files, all a lent machine has to send back: summary.md and summary.json, rewritten
@@ -95,6 +95,7 @@ class Summary:
 
     def __init__(self):
         self.rows, self.crashed = [], []
+        self.runs = {}          # what a part ran, for bench/dryrun.py --against: {"sft_step": ...}
 
     def add(self, section, figure, value, unit="", target="", ok=None, status=None, note=""):
         if status is None:
@@ -182,6 +183,9 @@ def sft_steps(a, scratch: Path, summary: Summary, timeout_s: float):
         return
     r = json.loads(result_file.read_text())
     sec = "SFT step"
+    # the headline rows' run, in bench/forms.py's name of its form (the 6fbcbf7 rows: OLD_FORM's)
+    summary.runs["sft_step"] = {"form": r["forms_run"][-1], "lengths": r["lengths"],
+                                **{k: r[k] for k in ("loss_chunk", "grad_ckpt", "teacher_every")}}
     for v, m in r["variants"].items():
         summary.add(sec, f"{v} step time", m["step_s"], "s",
                     note=f"median of {r['rounds']} sft.train runs' means of "
@@ -443,7 +447,8 @@ def write_results(out: Path, scratch: Path, summary: Summary, header: list[str],
     """OUT's three files, each written whole (a kill leaves the previous version)."""
     write_atomic(out / "summary.md", summary.markdown(header))
     write_atomic(out / "summary.json",
-                 json.dumps({**meta, "rows": summary.rows, "crashed": summary.crashed}, indent=1))
+                 json.dumps({**meta, **summary.runs, "rows": summary.rows,
+                             "crashed": summary.crashed}, indent=1))
     tmp = out / ".logs.tar.gz.tmp"
     with tarfile.open(tmp, "w:gz") as tar:
         tar.add(scratch / "logs", arcname="logs")
@@ -466,6 +471,8 @@ def main():
                         help="rounds of sft.train runs per SFT variant (default 2; 1 with --smoke)")
     parser.add_argument("--peak_tflops", type=float, default=0.0,
                         help="the device's dense bf16 peak for MFU")
+    parser.add_argument("--parts", type=int, nargs="+", choices=range(1, 6), default=range(1, 6),
+                        metavar="N", help="run only these parts (1-5, the list above; default all)")
     a = parser.parse_args()
     a.shape = a.shape or ("smoke" if a.smoke else "qwen2.5-1.5b")
     a.rounds = a.rounds or (1 if a.smoke else 2)
@@ -507,7 +514,8 @@ def main():
             summary.fail("rl.py", RL_FIGURES, "skipped", "part 4 did not build the toy world")
 
     # (section, figures, title, time limit in seconds, the part)
-    parts = [("SFT step", SFT_FIGURES, "1. SFT steps (bench/sft_step.py)", 200,
+    # (the SFT part times two forms, bench/sft_step.py --forms: twice the sft.train runs of one)
+    parts = [("SFT step", SFT_FIGURES, "1. SFT steps (bench/sft_step.py)", 320,
               lambda limit: sft_steps(a, scratch, summary, limit)),
              ("teacher side", TEACHER_FIGURES,
               "2. the teacher side of the loss against one logsumexp pass", 60,
@@ -518,9 +526,12 @@ def main():
               evaluate_with_its_world),
              ("rl.py", RL_FIGURES, "5. rl.py's GRPO with a synthetic reward (bench/rl_step.py)",
               110, rl_with_the_world)]
-    for section, figures, title, limit, run_part in parts:
+    for number, (section, figures, title, limit, run_part) in enumerate(parts, 1):
         left = DEADLINE_S - (time.perf_counter() - t0)
-        if not a.smoke and left < limit:
+        if number not in a.parts:
+            summary.fail(section, figures, "skipped", f"not asked for (--parts "
+                         f"{' '.join(map(str, a.parts))})")
+        elif not a.smoke and left < limit:
             summary.fail(section, figures, "skipped",
                          f"{left:.0f} s left of the check's {DEADLINE_S} s, the part may take "
                          f"{limit} s")

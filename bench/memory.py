@@ -40,6 +40,8 @@ moment is a sum of parts, and a phase's peak is its largest moment (phases: the 
                        (sft.micro_batch_loss, rl.policy_update, chunked_logits.token_log_probs)
                        on a 1-wide model with the real vocabulary, so a change to
                        curio_loss.py or baselines.py changes the plan without a change here
+                       (a GPU's bf16 logits read blockwise: no float32 copy of the chunk, a
+                       float32 block of at most 256 MiB at a time, loss_chunk_bytes)
   vllm                 the colocated engine (RL's rollouts, SFT's --eval_every validation):
                        gpu_memory_utilization x the GPU's memory while it is awake; 0 asleep
   weight_sync          one full float32 parameter and its cast while the weights go into the
@@ -47,11 +49,11 @@ moment is a sum of parts, and a phase's peak is its largest moment (phases: the 
 
 The model side is a formula: its terms are the tensors that each op of the HF Qwen2 decoder layer
 saves for backward (listed in `layer_saved`), checked against measured peaks of real sft.py steps
-on CPU by tests/test_memory.py. Attention is PyTorch's SDPA as transformers calls it: with padding
-(more than one sequence in a micro-batch) a boolean [B, 1, T, T] mask that SDPA turns into a
-compute-dtype one per call, and K/V repeated to every head; without padding neither. The
-attention kernel is taken to keep what CPU's flash kernel keeps (its output and logsumexp), as
-CUDA's memory-efficient and flash kernels do.
+on CPU by tests/test_memory.py. A micro-batch is the trainers' --pack (their default): its
+sequences end to end in one row of token_budget real tokens, attention within each (torch's
+varlen flash attention on CUDA, SDPA per sequence on CPU); or --no-pack: right-padded rows,
+token_budget counting their padding, SDPA causal by its flag. Neither has an attention mask or
+repeats K/V to every head (GQA in the kernel); the kernel keeps its output and logsumexp.
 
 Not counted: FSDP2's padding of each parameter to a multiple of the GPU count, CPU offload's
 host-to-device copies of one layer's shards, kernels' internal workspaces (cuBLAS, attention),
@@ -120,8 +122,11 @@ class Run:
     gpus: int = 8
     """GPUs the FSDP2 model is sharded over"""
     token_budget: int = 0
-    """padded tokens per micro-batch per GPU (0: sft.py's default 16384; RL: micro_batch x the
-    longest sequence)"""
+    """tokens per micro-batch per GPU: packed, the sequences' own; padded (--no-pack), rows x the
+    longest (0: sft.py's default 16384; RL: micro_batch x the longest sequence)"""
+    pack: bool = True
+    """the trainers' --pack (their default): a micro-batch's sequences end to end in one row (the
+    rotary table spans the row); --no-pack: right-padded rows"""
     seq_len: int = 0
     """the longest sequence in a micro-batch (0: max_prompt_len + max_response_len, at most
     token_budget)"""
@@ -247,34 +252,28 @@ def load_model_config(name: str) -> dict:
 
 
 # ------------------------------------------------------------------------------------------------
-# Activations of one HF Qwen2 decoder layer (modeling_qwen2.py), in bytes, for `tok` tokens in
-# sequences of T
+# Activations of one HF Qwen2 decoder layer (modeling_qwen2.py), in bytes, for `tok` tokens
 # ------------------------------------------------------------------------------------------------
-def layer_saved(s: Shapes, tok: int, T: int, c: int) -> int:
+def layer_saved(s: Shapes, tok: int, c: int) -> int:
     """What one decoder layer keeps for backward when it runs with grad (no checkpointing, or its
     recompute)."""
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    padded = tok > T                                   # several sequences: right padding, so a mask
     # RMSNorm: float32 input, normalised x, rsqrt
     norms = 2 * (4 * tok * s.hidden + c * tok * s.hidden + 4 * tok)
     # the norms' outputs: inputs of q/k/v and of gate/up
     proj_inputs = 2 * c * tok * s.hidden
-    # q after rotary; k, v as SDPA gets them (repeat_kv copies to every head when a mask rules out
-    # enable_gqa)
-    qkv = c * tok * q + 2 * c * tok * (q if padded else kv)
-    # output, logsumexp, float mask
-    sdpa = c * tok * q + 4 * tok * s.heads + (c * tok * T if padded else 0)
+    # q after rotary; k, v as the attention gets them (no mask: the kernel's GQA, no repeat_kv)
+    qkv = c * tok * q + 2 * c * tok * kv
+    attention = c * tok * q + 4 * tok * s.heads        # output, logsumexp
     mlp = 4 * c * tok * s.intermediate                 # gate, silu(gate), up, silu(gate) * up
-    return norms + proj_inputs + qkv + sdpa + mlp
+    return norms + proj_inputs + qkv + attention + mlp
 
 
-def layer_forward_transient(s: Shapes, tok: int, T: int, c: int) -> int:
+def layer_forward_transient(s: Shapes, tok: int, c: int) -> int:
     """Peak of a layer's forward when nothing is saved (no grad, or a checkpointed forward), beyond
     its input."""
     q, kv = s.heads * s.head_dim, s.kv_heads * s.head_dim
-    padded = tok > T
-    attn = (c * tok * (s.hidden + 2 * q + 2 * kv)
-            + (c * tok * (2 * q) + c * tok * T if padded else 0))
+    attn = c * tok * (s.hidden + 2 * q + 2 * kv)
     # residual, norm out, silu(gate), up, product
     mlp = 2 * c * tok * s.hidden + 3 * c * tok * s.intermediate
     norm = 8 * tok * s.hidden                                      # float32 copies inside RMSNorm
@@ -288,10 +287,11 @@ def layer_backward_extra(s: Shapes, tok: int, c: int) -> int:
     return 2 * c * tok * s.hidden + 2 * c * tok * s.intermediate
 
 
-def shared_activations(s: Shapes, tok: int, T: int, c: int, with_mask: bool) -> int:
-    """Tensors every layer reads: rotary cos/sin [1, T, d] and the boolean [B, 1, T, T] mask (alive
-    during a forward, and through backward when checkpointing keeps it for the recomputes)."""
-    return 2 * c * T * s.head_dim + (tok * T if with_mask and tok > T else 0)
+def shared_activations(s: Shapes, row: int, c: int) -> int:
+    """Tensors every layer reads: rotary cos/sin [1, row, d] (row: the packed row's tokens, or the
+    padded rows' length), alive during a forward, and through backward when checkpointing keeps
+    them for the recomputes."""
+    return 2 * c * row * s.head_dim
 
 
 def final_norm_saved(s: Shapes, tok: int, c: int) -> int:
@@ -425,8 +425,10 @@ def allocated_peak(device):
 # ------------------------------------------------------------------------------------------------
 # The loss side, traced: per-token bytes of one logits chunk, by phase
 # ------------------------------------------------------------------------------------------------
-# one chunk of this many tokens; [n, V] and [n, k] terms keep their ratio, so bytes scale with n
-TRACE_TOKENS = 16
+# one chunk of this many tokens; [n, V] and [n, k] terms keep their ratio, so bytes scale with n,
+# but for curio_loss's float32 block buffers, [rows, V] whatever the chunk: traced with blocks of
+# TRACE_ROWS rows and of twice that, the difference is their bytes per row
+TRACE_TOKENS, TRACE_ROWS = 16, 4
 
 
 class OneWideLM(torch.nn.Module):
@@ -477,13 +479,32 @@ def one_rank_world():
         dist.destroy_process_group()
 
 
-@lru_cache(maxsize=None)
 def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy: bool,
-                     entropy_coef: float = 0.0) -> dict:
-    """Peak bytes per token of a logits chunk, by phase: 'teacher' (the teacher side under no
-    grad), 'forward' (the chunk's checkpointed forward), 'backward' (its recompute and backward
-    down to the hidden states), 'old_logp' (RL's no-grad log-probs). Measured with LiveTensorBytes
-    on TRACE_TOKENS tokens in one chunk."""
+                     entropy_coef: float = 0.0, chunk: int = TRACE_TOKENS,
+                     device: str = "cuda") -> dict:
+    """Peak bytes per token of a logits chunk of `chunk` tokens on `device`, by phase: 'teacher'
+    (the teacher side under no grad), 'forward' (the chunk's checkpointed forward), 'backward'
+    (its recompute and backward down to the hidden states), 'old_logp' (RL's no-grad log-probs).
+    What grows with the tokens, and curio_loss's block buffers (blocks of at most 256 MiB on a GPU,
+    16 MiB on a CPU: a 4096-token chunk of a 152k vocabulary holds 441 float32 rows, not 4096)
+    apart, from two traces (loss_trace)."""
+    few, more = (loss_trace(stage, loss, vocab, bf16, log_entropy, entropy_coef, rows)
+                 for rows in (TRACE_ROWS, 2 * TRACE_ROWS))
+    rows = min(chunk, cl._block_rows(vocab, torch.float32, device))
+    out = {}
+    for phase, peak in few.items():
+        per_row = (more[phase] - peak) / TRACE_ROWS
+        per_token = (peak - TRACE_ROWS * per_row) / TRACE_TOKENS
+        out[phase] = per_token + per_row * rows / chunk
+    return out
+
+
+@lru_cache(maxsize=None)
+def loss_trace(stage: str, loss: str, vocab: int, bf16: bool, log_entropy: bool,
+               entropy_coef: float, block_rows: int) -> dict:
+    """Peak bytes of a logits chunk of TRACE_TOKENS tokens, by phase (loss_chunk_bytes), measured
+    with LiveTensorBytes over the trainers' own loss functions, curio_loss's blocks of
+    `block_rows` rows."""
     dtype, n = (torch.bfloat16 if bf16 else torch.float32), TRACE_TOKENS
     g = torch.Generator().manual_seed(0)
     batch = data.collate([(torch.randint(0, vocab, (n + 1,), generator=g).tolist(),
@@ -499,6 +520,7 @@ def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy:
             tracker.set_phase("forward" if torch.is_grad_enabled() else no_grad_phase)
 
     model.lm_head.register_forward_pre_hook(on_head)
+    blocks = mock.patch.object(cl, "_block_rows", lambda *a: block_rows)
     if stage == "rl":
         # imported here: rl.py needs math-verify, which a GPU image planning SFT may lack
         import rl
@@ -510,7 +532,7 @@ def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy:
         mb = rl.MicroBatch(batch, torch.randn(n, generator=g))
         if hybrid != "none":
             mb.demo = torch.arange(n) % 2 == 0
-        with tracker, torch.no_grad():
+        with blocks, tracker, torch.no_grad():
             tracker.set_phase("old_logp")
             mb.old_lp, _ = chunked_logits.token_log_probs(model, batch, n, args.temperature)
         real_backward = torch.Tensor.backward
@@ -521,7 +543,8 @@ def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy:
             tracker.set_phase("backward")
             return real_backward(loss, *a, **kw)
 
-        with tracker, one_rank_world(), mock.patch.object(torch.Tensor, "backward", backward):
+        with blocks, tracker, one_rank_world(), mock.patch.object(torch.Tensor, "backward",
+                                                                  backward):
             tracker.set_phase("forward")
             rl.policy_update(model, NoStep(), [mb], args, torch.device("cpu"))
     else:
@@ -532,7 +555,7 @@ def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy:
         base = other if second == "base" else None
         if teacher is not None:
             teacher.lm_head.register_forward_pre_hook(lambda m, a: tracker.set_phase("teacher"))
-        with tracker, one_rank_world():
+        with blocks, tracker, one_rank_world():
             if old_logp:
                 tracker.set_phase("old_logp")
             old_lp = chunked_logits.token_log_probs(model, batch, n)[0] if old_logp else None
@@ -542,7 +565,7 @@ def loss_chunk_bytes(stage: str, loss: str, vocab: int, bf16: bool, log_entropy:
             in_backward = True
             tracker.set_phase("backward")
             sft.micro_batch_backward(total, base)
-    return {k: v / n for k, v in tracker.phase_peak.items()}
+    return dict(tracker.phase_peak)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -594,7 +617,8 @@ def _step_moments(s: Shapes, r: Run, micro_batches: int, loss_bytes: dict, secon
     """The moments of one micro-batch (forward, loss, backward) and of the optimiser step, as
     (name, parts)."""
     c, f, g = (2 if r.bf16 else 4), 4, r.gpus
-    tok, T, N, L = r.token_budget, r.seq_len, r.trained_tokens, s.layers
+    tok, N, L = r.token_budget, r.trained_tokens, s.layers
+    row = tok if r.pack else r.seq_len             # the rotary table's length
     # the largest chunk, the number of chunks
     n, chunks = min(r.loss_chunk, N), math.ceil(N / r.loss_chunk)
     on_gpu = 0 if r.offload else 1
@@ -604,8 +628,8 @@ def _step_moments(s: Shapes, r: Run, micro_batches: int, loss_bytes: dict, secon
     second_static = static["parameters"]       # the teacher's / base's sharded weights
     root, layer_gathered = c * s.root_params, c * s.layer_params * (2 if g > 1 else 1)
     head_grad = c * s.vocab * s.hidden         # lm_head's (or the tied embedding's) unsharded grad
-    per_layer = c * tok * s.hidden if r.grad_ckpt else layer_saved(s, tok, T, c)
-    saved = L * per_layer + shared_activations(s, tok, T, c, r.grad_ckpt)
+    per_layer = c * tok * s.hidden if r.grad_ckpt else layer_saved(s, tok, c)
+    saved = L * per_layer + shared_activations(s, row, c)
     top = saved + final_norm_saved(s, tok, c) + c * N * s.hidden   # + h [N, H], the chunks' input
     h_second = c * N * s.hidden                                    # the teacher's / base's h [N, H]
     # kl: the base's root stays gathered from its forward to the end of backward (its lm_head runs
@@ -627,8 +651,8 @@ def _step_moments(s: Shapes, r: Run, micro_batches: int, loss_bytes: dict, secon
                         "gathered_parameters": root + layer_gathered,
                         "gradients": earlier, second: second_static + root,
                         "activations": top + c * tok * s.hidden
-                        + layer_forward_transient(s, tok, T, c)
-                        + shared_activations(s, tok, T, c, True)}))
+                        + layer_forward_transient(s, tok, c)
+                        + shared_activations(s, row, c)}))
     # (the self-teacher's side runs inside each chunk's forward, traced there)
     if second == "teacher":
         moments.append(("teacher side", {**static, "gathered_parameters": root,
@@ -649,12 +673,12 @@ def _step_moments(s: Shapes, r: Run, micro_batches: int, loss_bytes: dict, secon
         sharded = earlier or on_gpu * 4 * s.layer_params * (L - 1 - i) / g
         # the layer above's reduce-scatter input, still alive
         rs_buffer = f * s.layer_params if i < L - 1 else 0
-        recompute = layer_saved(s, tok, T, c) if r.grad_ckpt else 0
+        recompute = layer_saved(s, tok, c) if r.grad_ckpt else 0
         moments.append((f"layer {i} backward", {**static,
                         "gathered_parameters": root + layer_gathered, **in_backward,
                         "gradients": sharded + c * s.layer_params + rs_buffer + head_grad,
                         "activations": (i + 1) * per_layer
-                        + shared_activations(s, tok, T, c, r.grad_ckpt)
+                        + shared_activations(s, row, c)
                         + recompute + layer_backward_extra(s, tok, c)}))
     # the root's post-backward: its parameters resharded, its gradients copied into a float32
     # reduce-scatter input (then freed); the output becomes (or is added to) the sharded gradient
@@ -672,12 +696,13 @@ def _old_logp_moments(s: Shapes, r: Run, loss_bytes: dict):
     """Old log-probs (RL's, PSFT's): a no-grad forward (layer by layer), then chunks of
     log-probs."""
     c, g = (2 if r.bf16 else 4), r.gpus
-    tok, T, N = r.token_budget, r.seq_len, r.trained_tokens
+    tok, N = r.token_budget, r.trained_tokens
+    row = tok if r.pack else r.seq_len
     static = _kept(s, r)
     root, layer_gathered = c * s.root_params, c * s.layer_params * (2 if g > 1 else 1)
     return [("old log-probs forward", {**static, "gathered_parameters": root + layer_gathered,
-             "activations": c * tok * s.hidden + layer_forward_transient(s, tok, T, c)
-             + shared_activations(s, tok, T, c, True)}),
+             "activations": c * tok * s.hidden + layer_forward_transient(s, tok, c)
+             + shared_activations(s, row, c)}),
             ("old log-probs chunks", {**static, "gathered_parameters": root,
              "activations": c * N * s.hidden,
              "logits": min(r.loss_chunk, N) * loss_bytes["old_logp"]})]
@@ -707,9 +732,11 @@ def plan(config: dict, **run) -> dict:
     # set_to_none freed the gradients) and, for SFT, its teacher's or base's sharded weights
     trainer = _kept(s, r)
     awake = r.gpu_memory_utilization * gpu
+    chunk = max(1, min(r.loss_chunk, r.trained_tokens))          # the largest logits chunk
     if r.stage == "sft":
         second = baselines.second_model(r.loss)
-        lb = loss_chunk_bytes("sft", r.loss, s.vocab, r.bf16, r.log_entropy)
+        lb = loss_chunk_bytes("sft", r.loss, s.vocab, r.bf16, r.log_entropy, chunk=chunk,
+                              device=r.device)
         # PSFT, before its updates
         old_logp = _old_logp_moments(s, r, lb) if r.loss == "psft" else []
         phases = {"sft step": old_logp + _step_moments(s, r, micro_batches, lb, second)}
@@ -719,7 +746,7 @@ def plan(config: dict, **run) -> dict:
                                                        asleep=True)
     else:
         lb = loss_chunk_bytes("rl", "rl" if r.hybrid == "none" else r.hybrid, s.vocab, r.bf16,
-                              False, r.entropy_coef)
+                              False, r.entropy_coef, chunk, r.device)
         training = _old_logp_moments(s, r, lb) + _step_moments(s, r, micro_batches, lb, None)
         for _, parts in training:
             parts["vllm"] = 0 if r.vllm_sleep else awake
@@ -773,9 +800,10 @@ def describe(result: dict) -> str:
     r = result["run"]
     lines = [f"{r['model']}, {r['stage']}"
              + (f" --loss {r['loss']}" if r["stage"] == "sft" else "")
-             + f", {r['gpus']} GPUs, {r['token_budget']} tokens per micro-batch (sequences of "
-             f"{r['seq_len']}, {r['trained_tokens']} trained; {result['micro_batches']} per "
-             f"optimiser step), loss_chunk {r['loss_chunk']}, "
+             + f", {r['gpus']} GPUs, {r['token_budget']} tokens per micro-batch "
+             f"({'packed' if r['pack'] else 'padded rows'}, sequences of up to {r['seq_len']}, "
+             f"{r['trained_tokens']} trained; {result['micro_batches']} per optimiser step), "
+             f"loss_chunk {r['loss_chunk']}, "
              f"{'bf16' if r['bf16'] else 'float32'}, "
              f"checkpointing {'on' if r['grad_ckpt'] else 'off'}, "
              f"offload {'on' if r['offload'] else 'off'}"

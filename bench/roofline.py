@@ -13,7 +13,11 @@ shortest kernel:
   attention  FLOPs / (bf16 peak x attention[form]), forward and backward apart; the forms:
                dense_mask  a [B, 1, T, T] mask (a right-padded batch): every tile, 4 B H T^2 d
                causal      is_causal, no mask: the tiles above the diagonal skipped, half of it
-               varlen      a packed row, each sequence its own causal square: sum(l_i^2) / 2
+               varlen      torch's varlen attention over a packed row (torch_attn._varlen_attn
+                           and its backward): each sequence its own causal square, 4 H d
+                           sum(l_i^2) / 2, the lengths from Roofline.varlen_lengths (a fake
+                           tensor's offsets hold no values); backward 2.5x, as torch counts
+                           flash attention's
   topk       passes x input bytes / topk (GB/s)   radix selection, a pass per 8 bits of key
   broadcast  output elements / broadcast (G/s)    a pointwise op with a broadcast or strided
                                                   operand: CUDA's non-vectorized kernel, bound by
@@ -24,11 +28,17 @@ their rates are absolute, the same on a GPU of the same SMs and clocks whatever 
 SXM's are an H200's); each is at least its bytes at the bandwidth.
   memory     bytes / (bandwidth x memory)         every other op: vectorized pointwise ops,
                                                   reductions, copies
-  optimizer  bytes / (bandwidth x memory) + tensors x optimizer_us   the fused AdamW
+  optimizer  bytes / (bandwidth x memory) + tensors x optimizer_us   the fused AdamW; tensors
+                                                  are those it steps as DTensors (torch's AdamW
+                                                  dispatching on FSDP2's parameters): none for
+                                                  plumbing.models.ShardLocalAdamW, which steps
+                                                  their local tensors
 Composite ops are counted by the passes their ATen kernels make, which a dispatch mode cannot see:
 logsumexp (ReduceOps.cpp: amax, x - max, exp, sum), softmax and log-softmax and their backward
 (three reads and a write each). FLOPs are torch.utils.flop_counter's formulas; bytes every tensor an
-op reads and writes (views move none; an op that only allocates, none).
+op reads and writes (views move none; an op that only allocates, none; copy_, fill_ and zero_
+write their destination without reading it; gather and an in-place scatter_add_ move what they
+index, not the whole tensor they index into).
 
 The sum over the ops is the device's busy time in eager PyTorch (a kernel per op). Not modelled:
 time the GPU waits on the host (after the step's read, a sync, until the next kernels are queued),
@@ -49,6 +59,7 @@ import math
 import re
 
 import torch
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry
@@ -62,8 +73,11 @@ ATTENTION_BACKWARD = {"aten._scaled_dot_product_flash_attention_backward",
                       "aten._scaled_dot_product_efficient_attention_backward",
                       "aten._scaled_dot_product_cudnn_attention_backward",
                       "aten._flash_attention_backward", "aten._efficient_attention_backward"}
+# torch.nn.attention.varlen's custom ops (plumbing/attention.py's attention on CUDA): the pass each is
+VARLEN = {"torch_attn._varlen_attn": "fwd", "torch_attn._varlen_attn_backward": "bwd"}
 FORMS = ("dense_mask", "causal", "varlen")
 COPIES = {"aten._to_copy", "aten.copy_", "aten._copy_from", "aten._copy_from_and_resize"}
+WRITE_ONLY = {"aten.copy_", "aten.fill_", "aten.zero_"}     # in place: the destination not read
 NO_DATA = {"aten._unsafe_view", "aten.alias", "aten.empty", "aten.empty_like", "aten.empty_strided",
            "aten.new_empty", "aten.new_empty_strided", "aten.detach", "aten.lift_fresh",
            "aten.set_", "aten.resize_", "aten.record_stream"}
@@ -87,8 +101,8 @@ class GPU:
 class Calibration:
     """What each op class achieves: matmul, attention and memory as a share of their roof; gemv
     and topk in GB/s, broadcast in G output elements/s (DATASHEET's inf: the roof); optimizer_us
-    per parameter tensor beyond the fused AdamW's bytes; kernel_us the shortest kernel. `sources`
-    names where each was measured (FIT_SOURCES for a fitted one)."""
+    per parameter tensor stepped as a DTensor, beyond the fused AdamW's bytes; kernel_us the
+    shortest kernel. `sources` names where each was measured (FIT_SOURCES for a fitted one)."""
     name: str
     matmul: float = 1.0
     gemv: float = math.inf
@@ -113,7 +127,8 @@ FIT_SOURCES = {
                             "with a [B, 1, T, T] mask) over the FLOPs of every tile (355 and 291 "
                             "TFLOP/s)",
     "attention causal, varlen": "not measured: dense_mask's share of the peak, on the FLOPs each "
-                                "computes (an assumption the next GPU run tests)",
+                                "computes (an assumption the next GPU run tests: cuDNN's masked "
+                                "kernel measured, not flash's causal or varlen one)",
     "memory": "profile_sft: the exp_kernel_cuda rows and aten::silu over their bytes (logsumexp's "
               "own exp included)",
     "broadcast": "profile_sft: every elementwise_kernel<...> row (CUDA's non-vectorized kernel) "
@@ -124,7 +139,9 @@ FIT_SOURCES = {
             "(curio_loss._full_entropy)",
     "optimizer_us": "the least Optimizer.step#AdamW.step range of the three profiles (their first "
                     "step creates AdamW's states: an upper bound), less the fused AdamW's bytes "
-                    "at `memory`, per parameter tensor",
+                    "at `memory`, per parameter tensor (torch's AdamW on DTensors; "
+                    "ShardLocalAdamW's step on local tensors is priced by its bytes alone: not "
+                    "measured)",
     "kernel_us": "not measured: a kernel's launch latency (assumed, 2 us)"}
 H200_2026_11_27 = Calibration(
     "calibrated on one H200 (2026-11-27, 6fbcbf7)",
@@ -175,10 +192,17 @@ def _arg(func, args, kwargs, *names):
     return None
 
 
-def _cum_seq(func, args, kwargs):
-    """A packed call's cumulative sequence lengths (varlen attention), else None."""
-    cum = _arg(func, args, kwargs, "cum_seq_q", "cu_seqlens_q")
-    return cum if isinstance(cum, torch.Tensor) and cum.numel() > 1 else None
+def varlen_flops(query_shape, lengths: list[int] | None, pass_: str) -> int:
+    """FLOPs of varlen attention over a packed row (query [T, Hq, d]) of sequences of `lengths`,
+    every square whole (torch's count; causal kernels compute half): forward 4 Hq d sum(l_i^2),
+    QK^T and PV; backward ("bwd") 2.5x, as torch counts flash attention's."""
+    total, heads, dim = query_shape
+    if lengths is None or sum(lengths) != total:
+        raise ValueError(f"varlen attention over {total} tokens, sequence lengths {lengths}: "
+                         f"Roofline.varlen_lengths must name the packed micro-batch's (a fake "
+                         f"tensor's offsets hold no values)")
+    forward = 4 * heads * dim * sum(n * n for n in lengths)
+    return forward if pass_ == "fwd" else forward * 5 // 2
 
 
 def _broadcast(func, args, out) -> bool:
@@ -197,8 +221,8 @@ def _broadcast(func, args, out) -> bool:
 # ------------------------------------------------------------------------------------------------
 class Roofline(TorchDispatchMode):
     """Records each op's work (`work`) by region; `seconds(gpu, calibration)` prices it.
-    varlen_lengths: price attention as packed sequences of these lengths (what a packed micro-batch
-    computes) while the step runs them as one causal row."""
+    varlen_lengths: the sequence lengths of the packed micro-batch whose varlen attention runs
+    (set by whoever runs it, e.g. around chunked_logits.packed_sequences: bench/dryrun.py)."""
 
     def __init__(self, varlen_lengths: list[int] | None = None):
         super().__init__()
@@ -239,6 +263,18 @@ class Roofline(TorchDispatchMode):
         inputs = {k: v for k, v in (kwargs or {}).items() if k != "out"}    # out= is the output
         ins, outs = _tensors((args, inputs)), _tensors(out)
         moved = sum(_bytes(t) for t in ins + outs)
+        if name in VARLEN:              # (before flop_registry: its formula reads the offsets)
+            flops = varlen_flops(_arg(func, args, kwargs, "query").shape, self.varlen_lengths,
+                                 VARLEN[name])
+            causal = bool(_arg(func, args, kwargs, "is_causal"))
+            return [Work(region, "attention", f"{VARLEN[name]} varlen",
+                         flops // 2 if causal else flops, moved)]
+        if name in WRITE_ONLY:
+            moved -= _bytes(args[0])
+        if name == "aten.gather":       # reads what it gathers: the output's size
+            moved = 2 * _bytes(outs[0]) + _bytes(args[2])
+        if name == "aten.scatter_add_":     # in place: reads and writes the indexed elements
+            moved = _bytes(args[2]) + 3 * _bytes(args[3])
         flops = 0
         if func.overloadpacket in flop_registry:
             flops = flop_registry[func.overloadpacket](*args, **(kwargs or {}), out_val=out)
@@ -260,29 +296,19 @@ class Roofline(TorchDispatchMode):
                     Work(region, "memory", "logsumexp: sum", 0, x + _bytes(outs[0]))]
         if name in SOFTMAX_LIKE:
             return [Work(region, "memory", name, 0, 4 * _bytes(outs[0]))]
-        if name == "aten._fused_adamw_":
-            return [Work(region, "optimizer", name, 0, moved, len(args[0]))]
+        if name == "aten._fused_adamw_":          # tensors dispatched as DTensors (torch's AdamW)
+            dtensors = sum(isinstance(t, DTensor) for t in args[0])
+            return [Work(region, "optimizer", name + (" on DTensors" if dtensors else ""), 0,
+                         moved, dtensors)]
         if _broadcast(func, args, out):
             return [Work(region, "broadcast", name, 0, moved, outs[0].numel())]
         return [Work(region, "memory", name, 0, moved)]
 
     def attention_work(self, func, args, kwargs, region, flops, moved, pass_) -> Work:
-        """Work by form: a mask computes every tile; is_causal half of each square; a packed call
-        (cumulative lengths) each sequence's square, which the FLOP formula, blind to a fake
-        tensor's values, takes at the longest: varlen_lengths gives the real ones (and prices a
-        causal row as those sequences' squares)."""
+        """SDPA's kernels by form: a mask computes every tile; is_causal half of each square."""
         causal = bool(_arg(func, args, kwargs, "is_causal"))
-        lengths, cum = self.varlen_lengths, _cum_seq(func, args, kwargs)
-        if cum is not None:
-            form, longest = "varlen", _arg(func, args, kwargs, "max_q", "max_seqlen_q")
-            if lengths and len(lengths) == cum.numel() - 1:   # the formula: count x longest^2
-                flops = flops * sum(n * n for n in lengths) // (len(lengths) * longest ** 2)
-        elif lengths:
-            form = "varlen"
-            flops = flops * sum(n * n for n in lengths) // args[0].shape[-2] ** 2
-        else:
-            mask = _arg(func, args, kwargs, "attn_bias", "attn_mask")
-            form = "dense_mask" if isinstance(mask, torch.Tensor) or not causal else "causal"
+        mask = _arg(func, args, kwargs, "attn_bias", "attn_mask")
+        form = "dense_mask" if isinstance(mask, torch.Tensor) or not causal else "causal"
         if causal:
             flops //= 2                                     # the kernels skip the masked half
         return Work(region, "attention", f"{pass_} {form}", flops, moved)
@@ -448,8 +474,9 @@ def fit(records: dict, profiles: dict, steps: int, gpu: GPU, kernel_us: float = 
 # ------------------------------------------------------------------------------------------------
 def profile_main(argv=None):
     """bench/sft_step.py (one round of its three variants, its flags) with torch.profiler around
-    each variant's sft.train run: OUT/profile_{variant}.txt, every op and kernel by device time, as
-    `fit` reads them beside gpu_check's summary.json.
+    each variant's sft.train run: OUT/profile_{variant}.txt for the first of --forms (the others:
+    profile_{form}_{variant}.txt), every op and kernel by device time, as `fit` reads them beside
+    gpu_check's summary.json.
         python -m torch.distributed.run --standalone --nproc_per_node 1 bench/roofline.py \\
             --out OUT/gpu_check [sft_step.py's flags]"""
     import argparse
@@ -466,16 +493,18 @@ def profile_main(argv=None):
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import sft_step
 
-    train_once = sft_step.train_once
+    train_once, first_form = sft_step.train_once, []
 
-    def profiled(args, device):
+    def profiled(args, form, device):
         activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda"
                                                else [])
         with profile(activities=activities) as p:
-            result = train_once(args, device)
+            result = train_once(args, form, device)
         table = p.key_averages().table(sort_by="self_device_time_total", row_limit=-1,
                                        max_name_column_width=80)
-        (out / f"profile_{args.loss}.txt").write_text(table)
+        first_form[:] = first_form or [form]   # the first form's profiles are those `fit` reads
+        name = args.loss if form == first_form[0] else f"{form}_{args.loss}"
+        (out / f"profile_{name}.txt").write_text(table)
         return result
 
     sft_step.train_once = profiled

@@ -42,6 +42,7 @@ the step really computes beyond them, on the padded tokens: the layers' forward 
 """
 import argparse
 import dataclasses
+import functools
 import gc
 import json
 import random
@@ -189,8 +190,7 @@ def planner_prediction(planner: Path, config_json: Path, loss: str, tokens: int,
     cmd = [sys.executable, str(planner), "--model", str(config_json), "--stage", "sft", "--loss",
            loss, "--gpus", "1", "--token_budget", str(tokens), "--seq_len", str(seq_len),
            "--trained_tokens", str(trained), "--loss_chunk", str(loss_chunk), "--json"]
-    usage = subprocess.run([sys.executable, str(planner), "--help"], capture_output=True,
-                           text=True).stdout
+    usage = planner_usage(planner)
     unknown = [name for name in options if f"--{name}" not in usage]
     cmd += [f"--{name}" if on else f"--no-{name}" for name, on in options.items()
             if name not in unknown]
@@ -203,6 +203,13 @@ def planner_prediction(planner: Path, config_json: Path, loss: str, tokens: int,
     except (ValueError, KeyError, TypeError) as e:
         return None, f"planner printed no total_bytes JSON ({e})"
     return total, "planner" + (f" (its defaults for {', '.join(unknown)})" if unknown else "")
+
+
+@functools.lru_cache(maxsize=None)
+def planner_usage(planner: Path) -> str:
+    """The planner's --help (once: a Python start and the planner's imports, seconds each)."""
+    return subprocess.run([sys.executable, str(planner), "--help"], capture_output=True,
+                          text=True).stdout
 
 
 def sync(device):
@@ -415,7 +422,9 @@ def main():
         plans = {}
         for form in a.forms:         # the planner's options where it has them (--help lists them)
             options = {"bf16": bf16, "grad_ckpt": a.grad_ckpt, "pack": forms.packs(form)}
-            sizes = (run["batch"] * run["seq"], run["seq"], m["trained_tokens"], run["loss_chunk"])
+            # the micro-batch's tokens: packed, the sequences' own; padded, rows x the longest
+            tokens = sum(sequence_lengths(run)) if forms.packs(form) else run["batch"] * run["seq"]
+            sizes = (tokens, run["seq"], m["trained_tokens"], run["loss_chunk"])
             for v in VARIANTS:
                 plans[form, v] = planner_prediction(Path(a.planner), config_json, v, *sizes, options)
     peak, peak_source = peak_tflops(device, torch.bfloat16 if bf16 else torch.float32,

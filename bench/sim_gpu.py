@@ -25,6 +25,7 @@ import sys
 from pathlib import Path
 
 _SDPA = None      # torch's own scaled_dot_product_attention, once route_attention_like_cuda ran
+_VARLEN = None    # plumbing.attention's VARLEN_ATTN (torch's varlen_attn), likewise
 GPUS_MAX = 64      # the device count the hooks report; a run uses cuda:0 (LOCAL_RANK 0)
 # set in a process that is to preload the library (bench/dryrun.py's rank)
 LIB_ENV = "CURIOSFT_SIM_GPU_LIB"
@@ -211,9 +212,14 @@ def route_attention_like_cuda(kernels) -> None:
     math) and calls that kernel's own aten op, whose fake implementation allocates what the kernel
     allocates. The backends that torch.backends.cuda (or torch.nn.attention.sdpa_kernel) turns off
     are not chosen. `kernels` (a Counter) counts each call's kernel: the dry run fails on "math",
-    the path a GPU would also take for inputs that no fused kernel accepts."""
+    the path a GPU would also take for inputs that no fused kernel accepts.
+    A packed micro-batch's attention (plumbing/attention.py: torch's varlen_attn, whose custom op
+    torch_attn._varlen_attn has a fake implementation that allocates what the flash kernel does)
+    runs as it is, counted as "varlen"; inputs its flash kernel refuses raise, as on a GPU."""
     import torch
     import torch.nn.functional as F
+
+    from plumbing import attention
 
     def choose(q, k, v, attn_mask, enable_gqa):
         d, same = q.shape[-1], q.dtype == k.dtype == v.dtype
@@ -250,6 +256,23 @@ def route_attention_like_cuda(kernels) -> None:
                     scale=scale, enable_gqa=enable_gqa)
 
     F.scaled_dot_product_attention = scaled_dot_product_attention
+
+    global _VARLEN
+    _VARLEN = varlen = _VARLEN or attention.VARLEN_ATTN
+    if varlen is None:          # a torch without it: packed attention runs SDPA per sequence
+        return
+
+    def varlen_attn(q, k, v, *args, **kwargs):
+        d = q.shape[-1]
+        if not (q.dtype == k.dtype == v.dtype and q.dtype in (torch.float16, torch.bfloat16)
+                and d <= 256 and d % 8 == 0):
+            raise RuntimeError(f"varlen attention: its flash kernel takes float16 or bfloat16 "
+                               f"inputs of head dimension <= 256, a multiple of 8, not {q.dtype} "
+                               f"of {d}")
+        kernels["varlen"] += 1
+        return varlen(q, k, v, *args, **kwargs)
+
+    attention.VARLEN_ATTN = varlen_attn
 
 
 def fake_process_group(world: int, rank: int) -> None:

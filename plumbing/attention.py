@@ -7,9 +7,10 @@ model is loaded with ATTENTION, a function transformers calls in every decoder l
 its SDPA one:
 - with the packed row's sequence boundaries (chunked_logits.normed_hidden passes them):
   torch's varlen flash attention on CUDA (one kernel over every sequence, causal tiles skipped),
-  else causal SDPA over each sequence in turn (the CPU; a torch without varlen_attn's GQA);
+  else causal SDPA over each sequence in turn (the CPU; a torch before 2.11);
 - without them (HF generate, a test's plain forward): transformers' own SDPA, unchanged.
 """
+import functools
 import inspect
 
 import torch
@@ -21,14 +22,17 @@ ATTENTION = "curio_varlen"          # the name models are loaded with (plumbing/
 
 
 def _varlen_attn():
-    """torch's varlen_attn if it has this call's form (torch >= 2.11: window_size and enable_gqa),
-    else None."""
+    """torch's varlen_attn where it is causal by window_size (torch >= 2.11), else None. Its flash
+    kernel takes fewer key/value heads than query heads (GQA) as they are: torch 2.13's enable_gqa
+    only lets them past a check that torch 2.11 does not make."""
     try:
         from torch.nn.attention.varlen import varlen_attn
     except ImportError:
         return None
     params = inspect.signature(varlen_attn).parameters
-    return varlen_attn if {"window_size", "enable_gqa"} <= params.keys() else None
+    if "window_size" not in params:
+        return None
+    return functools.partial(varlen_attn, enable_gqa=True) if "enable_gqa" in params else varlen_attn
 
 
 VARLEN_ATTN = _varlen_attn()
@@ -48,7 +52,7 @@ def packed_attention(module, query, key, value, attention_mask, dropout=0.0, sca
     if query.is_cuda and VARLEN_ATTN is not None:
         q, k, v = (x.transpose(1, 2)[0] for x in (query, key, value))          # [T, H, D]
         out = VARLEN_ATTN(q, k, v, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q,
-                          scale=scaling, window_size=(-1, 0), enable_gqa=q.shape[1] != k.shape[1])
+                          scale=scaling, window_size=(-1, 0))
         return out.unsqueeze(0), None
     outs, start = [], 0
     for n in seq_lens:

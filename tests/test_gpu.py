@@ -80,13 +80,14 @@ def test_the_teachers_float32_logits_cut_the_bf16_error_of_lq():
 def cuda_sft_step_peak(tmp_path, shape, loss, seq, chunk):
     """torch.cuda.max_memory_allocated during sft.train (bench/sft_step.py's run: two steps of two
     sequences, the longest `seq` tokens, the second step after AdamW's states exist) in a world of
-    one on nccl, bf16, activation checkpointing. Returns it and the micro-batch's trained tokens."""
+    one on nccl, bf16, activation checkpointing, packed as sft.py packs by default. Returns it and
+    the micro-batch's trained tokens."""
     args = sft.Args(model=str(tmp_path / "model"), train_file=str(tmp_path / "train.jsonl"),
                     out_dir=str(tmp_path / "run"), loss=loss, epochs=2, global_batch=2,
                     token_budget=2 * seq, max_prompt_len=seq, max_response_len=seq,
                     system_prompt="messages", loss_chunk=chunk, log_every=1)
     inputs = sft_step.write_inputs(args, shape, {"seq": seq, "batch": 2}, 1.0, torch.device("cuda"))
-    _, peak = sft_step.train_once(args, torch.device("cuda"))
+    _, peak = sft_step.train_once(args, "packed", torch.device("cuda"))
     return peak, inputs["trained_tokens"]
 
 
@@ -128,6 +129,39 @@ def test_planner_is_within_15_percent_of_a_grpo_steps_max_memory_allocated(world
           f"{training['total_bytes'] / 2**30:.2f} GiB (at '{training['moment']}'), measured/planned {ratio:.3f}; "
           f"the garbage collection before it freed {measured['collected_bytes'] / 2**30:.2f} GiB")
     assert abs(ratio - 1) < 0.15
+
+
+def test_packed_attention_on_cuda_equals_causal_sdpa_over_each_sequence():
+    """plumbing/attention.py's packed path on CUDA (torch's varlen flash attention where this torch has it) at
+    Qwen2.5-1.5B's heads (12 query, 2 key/value: GQA), bf16: the output and the q, k, v gradients of causal SDPA
+    over each sequence alone, to bf16 rounding."""
+    from types import SimpleNamespace
+
+    from plumbing import attention
+
+    lengths, hq, hkv, d = [1000, 77, 513, 1], 12, 2, 128
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, sum(lengths), d, generator=g).cuda().bfloat16().requires_grad_()
+               for h in (hq, hkv, hkv))
+    cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    module = SimpleNamespace(num_key_value_groups=hq // hkv, is_causal=True)
+    out, _ = attention.packed_attention(module, q, k, v, None, scaling=d**-0.5, cu_seq_lens_q=cu,
+                                        max_length_q=max(lengths), seq_lens=tuple(lengths))     # [1, T, Hq, D]
+    grad = torch.randn(out.shape, generator=g).cuda().bfloat16()
+    got = [out, *torch.autograd.grad(out, (q, k, v), grad)]
+    refs, start = [], 0
+    for n in lengths:
+        part = [x[:, :, start : start + n] for x in (q, k, v)]
+        refs.append(torch.nn.functional.scaled_dot_product_attention(*part, is_causal=True, scale=d**-0.5,
+                                                                     enable_gqa=True).transpose(1, 2))
+        start += n
+    ref = torch.cat(refs, dim=1)
+    want = [ref, *torch.autograd.grad(ref, (q, k, v), grad)]
+    print(f"varlen_attn: {attention.VARLEN_ATTN is not None} (torch {torch.__version__})")
+    for name, a, b in zip(("out", "dq", "dk", "dv"), got, want):
+        err = (a.float() - b.float()).abs().max().item()
+        print(f"{name}: max |packed - per sequence| {err:.3g}")
+        torch.testing.assert_close(a.float(), b.float(), rtol=2e-2, atol=2e-2, msg=name)
 
 
 def test_hf_generation_in_bf16_with_left_padding_equals_one_prompt_at_a_time(tiny_model_dir, tmp_path):

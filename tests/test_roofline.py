@@ -1,5 +1,6 @@
 """bench/roofline.py: the dry run's time estimate against the one GPU run it is calibrated on (bench/data/), the
 attention forms it prices, and the fit that reads a GPU run's profile."""
+import collections
 import json
 import os
 import re
@@ -41,65 +42,113 @@ def test_the_dry_run_predicts_the_h200_run_within_15_percent(tmp_path):
         assert dry == pytest.approx(gpu, rel=0.02), v
 
 
-FORMS = r'''
+FORMS = r"""
 import collections, json, os, sys
 from pathlib import Path
+from unittest import mock
 sys.path[:0] = [sys.argv[1], sys.argv[1] + "/bench"]
 import sim_gpu
 sim_gpu.preload(Path(os.environ["CURIOSFT_SIM_GPU_LIB"]))
 import torch
 import torch.nn.functional as F
+import curio_loss as cl
 import roofline
+from plumbing import attention
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 sim_gpu.install_cuda_shims()
-sim_gpu.route_attention_like_cuda(collections.Counter())
-B, H, T, d, lengths = 4, 12, 8192, 128, [8192, 7168, 6144, 5120]
+kernels = collections.Counter()
+sim_gpu.route_attention_like_cuda(kernels)
+B, H, Hkv, T, d, lengths = 4, 12, 2, 8192, 128, [8192, 7168, 6144, 5120]
 total = sum(lengths)
-work = {}
+work, failed = {}, {}
 with FakeTensorMode(allow_non_fake_inputs=True):
     def qkv(b, t):
         return [torch.empty(b, H, t, d, dtype=torch.bfloat16, device="cuda", requires_grad=True) for _ in range(3)]
 
+    def varlen(dtype=torch.bfloat16):         # plumbing/attention.py's call: a packed row, GQA
+        q = torch.empty(total, H, d, dtype=dtype, device="cuda", requires_grad=True)
+        k, v = (torch.empty(total, Hkv, d, dtype=dtype, device="cuda", requires_grad=True) for _ in range(2))
+        cum = torch.tensor([0, 8192, 15360, 21504, 26624], dtype=torch.int32).to("cuda")
+        attention.VARLEN_ATTN(q, k, v, cum, cum, T, T, window_size=(-1, 0), enable_gqa=True).sum().backward()
+
+    def log_prob(blockwise):                  # the student's log-probs of a chunk of bf16 logits
+        z = torch.empty(4096, 151936, dtype=torch.bfloat16, device="cuda", requires_grad=True)
+        y = torch.zeros(4096, dtype=torch.long, device="cuda")
+        with mock.patch.object(cl, "BLOCKWISE", blockwise):
+            cl.student_log_prob(cl.loss_logits(z), y)[0].sum().backward()
+
     mask = torch.ones(B, 1, T, T, dtype=torch.bool, device="cuda")
-    cum = torch.tensor([0, 8192, 15360, 21504, 26624], dtype=torch.int32).to("cuda")
-    packed = [torch.empty(total, H, d, dtype=torch.bfloat16, device="cuda") for _ in range(3)]
     runs = {"dense_mask": (None, lambda: F.scaled_dot_product_attention(*qkv(B, T), attn_mask=mask).sum().backward()),
             "causal": (None, lambda: F.scaled_dot_product_attention(*qkv(B, T), is_causal=True).sum().backward()),
-            "varlen": (lengths, lambda: torch.ops.aten._flash_attention_forward(*packed, cum, cum, T, T, 0.0, True,
-                                                                               False)),
-            "one_row": (lengths, lambda: F.scaled_dot_product_attention(*qkv(1, total),
-                                                                        is_causal=True).sum().backward())}
-    for name, (varlen, fn) in runs.items():
-        roof = roofline.Roofline(varlen_lengths=varlen)
-        with roof:
-            fn()
+            "varlen": (lengths, varlen),
+            "varlen_unknown_lengths": (None, varlen),
+            "varlen_other_lengths": (lengths[:3], varlen),
+            "varlen_float32": (lengths, lambda: varlen(torch.float32)),
+            "log_prob_blockwise": (None, lambda: log_prob(True)),
+            "log_prob_6fbcbf7": (None, lambda: log_prob(False))}
+    for name, (varlen_lengths, fn) in runs.items():
+        roof = roofline.Roofline(varlen_lengths=varlen_lengths)
+        try:
+            with roof:
+                fn()
+        except (ValueError, RuntimeError) as e:
+            failed[name] = str(e)
         work[name] = roofline.compact(roof.work)
-print(json.dumps(work))
-'''
+print(json.dumps({"work": work, "failed": failed, "kernels": kernels}))
+"""
+
+
+def by_key(record, field: int, cls: str | None = None) -> dict:
+    """A compact record's FLOPs (field 4) or bytes (5) by op, summed over its kernels (of class cls)."""
+    out = collections.Counter()
+    for n, _, c, key, *fields in record:
+        if cls in (None, c):
+            out[key] += n * fields[field - 4]
+    return dict(out)
 
 
 def test_each_attention_form_is_priced_by_the_tiles_it_computes(library):
     """A right-padded batch of four sequences (8192 ... 5120 tokens) with a dense mask computes all of B T^2; causal
-    (no mask) half of it; packed (a varlen call with cumulative lengths, or one causal row priced as those
-    sequences) sum(l_i^2) / 2, whatever the fake tensors' unknown lengths. Priced on the H200's calibration, the
-    forms' times follow their FLOPs (causal and varlen share dense_mask's measured efficiency: an assumption)."""
+    (no mask) half of it; packed (torch's varlen attention, the custom op plumbing/attention.py calls on CUDA, its
+    forward and backward) sum(l_i^2) / 2 over the query heads, with the lengths the roofline is given
+    (Roofline.varlen_lengths), a fake tensor's offsets holding none: without them, or with others, it refuses to
+    price the call. Priced on the H200's calibration, the forms' times follow their FLOPs (causal and varlen share
+    dense_mask's measured efficiency: an assumption). The simulated GPU runs the custom op as it is (its fake
+    implementation) and refuses float32, as its flash kernel does."""
     done = subprocess.run([sys.executable, "-c", FORMS, str(ROOT)], capture_output=True, text=True, timeout=300,
                           env=dict(os.environ, CURIOSFT_SIM_GPU_LIB=library))
     assert done.returncode == 0, done.stderr[-3000:]
-    work = json.loads(done.stdout.strip().splitlines()[-1])
-    keys = {name: {r[3]: r[0] * r[4] for r in rows if r[2] == "attention"} for name, rows in work.items()}
+    out = json.loads(done.stdout.strip().splitlines()[-1])
+    work, failed = out["work"], out["failed"]
+    keys = {name: by_key(rows, 4, "attention") for name, rows in work.items()}
     B, H, d, lengths = 4, 12, 128, [8192, 7168, 6144, 5120]
     dense = 4 * B * H * 8192**2 * d                               # QK^T and PV, 2 FLOPs a multiply-add
     assert keys["dense_mask"] == {"fwd dense_mask": dense, "bwd dense_mask": 2.5 * dense}
     assert keys["causal"] == {"fwd causal": dense // 2, "bwd causal": 2.5 * dense // 2}
     varlen = 4 * H * d * sum(n * n for n in lengths) // 2
-    assert keys["varlen"] == {"fwd varlen": varlen}
-    assert keys["one_row"] == {"fwd varlen": varlen, "bwd varlen": 2.5 * varlen}
+    assert keys["varlen"] == {"fwd varlen": varlen, "bwd varlen": 2.5 * varlen}
+    assert out["kernels"] == {"varlen": 3, "efficient": 1, "flash": 1}, out["kernels"]   # (float32 refused)
+    for name in ("varlen_unknown_lengths", "varlen_other_lengths"):
+        assert "Roofline.varlen_lengths must name the packed micro-batch's" in failed[name], failed
+    assert failed["varlen_float32"].startswith("varlen attention: its flash kernel takes float16 or bfloat16")
     gpu, cal = roofline.GPU(hbm_tbs=4.8), roofline.H200_2026_11_27
     seconds = {name: roofline.seconds(rows, gpu, cal, by="cls")["attention"] for name, rows in work.items()}
     assert seconds["causal"] == pytest.approx(seconds["dense_mask"] / 2, rel=0.01)
-    assert seconds["one_row"] / seconds["dense_mask"] == pytest.approx(varlen / dense, rel=0.01)
+    assert seconds["varlen"] / seconds["dense_mask"] == pytest.approx(varlen / dense, rel=0.01)
+    # the loss's blockwise pass over bf16 logits (curio_loss._LogProb) by its real kernels: no float32 copy, a
+    # gather and a scatter of the targets alone (4096 of them, not 4096 x 151936), and cheaper than 6fbcbf7's form
+    moved = {name: by_key(work[name], 5) for name in ("log_prob_blockwise", "log_prob_6fbcbf7")}
+    blockwise, old = moved["log_prob_blockwise"], moved["log_prob_6fbcbf7"]
+    assert "aten._to_copy" in old and old["aten._to_copy"] >= 6 * 4096 * 151936           # bf16 in, float32 out
+    assert blockwise.get("aten._to_copy", 0) < 4096 * 151936
+    assert blockwise["aten.gather"] < 10 * 4096 * 8 and blockwise["aten.scatter_add_"] < 10 * 4096 * 8, blockwise
+    # each float32 block read from the bf16 logits (copy_: 2 + 4 bytes an element, the block not read first)
+    assert blockwise["aten.copy_"] == pytest.approx(2 * 6 * 4096 * 151936, rel=0.01), blockwise
+    time = {name: sum(roofline.seconds(work[name], gpu, cal).values()) for name in moved}
+    print(f"one 4096-token chunk's log-probs, forward and backward, on the H200's calibration: blockwise "
+          f"{time['log_prob_blockwise'] * 1e3:.1f} ms, 6fbcbf7's {time['log_prob_6fbcbf7'] * 1e3:.1f} ms")
+    assert time["log_prob_blockwise"] < 0.8 * time["log_prob_6fbcbf7"]
 
 
 def test_a_profile_table_is_read_and_a_class_costs_its_work_at_its_efficiency():
