@@ -1091,6 +1091,7 @@ def headline(metrics: list[dict], by_seed: list[dict[str, dict]]) -> list[str]:
 
     steps = metrics[0]["sft"]["sft"]["steps"][1:]
     at_end = [entropy(m, "curio") - entropy(m, "sft") for m in metrics]
+    along = [over_sft(m, "curio") - over_sft(m, "sft") for m in metrics]
     taken = [entropy(m, "base") - entropy(m, "sft") for m in metrics]
     dead_end = [100 * paired_row(p["curio - sft"], toy.EXPERT_FAILS)["difference"] for p in by_seed]
     works = [100 * paired_row(p["curio - sft"], toy.EXPERT_WORKS)["difference"] for p in by_seed]
@@ -1101,13 +1102,14 @@ def headline(metrics: list[dict], by_seed: list[dict[str, dict]]) -> list[str]:
             "on this toy carries a rounding difference far), the mean over seeds much less. Each "
             "claim in bold says what its interval shows at this size; docs/demo.md has 24 seeds of "
             "the full size.", "",
-            f"1. **Base − SFT: {verdict(taken, 'SFT takes the exploring away')}; CurioSFT − SFT: "
-            f"{verdict(at_end, 'CurioSFT keeps more of it')}.** The entropy of the first number "
+            f"1. **Base − SFT: {verdict(taken, 'SFT takes the exploring away')}; CurioSFT − SFT at "
+            f"the end: {verdict(at_end, 'CurioSFT keeps more of it')}; along SFT: "
+            f"{verdict(along, 'CurioSFT keeps more of it')}.** The entropy of the first number "
             f"(nats, at temperature 1): the base {mean(lambda m: entropy(m, 'base')):.2f}"
             f", after SFT {mean(lambda m: entropy(m, 'sft')):.3f}, after CurioSFT "
             f"{mean(lambda m: entropy(m, 'curio')):.3f}. Base − SFT: {signed(taken)}. CurioSFT − SFT "
             f"at the end: {signed(at_end)}; over SFT's checkpoints (steps {steps[0]}-{steps[-1]}), "
-            "on average: " + signed([over_sft(m, "curio") - over_sft(m, "sft") for m in metrics]) + ".",
+            f"on average: {signed(along)}.",
             "2. **CurioSFT − SFT before RL, where the expert's order is a dead end: "
             f"{verdict(dead_end, 'above SFT')}; where it works: {verdict(works, 'above SFT')}** "
             "(two intervals among several, none corrected for looking at several). In points of "

@@ -537,8 +537,9 @@ def test_the_headline_gives_each_claim_as_a_mean_over_seeds_with_its_interval():
     assert "is a dead end: +2.0 [-3.8, +7.8], above 0 on 2 of 4 seeds; where it works: -1.0 [-3.9, +1.9]" in lines
     assert "SFT+GRPO: +1.0 [-1.9, +3.9], above 0 on 2 of 4 seeds." in lines
     # each bold claim is what its interval shows: above zero, holding it, below it
-    assert ("**Base − SFT: SFT takes the exploring away (the interval excludes zero); CurioSFT − SFT: CurioSFT "
-            "keeps more of it (the interval excludes zero).**") in lines
+    assert ("**Base − SFT: SFT takes the exploring away (the interval excludes zero); CurioSFT − SFT at the end: "
+            "CurioSFT keeps more of it (the interval excludes zero); along SFT: CurioSFT keeps more of it (the "
+            "interval excludes zero).**") in lines
     assert ("**CurioSFT − SFT before RL, where the expert's order is a dead end: the interval holds zero; where it "
             "works: the interval holds zero**") in lines
     assert "**After GRPO, the paper's question: the interval holds zero.**" in lines
@@ -546,7 +547,8 @@ def test_the_headline_gives_each_claim_as_a_mean_over_seeds_with_its_interval():
     assert ("**After GRPO, the paper's question: CurioSFT+GRPO above (the interval excludes zero).**"
             in "\n".join(demo.headline(metrics, far)))
     below = [stand_in_metrics(s, 0.05 + d, 0.05) for s, d in enumerate([0.02, 0.04, 0.06, 0.08])]
-    assert "CurioSFT − SFT: the reverse (the interval is below zero).**" in "\n".join(demo.headline(below, by_seed))
+    assert ("CurioSFT − SFT at the end: the reverse (the interval is below zero); along SFT: the reverse (the "
+            "interval is below zero).**") in "\n".join(demo.headline(below, by_seed))
 
 
 def test_a_folder_run_at_another_size_or_float_order_is_refused(tmp_path):
