@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Quick start on a fresh machine:  bash run.sh        (install, then the CPU demo: 8-18 min, 2 cores)
+# Quick start on a fresh machine:  bash run.sh        (install, then the CPU demo: 4 seeds of its small size)
 #                                  bash run.sh test   (install, then the tests)
 #                                  bash run.sh bench  (install, then the loss benchmark)
 set -euo pipefail
