@@ -43,6 +43,13 @@ def test_cells_show_one_seed_as_is_and_several_as_mean_and_spread():
     assert demo.over_seeds([{"x": 1}, {"x": None}, {"x": 3}], lambda m: m["x"]) == [1, 3]
 
 
+@pytest.fixture(autouse=True)
+def own_progress(monkeypatch):
+    """Each test on a Progress of its own: the module's, left with one test's plan and skipped stages, printed
+    its line into a later test's stage output."""
+    monkeypatch.setattr(demo, "PROGRESS", demo.Progress())
+
+
 @pytest.fixture(scope="module")
 def demo_ci(tmp_path_factory):
     """The ci-size demo, uninterrupted: its output folder and the finished process."""
@@ -251,7 +258,6 @@ def test_several_seeds_run_side_by_side_and_the_summary_opens_with_what_they_sup
         compared.append((kwargs.get("tag", ""), name, len(paired["a"]["evaluations"])))
 
     monkeypatch.setattr(demo, "run_stage", compare)
-    monkeypatch.setattr(demo, "PROGRESS", demo.Progress())    # its plan, not left to the tests after it
     demo.run(argparse.Namespace(size="ci", seeds=[0, 1], seed=None, jobs=4, threads=None, no_pack=False,
                                 no_probe=False), out)
     names = [f"compare {a} - {b}" for a, b in demo.COMPARISONS]
