@@ -388,7 +388,7 @@ TOPK_BLOCK = 32     # _top_k_values: vocabulary entries per block (Qwen's 151,93
 def _top_k_values(z, k):
     """The k largest values of each row of z [N, V], sorted descending: z.topk(k).values, exactly,
     at a fraction of its cost. A top-k over a 152k vocabulary is a multi-pass select per row, the
-    teacher side's largest part on a GPU (one H200: ~32 ms a call on 4096 x 151936 bf16 logits, ~10x
+    teacher side's largest part on a GPU (one H200: ~32 ms a call on 4096 x 151936 float32 logits, ~10x
     a logsumexp pass); this takes one pass over V and a top-k over the rows' candidates only.
     Split each row into blocks of TOPK_BLOCK and let M_k be the k-th largest block maximum: the k
     blocks with the largest maxima hold at least k values >= M_k, so the k-th largest value is

@@ -1213,7 +1213,7 @@ def teacher_side_work(tokens: int, vocab: int) -> dict:
 # what bench/sft_step.py ran at 6fbcbf7 (the H200 run's commit) besides what its summary names,
 # in bench/forms.py's form "6fbcbf7"; a summary that records its run ({"sft_step": {"form": ...,
 # "lengths": ..., "loss_chunk": ..., ...}}, as bench/gpu_check.py writes it now) says
-SFT_STEP_6FBCBF7 = {"loss_chunk": 4096, "grad_ckpt": True, "teacher_every": 5, "form": "6fbcbf7"}
+SFT_STEP_6FBCBF7 = {"loss_chunk": 4096, "grad_ckpt": True, "teacher_every": 5, "form": forms.OLD}
 
 
 def bench_run(summary: dict) -> dict:
@@ -1264,6 +1264,11 @@ def against(own, env) -> int:
     what_if = own.form not in (None, run["form"])
     if what_if:                         # the same steps in another form: predictions
         run["form"] = own.form
+    old_form = forms.OLD
+    if own.fit and run["form"] != old_form:
+        raise SystemExit(f"--fit: the fit's classes (a dense mask's attention, AdamW on DTensors) "
+                         f"are read from profiles of form {old_form} (bench/roofline.py --out DIR "
+                         f"--forms {old_form}), not {run['form']}: add --form {old_form}")
     seq, lengths = max(run["lengths"]), run["lengths"]
     measured = {r["figure"]: r["value"] for r in summary["rows"]}
     with tempfile.TemporaryDirectory() as tmp:

@@ -14,7 +14,8 @@ import chunked_logits
 import curio_loss as cl
 from plumbing import models
 
-FORMS = {"6fbcbf7": "right-padded rows, a dense [B, 1, T, T] padding mask, a float32 copy of each "
+OLD = "6fbcbf7"     # the form one H200 measured (bench/data/h200-2026-11-27/)
+FORMS = {OLD: "right-padded rows, a dense [B, 1, T, T] padding mask, a float32 copy of each "
                     "chunk's logits, torch.topk over the vocabulary, AdamW on DTensors (as one "
                     "H200 measured sft.py at 6fbcbf7)",
          "padded": "right-padded rows, causal attention without a mask (--no-pack)",
@@ -44,7 +45,7 @@ def code_paths(form: str):
     if form not in FORMS:
         raise ValueError(f"form {form!r}: expected one of {', '.join(FORMS)}")
     with contextlib.ExitStack() as stack:
-        if form == "6fbcbf7":
+        if form == OLD:
             stack.enter_context(mock.patch.object(chunked_logits, "attention_mask",
                                                   dense_padding_mask))
             stack.enter_context(mock.patch.object(cl, "BLOCKWISE", False))

@@ -163,7 +163,7 @@ SFT_FIGURES += [("curio / sft step time", "x"), ("curio_self_teacher / sft step 
 SFT_FIGURES += [(f"{v} {what}", unit) for v in sft_step.VARIANTS
                 for what, unit in (("peak memory", "GiB"), ("planner prediction", "GiB"),
                                    ("measured / planned", "x"))]
-OLD_FORM = "6fbcbf7"          # the step as one H200 measured it, timed beside today's (packed)
+OLD_FORM = sft_step.forms.OLD      # the step as one H200 measured it, timed beside today's (packed)
 SFT_FIGURES += [(f"{v} {what}", unit) for v in sft_step.VARIANTS
                 for what, unit in ((f"step time, {OLD_FORM}", "s"), (f"packed / {OLD_FORM}", "x"),
                                    (f"peak memory, {OLD_FORM}", "GiB"))]
@@ -468,14 +468,15 @@ def main():
                         help="SFT step model shape (default qwen2.5-1.5b; smoke with --smoke)")
     parser.add_argument("--layers", type=int, default=0, help="override the shape's layer count")
     parser.add_argument("--rounds", type=int, default=0,
-                        help="rounds of sft.train runs per SFT variant (default 2; 1 with --smoke)")
+                        help="rounds of sft.train runs per SFT variant and form (default 1: the "
+                        "part's limit holds one round of both forms)")
     parser.add_argument("--peak_tflops", type=float, default=0.0,
                         help="the device's dense bf16 peak for MFU")
     parser.add_argument("--parts", type=int, nargs="+", choices=range(1, 6), default=range(1, 6),
                         metavar="N", help="run only these parts (1-5, the list above; default all)")
     a = parser.parse_args()
     a.shape = a.shape or ("smoke" if a.smoke else "qwen2.5-1.5b")
-    a.rounds = a.rounds or (1 if a.smoke else 2)
+    a.rounds = a.rounds or 1       # a round: each variant in both forms (the part's limit: one)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
     scratch = Path(a.scratch or tempfile.mkdtemp(prefix="gpu_check."))

@@ -461,7 +461,9 @@ def fit(records: dict, profiles: dict, steps: int, gpu: GPU, kernel_us: float = 
     # the range around AdamW's step, at its least (each profile's first step creates the states)
     opt_s = min(_rows(p, r"^Optimizer\.step#") for p in profiles.values()) * per_step
     adamw_bytes, tensors = (work("sft", "optimizer", field=f) for f in (2, 3))
-    optimizer_us = (opt_s - adamw_bytes / (bw * memory)) / tensors * 1e6
+    # (AdamW on DTensors has a cost per tensor; ShardLocalAdamW's run has none to fit)
+    optimizer_us = ((opt_s - adamw_bytes / (bw * memory)) / tensors * 1e6 if tensors
+                    else H200_2026_11_27.optimizer_us)
     return Calibration(name, matmul=round(matmul, 3), memory=round(memory, 3),
                        gemv=round(gemv, -1), topk=round(topk, 1), broadcast=round(broadcast, 1),
                        optimizer_us=round(optimizer_us, 1), kernel_us=kernel_us,

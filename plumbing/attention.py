@@ -7,7 +7,7 @@ model is loaded with ATTENTION, a function transformers calls in every decoder l
 its SDPA one:
 - with the packed row's sequence boundaries (chunked_logits.normed_hidden passes them):
   torch's varlen flash attention on CUDA (one kernel over every sequence, causal tiles skipped),
-  else causal SDPA over each sequence in turn (the CPU; a torch before 2.11);
+  else causal SDPA over each sequence in turn (the CPU; a torch before 2.11; float32 inputs);
 - without them (HF generate, a test's plain forward): transformers' own SDPA, unchanged.
 """
 import functools
@@ -38,6 +38,12 @@ def _varlen_attn():
 VARLEN_ATTN = _varlen_attn()
 
 
+def flash_takes(dtype: torch.dtype, head_dim: int) -> bool:
+    """Whether varlen_attn's flash kernel runs these inputs: fp16 or bf16, a head dimension of at
+    most 256 (it raises on others: float32 with --no-bf16 takes SDPA over each sequence)."""
+    return dtype in (torch.float16, torch.bfloat16) and head_dim <= 256
+
+
 def packed_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
                      cu_seq_lens_q=None, max_length_q=None, seq_lens=None, **kwargs):
     """Causal attention within each sequence of a packed row: query [1, Hq, T, D], key and value
@@ -49,7 +55,7 @@ def packed_attention(module, query, key, value, attention_mask, dropout=0.0, sca
                                       scaling=scaling, **kwargs)
     if attention_mask is not None or dropout:
         raise ValueError("packed attention takes no attention mask and no dropout")
-    if query.is_cuda and VARLEN_ATTN is not None:
+    if query.is_cuda and VARLEN_ATTN is not None and flash_takes(query.dtype, query.shape[-1]):
         q, k, v = (x.transpose(1, 2)[0] for x in (query, key, value))          # [T, H, D]
         out = VARLEN_ATTN(q, k, v, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q,
                           scale=scaling, window_size=(-1, 0))

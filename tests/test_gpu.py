@@ -131,23 +131,25 @@ def test_planner_is_within_15_percent_of_a_grpo_steps_max_memory_allocated(world
     assert abs(ratio - 1) < 0.15
 
 
-def test_packed_attention_on_cuda_equals_causal_sdpa_over_each_sequence():
-    """plumbing/attention.py's packed path on CUDA (torch's varlen flash attention where this torch has it) at
-    Qwen2.5-1.5B's heads (12 query, 2 key/value: GQA), bf16: the output and the q, k, v gradients of causal SDPA
-    over each sequence alone, to bf16 rounding."""
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_packed_attention_on_cuda_equals_causal_sdpa_over_each_sequence(dtype):
+    """plumbing/attention.py's packed path on CUDA (torch's varlen flash attention where this torch has it, in
+    bf16; float32, as --no-bf16 trains, which the flash kernel refuses) at Qwen2.5-1.5B's heads (12 query, 2
+    key/value: GQA): the output and the q, k, v gradients of causal SDPA over each sequence alone, to bf16
+    rounding."""
     from types import SimpleNamespace
 
     from plumbing import attention
 
     lengths, hq, hkv, d = [1000, 77, 513, 1], 12, 2, 128
     g = torch.Generator().manual_seed(0)
-    q, k, v = (torch.randn(1, h, sum(lengths), d, generator=g).cuda().bfloat16().requires_grad_()
+    q, k, v = (torch.randn(1, h, sum(lengths), d, generator=g).cuda().to(dtype).requires_grad_()
                for h in (hq, hkv, hkv))
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     module = SimpleNamespace(num_key_value_groups=hq // hkv, is_causal=True)
     out, _ = attention.packed_attention(module, q, k, v, None, scaling=d**-0.5, cu_seq_lens_q=cu,
                                         max_length_q=max(lengths), seq_lens=tuple(lengths))     # [1, T, Hq, D]
-    grad = torch.randn(out.shape, generator=g).cuda().bfloat16()
+    grad = torch.randn(out.shape, generator=g).cuda().to(dtype)
     got = [out, *torch.autograd.grad(out, (q, k, v), grad)]
     refs, start = [], 0
     for n in lengths:

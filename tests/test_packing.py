@@ -131,3 +131,12 @@ def test_a_grpo_update_packed_gives_the_padded_old_log_probs_losses_and_gradient
                 torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-6)
         else:
             torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_varlen_flash_attention_is_asked_only_for_inputs_its_kernel_runs():
+    """torch's varlen_attn raises on float32 (sft.py --no-bf16 on a GPU) and head dimensions over 256: those take
+    SDPA over each sequence (tests/test_gpu.py runs both paths on CUDA)."""
+    from plumbing.attention import flash_takes
+
+    assert flash_takes(torch.bfloat16, 128) and flash_takes(torch.float16, 256)
+    assert not flash_takes(torch.float32, 128) and not flash_takes(torch.bfloat16, 512)

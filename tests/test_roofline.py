@@ -17,6 +17,22 @@ import roofline  # noqa: E402
 H200 = ROOT / "bench" / "data" / "h200-2026-11-27"
 
 
+def test_a_fit_from_a_packed_run_is_refused_in_one_line_naming_the_form_it_needs(tmp_path):
+    """--fit reads the dense mask's attention and AdamW on DTensors from 6fbcbf7-form profiles: the second H200 run's
+    summary (packed) beside such profiles is refused before any dry run, naming --form 6fbcbf7."""
+    import shutil
+
+    shutil.copy(ROOT / "bench" / "data" / "h200-2026-11-28" / "summary.json", tmp_path / "summary.json")
+    for profile in H200.glob("profile_*.txt"):
+        shutil.copy(profile, tmp_path / profile.name)
+    done = subprocess.run([sys.executable, str(ROOT / "bench" / "dryrun.py"), "--against",
+                           str(tmp_path / "summary.json"), "--fit"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+    assert done.returncode != 0
+    last = done.stderr.strip().splitlines()[-1]
+    assert last.startswith("--fit:") and "not packed: add --form 6fbcbf7" in last, done.stderr[-2000:]
+
+
 def test_the_dry_run_predicts_the_h200_run_within_15_percent(tmp_path):
     """python bench/dryrun.py --against the H200's gpu_check summary, with --fit: bench/sft_step.py's three variants
     dry-run at its shapes and sequences on one simulated H200 (each a --gpus 1 dry run of sft.train, rank 0), the
