@@ -37,10 +37,8 @@ import concurrent.futures
 import contextlib
 import functools
 import json
-import os
 import re
 import statistics
-import subprocess
 import sys
 import threading
 import time
@@ -50,6 +48,7 @@ ROOT = Path(__file__).resolve().parents[1]  # the repository root: the stage scr
 sys.path.insert(0, str(ROOT))
 import data  # noqa: E402
 from demo import toy  # noqa: E402
+from demo.stage_process import StageProcess  # noqa: E402
 from plumbing import checkpoints, run_dir  # noqa: E402
 from plumbing.distributed import STOPPED_EXIT  # noqa: E402
 from plumbing.report import pyplot, save_png  # noqa: E402
@@ -73,13 +72,14 @@ SIZES = {
         val_sft=["--eval_every", "2", "--eval_n", "1", "--eval_max_new_tokens", "40"],
         val_rl=["--eval_every", "1", "--eval_n", "1", "--eval_max_new_tokens", "40"],
         probe=["--n_rows", "16", "--steps", "2", "--save_every", "1", "--losses", "sft", "curio"],
-        seeds=[0], threads=1, base_threads=2,
+        seeds=[0], threads=1, base_threads=2, losses=("sft", "curio", "entropy"), shared_base=False,
         cost=dict(data=5, base=8, sft=8, curio=9, entropy=8, eval=6, rl=8, compare=4, probe=30),
     ),
-    # The default (bash run.sh): several seeds of a toy a 0.3M-parameter model learns in 375 steps,
-    # side by side, so that the claims are means over seeds with their intervals. Sized for 10 min on
-    # 2 cores: SFT 64 steps at 3e-3 (at 1e-3 the first number's entropy had hardly left the base's
-    # by then), GRPO 8 steps.
+    # The default (bash run.sh): several seeds side by side from a toy a 0.3M-parameter model learns
+    # in 375 steps, so that the claims are means over seeds with their intervals. Sized for 10 min
+    # on 2 cores: SFT 96 steps at 3e-3 (at 1e-3 the first number's entropy had hardly left the
+    # base's by step 64; at 64 steps SFT's was 0.94 nats and CurioSFT's no higher; at 160 the seeds
+    # spread from 0.20 to 0.74 and CurioSFT's was lower on one of four), GRPO 8 steps.
     "small": dict(
         name="small",
         # every question holds 1-4 (and one negative number): the base needs not learn to read
@@ -92,18 +92,23 @@ SIZES = {
         pretrain=["--epochs", "2", "--global_batch", "32", "--lr", "3e-3", "--warmup_steps", "20",
                   "--token_budget", "2048", "--loss_chunk", "2048", "--log_every", "25",
                   "--save_every", "250", "--keep_last", "1"],
-        sft=["--epochs", "2", "--global_batch", "16", "--lr", "3e-3", "--warmup_steps", "16",
+        sft=["--epochs", "3", "--global_batch", "16", "--lr", "3e-3", "--warmup_steps", "16",
              "--token_budget", "2048", "--log_every", "4", "--save_every", "16"],
         eval=["--n_samples", "4", "--max_new_tokens", "48", "--sft_examples", "64", "--batch_size",
-              "32"],
+              "32", "--no-plots"],
         rl=["--steps", "8", "--prompts_per_step", "8", "--rollouts", "8", "--mini_batch", "4",
             "--micro_batch", "16", "--gen_batch_size", "32", "--max_response_len", "48", "--lr",
             "1e-4", "--top_p", "1.0"],
         n_val=32, val_sft=[], val_rl=[],              # no validation while training: time
         probe=["--n_rows", "256", "--steps", "16", "--save_every", "4", "--losses", "sft", "curio"],
-        seeds=[0, 1, 2, 3], threads=1, base_threads=1,
-        cost=dict(data=9, base=60, sft=15, curio=22, entropy=15, eval=6, rl=15, compare=4,
-                  probe=15),
+        # Cross-entropy and CurioSFT only (the entropy loss's branch would add a third of stages
+        # 3-5), each seed from one world and base, the first seed's, as the paper's methods start
+        # from one base model: the seeds vary SFT's batches and GRPO's and the evaluation's samples.
+        # The base, a third of a seed's work, then runs once (alone: on two threads its steps were
+        # no faster).
+        seeds=[0, 1, 2, 3], threads=1, base_threads=1, losses=("sft", "curio"), shared_base=True,
+        cost=dict(data=10, base=60, sft=13, curio=28, entropy=13, eval=10, rl=15, compare=1,
+                  probe=20),
     ),
     "full": dict(
         name="full",
@@ -140,15 +145,15 @@ SIZES = {
         val_rl=["--eval_every", "8", "--eval_n", "4", "--eval_max_new_tokens", "48"],
         probe=[],
         # The base alone on two threads: 1.8x faster steps on 2 cores
-        seeds=[0], threads=1, base_threads=2,
+        seeds=[0], threads=1, base_threads=2, losses=("sft", "curio", "entropy"), shared_base=False,
         cost=dict(data=9, base=560, sft=60, curio=80, entropy=62, eval=25, rl=110, compare=4,
                   probe=80),
     ),
 }
-# vanilla cross-entropy, CurioSFT, the entropy-loss baseline (Table 2)
+# vanilla cross-entropy, CurioSFT, the entropy-loss baseline (Table 2): a size's "losses" are some
 SFT_LOSSES = ("sft", "curio", "entropy")
 # The paired differences the tables give with their intervals (evaluate.py compare): A - B, on the
-# same questions.
+# same questions; those whose models a size trains (comparisons()).
 COMPARISONS = (("curio+grpo", "sft+grpo"), ("entropy+grpo", "sft+grpo"), ("curio", "sft"),
                ("entropy", "sft"))
 # Where one seed's A - B in avg@n falls: the mean over the 24 seeds of docs/demo.md (`demo/run.py
@@ -196,44 +201,39 @@ def _run_stage(cmd, logs, name, steps, every_s, threads, shown_name, cost) -> fl
     if STOPPING.is_set():                          # Ctrl-C came: no stage starts after it
         raise StageStopped(f"[{shown_name}] not started")
     say(f"[{shown_name}] $ " + " ".join(str(c) for c in cmd))
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
+    env = {"OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads),
            "TOKENIZERS_PARALLELISM": "false",
            "PYTHONUNBUFFERED": "1"}  # the stage's lines arrive as they are printed, not at exit
     t0 = shown = time.time()
     log = stage_log(logs, name)
     logs.mkdir(parents=True, exist_ok=True)
     last, first = "", None              # first: (step, time) of the first step line seen
-    # line-buffered, so that `tail -f` on the log follows the stage; an interrupted stage's log goes
-    # on when it resumes
-    with open(log, "a", buffering=1) as f:
-        # text mode reads tqdm's "\r" updates as lines too
-        proc = subprocess.Popen([str(c) for c in cmd], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
-        try:
-            for line in proc.stdout:
-                f.write(line)
-                last = line.strip() or last
-                if first is None and step_of(last) is not None:
-                    first = (step_of(last), time.time())
-                if steps and step_of(last) is not None:
-                    PROGRESS.running(log, cost * min(1.0, step_of(last) / steps))
-                if last and time.time() - shown >= every_s:
-                    shown = time.time()
-                    text = progress_text(last, steps, first, shown)
-                    say(f"[{shown_name}] {shown - t0:4.0f}s  {text}")
-        except KeyboardInterrupt:               # Ctrl-C reached the stage too: it saves and says so
-            STOPPING.set()
-            for line in proc.stdout:
-                f.write(line)
-                last = line.strip() or last
-        proc.wait()
+    # the stage appends to its log (an interrupted stage's goes on when it resumes), so that
+    # `tail -f` on it follows the stage
+    proc = StageProcess(cmd, log, env)
+    try:
+        for line in proc.lines():
+            last = line.strip() or last
+            if first is None and step_of(last) is not None:
+                first = (step_of(last), time.time())
+            if steps and step_of(last) is not None:
+                PROGRESS.running(log, cost * min(1.0, step_of(last) / steps))
+            if last and time.time() - shown >= every_s:
+                shown = time.time()
+                text = progress_text(last, steps, first, shown)
+                say(f"[{shown_name}] {shown - t0:4.0f}s  {text}")
+    except KeyboardInterrupt:               # Ctrl-C reached the stage too: it saves and says so
+        STOPPING.set()
+        for line in proc.lines():
+            last = line.strip() or last
+    returncode = proc.wait()
     # stopped by the signal (saved, or not yet started)
-    if proc.returncode in (STOPPED_EXIT, -2, 130):
+    if returncode in (STOPPED_EXIT, -2, 130):
         STOPPING.set()
         raise StageStopped(f"[{shown_name}] {last}")
-    if proc.returncode != 0:
+    if returncode != 0:
         sys.stdout.write(log.read_text()[-4000:])
-        raise SystemExit(f"stage {shown_name} failed (exit {proc.returncode}): see {log}")
+        raise SystemExit(f"stage {shown_name} failed (exit {returncode}): see {log}")
     say(f"[{shown_name}] done in {time.time() - t0:.0f}s (log: {log})")
     PROGRESS.finished(log, cost)
     return time.time() - t0
@@ -502,15 +502,19 @@ def validation_records(run_dir: Path) -> list[dict]:
 # ------------------------------------------------------------------------------------------------
 # One seed, every stage
 # ------------------------------------------------------------------------------------------------
-def run_seed(size: dict, out: Path, seed: int, tag: str = "", probe: bool = False) -> dict:
+def run_seed(size: dict, out: Path, seed: int, tag: str = "", probe: bool = False,
+             base_of: Path | None = None, until_base: bool = False) -> dict:
     """Every stage for one seed into `out`, its stages' names shown after `tag` ("seed 1 "), and
     with probe the decisive-token probe from its base (into out/decisive_token); returns (and
-    writes to out/metrics.json) what the tables show."""
-    world, runs, evals, logs = out / "world", out / "runs", out / "eval", out / "logs"
+    writes to out/metrics.json) what the tables show. base_of: the folder of the seed whose world
+    and base this one starts from (their stages done there), instead of its own; until_base: stop
+    after the base (stage 2), returning {}."""
+    world = (base_of or out) / "world"
+    runs, evals, logs = out / "runs", out / "eval", out / "logs"
     # Finished stages are reused, so an --out must not mix seeds (nor hold a run from before seeds
     # were recorded), sizes or float orders (--threads, --no_pack).
     seed_file, settings = out / "seed", {"size": size["name"], "float_order": float_order(size)}
-    if seed_file.exists() or world.exists():
+    if seed_file.exists() or (out / "world").exists():
         recorded = seed_file.read_text().strip() if seed_file.exists() else None
         if recorded != str(seed):
             held = f"--seed {recorded}" if recorded else "an unrecorded --seed"
@@ -523,19 +527,21 @@ def run_seed(size: dict, out: Path, seed: int, tag: str = "", probe: bool = Fals
     seed_file.write_text(f"{seed}\n")
     (out / "settings.json").write_text(json.dumps(settings) + "\n")
     seed_flag, seconds, cost = ["--seed", str(seed)], {}, size["cost"]
+    timings_file = out / "seconds.json"
 
-    say(f"\n== 1. the toy world (seed {seed}): data, tokenizer, model config")
-    if not (world / "model" / "config.json").exists():
+    if base_of is None:
+        say(f"\n== 1. the toy world (seed {seed}): data, tokenizer, model config")
+    if base_of is None and not (world / "model" / "config.json").exists():
         seconds["data"] = run_stage([PY, "demo/toy.py", "--out", world, *seed_flag, *size["data"]],
                                     logs, "data", tag=tag, cost=cost["data"])
         make_model_dir(world, size["model"])
-    else:
+    elif base_of is None:
         PROGRESS.skipped(cost["data"])
     pretrain_file, expert_file = world / "train_pretrain.jsonl", world / "train_expert.jsonl"
     rl_file, test_file = world / "train_rl.jsonl", world / "test.jsonl"
     test_rows = [json.loads(line) for line in test_file.read_text().splitlines()]
     val_file = world / "val.jsonl"          # validation while training: questions of its own
-    if not val_file.exists():
+    if base_of is None and not val_file.exists():
         questions = frozenset(r["prompt"][1]["content"] for r in test_rows)
         positives = flag(size["data"], "--positives", len(toy.POSITIVE))
         data.write_jsonl(toy.make_floor_task(size["n_val"], 1_000_000 + seed, "prompt", 0.5,
@@ -557,12 +563,14 @@ def run_seed(size: dict, out: Path, seed: int, tag: str = "", probe: bool = Fals
             PROGRESS.skipped(cost[name])
         return checkpoints.latest(runs / name)
 
-    say(f"\n== 2. pre-train the base model from scratch on every order (seed {seed})")
-    ckpts = {"base": sft("base", world / "model", pretrain_file, "sft",
-                         ["--scratch", *size["pretrain"]], size["base_threads"])}
-
+    if base_of is None:
+        say(f"\n== 2. pre-train the base model from scratch on every order (seed {seed})")
+        ckpts = {"base": sft("base", world / "model", pretrain_file, "sft",
+                             ["--scratch", *size["pretrain"]], size["base_threads"])}
+    else:
+        ckpts = {"base": checkpoints.latest(base_of / "runs" / "base")}
     def evaluate(name: str) -> None:
-        if not (evals / name / "results.json").exists():
+        if not (evals / name / "results.json").exists():   # (evals: this seed's, also the base's)
             seconds[f"eval {name}"] = run_stage(
                 [PY, "evaluate.py", "--model", ckpts[name], "--data", test_file, "--out",
                  evals / name, "--name", name, "--engine", "hf", "--sft_data", expert_file,
@@ -570,6 +578,11 @@ def run_seed(size: dict, out: Path, seed: int, tag: str = "", probe: bool = Fals
                 logs, f"eval {name}", threads=size["threads"], tag=tag, cost=cost["eval"])
         else:
             PROGRESS.skipped(cost["eval"])
+
+    if until_base:                  # (the base's evaluation too, before the seeds read it)
+        evaluate("base")
+        record_seconds(timings_file, seconds)
+        return {}
 
     def branch(loss: str) -> None:
         """SFT with `loss` from the base, GRPO from that, and the evaluation of both."""
@@ -606,15 +619,16 @@ def run_seed(size: dict, out: Path, seed: int, tag: str = "", probe: bool = Fals
     # the demo keeps both busy to the end instead of running one stage at a time, and each stage's
     # result does not depend on what runs beside it.
     t0, ran_before = time.time(), len(seconds)
-    with concurrent.futures.ThreadPoolExecutor(len(SFT_LOSSES) + 2) as pool:   # SLOTS: how many run
-        futures = [pool.submit(evaluate, "base")] + [pool.submit(branch, loss)
-                                                     for loss in SFT_LOSSES]
+    losses = size["losses"]
+    with concurrent.futures.ThreadPoolExecutor(len(losses) + 2) as pool:   # SLOTS: how many run
+        # (from another seed's base, that seed evaluated it)
+        futures = [pool.submit(evaluate, "base")] if base_of is None else []
+        futures += [pool.submit(branch, loss) for loss in losses]
         futures += [pool.submit(decisive_token)] if probe else []
         wait_for_stages(futures)
     if len(seconds) > ran_before:  # something ran: the wall-clock time of stages 3-5, side by side
         seconds["stages 3-5"] = time.time() - t0
-    ckpts = {name: ckpts[name] for name in ["base", *SFT_LOSSES,
-                                            *(f"{loss}+grpo" for loss in SFT_LOSSES)]}
+    ckpts = {name: ckpts[name] for name in ["base", *losses, *(f"{loss}+grpo" for loss in losses)]}
 
     say(f"\n== 6. tables and plots (seed {seed})")
     metrics_file = out / "metrics.json"
@@ -622,27 +636,37 @@ def run_seed(size: dict, out: Path, seed: int, tag: str = "", probe: bool = Fals
     if tuple(recorded) == METRICS_KEYS:     # (an older layout is measured again)
         say(f"every stage had finished: {metrics_file} reused")
         return recorded
-    timings_file = out / "seconds.json"
-    timings = json.loads(timings_file.read_text()) if timings_file.exists() else {}
-    timings |= seconds  # stages skipped this time keep the time of the run that did them
-    timings_file.write_text(json.dumps(timings, indent=1))
+    timings = record_seconds(timings_file, seconds)
     # Once per checkpoint: the base starts every SFT curve, and each SFT run's last checkpoint is
     # also a model.
     branching = functools.cache(lambda ckpt: branching_stats(ckpt, test_rows))
+
+    def evaluated(name: str) -> Path:
+        return (base_of or out) / "eval" / name if name == "base" else evals / name
+
     metrics = {
         "seeds": [seed], "seconds": timings,
-        "models": {name: model_metrics(json.loads((evals / name / "results.json").read_text()),
-                                       evals / name / "samples.jsonl", branching(ckpt))
+        "models": {name: model_metrics(json.loads((evaluated(name) / "results.json").read_text()),
+                                       evaluated(name) / "samples.jsonl", branching(ckpt))
                    for name, ckpt in ckpts.items()},
         "sft": {loss: sft_metrics(runs / loss, ckpts["base"], branching,
-                                  flag(size["sft"], "--save_every", 0)) for loss in SFT_LOSSES},
-        "grpo": {f"{loss}+grpo": grpo_metrics(runs / f"{loss}+grpo") for loss in SFT_LOSSES},
+                                  flag(size["sft"], "--save_every", 0)) for loss in losses},
+        "grpo": {f"{loss}+grpo": grpo_metrics(runs / f"{loss}+grpo") for loss in losses},
         "validation": {name: validation_records(runs / name)
-                       for loss in SFT_LOSSES for name in (loss, f"{loss}+grpo")},
+                       for loss in losses for name in (loss, f"{loss}+grpo")},
     }
     assert tuple(metrics) == METRICS_KEYS
     run_dir.write_atomic(metrics_file, json.dumps(metrics, indent=1))
     return metrics
+
+
+def record_seconds(timings_file: Path, seconds: dict) -> dict:
+    """Each stage's seconds into timings_file, over those it holds: stages skipped this time keep
+    the time of the run that did them. Returns them all."""
+    timings = json.loads(timings_file.read_text()) if timings_file.exists() else {}
+    timings |= seconds
+    timings_file.write_text(json.dumps(timings, indent=1))
+    return timings
 
 
 # ------------------------------------------------------------------------------------------------
@@ -709,7 +733,7 @@ def tables(metrics: list[dict], paired: dict[str, dict] | None = None) -> str:
             out.append(f"| {name} | " + " | ".join(col(name, lambda r: r["kinds"][source][k])
                                                 for k in (*toy.FLOOR_KINDS, MISTAKE_GRADED_RIGHT))
                        + " |")
-    steps = " / ".join(map(str, metrics[0]["sft"][SFT_LOSSES[0]]["steps"]))
+    steps = " / ".join(map(str, metrics[0]["sft"]["sft"]["steps"]))
     out += ["", f"| SFT run | first-number entropy (nats) at steps {steps} | P(expert's first "
                 "number), same steps | P(negative put off), expert's fails, same steps | top-20% "
                 "expert-token entropy at the end | cross-entropy at the end | w_t at top-20% / "
@@ -754,7 +778,7 @@ def plots(metrics: list[dict], out: Path) -> list[Path]:
     are means over seeds, the error bars the min-max spread (none with one seed)."""
     plt = pyplot()
     out.mkdir(parents=True, exist_ok=True)
-    names = list(metrics[0]["models"])
+    names, losses = list(metrics[0]["models"]), list(metrics[0]["sft"])
     works, fails = toy.EXPERT_WORKS, toy.EXPERT_FAILS
 
     def spread(get):
@@ -769,7 +793,7 @@ def plots(metrics: list[dict], out: Path) -> list[Path]:
     for ax, key, title in ((axes[0], "avg", "all test questions"),
                            (axes[1], f"avg_{fails}", "where the expert's order is a dead end")):
         highs = []
-        for i, loss in enumerate(SFT_LOSSES):
+        for i, loss in enumerate(losses):
             for dx, name, color in ((-0.2, loss, "tab:gray"), (0.2, f"{loss}+grpo", "tab:blue")):
                 mean, err = spread(lambda m: 100 * m["models"][name][key])
                 yerr = {"yerr": [[err[0]], [err[1]]], **bars} if bars else {}
@@ -780,7 +804,7 @@ def plots(metrics: list[dict], out: Path) -> list[Path]:
                             fontsize="small")
                 highs.append(mean + err[1])
         ax.set_ylim(0, min(100.0, max(highs) * 1.12 + 1))           # from 0: bar heights compare
-        ax.set_xticks(range(len(SFT_LOSSES)), SFT_LOSSES)
+        ax.set_xticks(range(len(losses)), losses)
         ax.set(ylabel="avg@n (%)", title=title)
     fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=2, fontsize="small")
     fig.subplots_adjust(bottom=0.2)
@@ -790,7 +814,7 @@ def plots(metrics: list[dict], out: Path) -> list[Path]:
     fig2, axes2 = plt.subplots(1, 2, figsize=(10, 3.8), sharey=True)
     for ax, source in zip(axes2, (fails, works)):
         for j, name in enumerate(names):
-            color = f"C{SFT_LOSSES.index(name.split('+')[0]) + 1 if name != 'base' else 0}"
+            color = f"C{losses.index(name.split('+')[0]) + 1 if name != 'base' else 0}"
             ys = [spread(lambda m: 100 * m["models"][name][f"pass_at_k_{source}"][str(k)])[0]
                   for k in k_of]
             ax.plot(k_of, ys, marker="o", color=color, linestyle="--" if "+grpo" in name else "-",
@@ -802,7 +826,7 @@ def plots(metrics: list[dict], out: Path) -> list[Path]:
     written.append(out / "pass_at_k.png")
 
     fig3, axes3 = plt.subplots(1, 3, figsize=(14, 3.8))
-    for i, loss in enumerate(SFT_LOSSES):
+    for i, loss in enumerate(losses):
         s0 = metrics[0]["sft"][loss]
         for ax, key in ((axes3[0], "entropy"), (axes3[1], "p_expert"), (axes3[2], "p_put_off")):
             pts = [spread(lambda m: m["sft"][loss]["branching"][p][key])
@@ -850,7 +874,7 @@ def validation_plot(metrics: list[dict], plt):
     Fig. 1 story.
     Means over seeds."""
     fig, axes = plt.subplots(1, 2, figsize=(11, 3.8))
-    for i, loss in enumerate(SFT_LOSSES):
+    for i, loss in enumerate(metrics[0]["sft"]):
         offset = 0
         for name, style in ((loss, "-"), (f"{loss}+grpo", "--")):
             runs = [m["validation"][name] for m in metrics]
@@ -917,8 +941,14 @@ def paired_plot(paired: dict[str, dict], by_seed: list[dict] | None, out: Path) 
     return Path(save_png(fig, out / "paired_differences.png", dpi=110))
 
 
-def compare_all(evals: list[Path], out: Path, cost: float = 0.0, tag: str = "") -> dict[str, dict]:
-    """evaluate.py compare for each of COMPARISONS, side by side (SLOTS: how many at once), over the
+def comparisons(losses) -> list[tuple[str, str]]:
+    """The COMPARISONS between models trained with `losses`."""
+    return [(a, b) for a, b in COMPARISONS if a.split("+")[0] in losses]
+
+
+def compare_all(evals: list[Path], out: Path, losses=SFT_LOSSES, cost: float = 0.0,
+                tag: str = "") -> dict[str, dict]:
+    """evaluate.py compare for each of comparisons(losses), side by side (SLOTS: how many at once), over the
     evaluations of every seed (eval folders of one seed each, a two-level bootstrap with several):
     {"A - B": its paired.json}. A comparison already written over the same evaluations is reused;
     one over other seeds is redone. cost: each one's, for PROGRESS."""
@@ -935,8 +965,9 @@ def compare_all(evals: list[Path], out: Path, cost: float = 0.0, tag: str = "") 
             PROGRESS.skipped(cost)
         return result
 
-    with concurrent.futures.ThreadPoolExecutor(len(COMPARISONS)) as pool:
-        futures = {f"{a} - {b}": pool.submit(compare, a, b) for a, b in COMPARISONS}
+    pairs = comparisons(losses)
+    with concurrent.futures.ThreadPoolExecutor(len(pairs)) as pool:
+        futures = {f"{a} - {b}": pool.submit(compare, a, b) for a, b in pairs}
         wait_for_stages(list(futures.values()))
     return {name: future.result() for name, future in futures.items()}
 
@@ -1025,7 +1056,7 @@ def seed_table(metrics: list[dict], by_seed: list[dict[str, dict]],
     that seed's questions), then across seeds: the mean with Student's t interval, the two-level
     bootstrap, the seeds won, one seed's spread and the smallest mean the seeds detect; then the
     first three across seeds on each kind of question."""
-    names = [f"{a} - {b}" for a, b in COMPARISONS]
+    names = list(pooled)
     lines = ["", "A − B in points of avg@n (all test questions), seed by seed with a 95% "
                  "bootstrap over that seed's questions, then across seeds:", "",
              "| seed | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
@@ -1226,24 +1257,33 @@ def run(a, out: Path) -> None:
     SLOTS.capacity = a.jobs
     several = a.seeds is not None or (a.seed is None and len(size["seeds"]) > 1)
     seeds = a.seeds or ([a.seed] if a.seed is not None else size["seeds"])
-    cost, n = size["cost"], len(SFT_LOSSES)
+    cost, losses = size["cost"], size["losses"]
+    n = len(losses)
+    # the seeds start from the first one's world and base, or each from its own
+    first = out / f"seed_{seeds[0]}" if several else out
+    shared = several and size["shared_base"]
     # a seed: its data, base, SFT runs, GRPO runs and 1 + 2n evaluations; then the comparisons
-    one_seed = (cost["data"] + cost["base"] + sum(cost[loss] for loss in SFT_LOSSES)
-                + n * cost["rl"] + (1 + 2 * n) * cost["eval"])
-    PROGRESS.plan(one_seed * len(seeds), (3 + 4 * n) * len(seeds))
-    comparisons = len(COMPARISONS) * (1 + several * len(seeds))
-    PROGRESS.plan(cost["compare"] * comparisons, comparisons)
+    bases = 1 if shared else len(seeds)     # each with its data and its evaluation
+    PROGRESS.plan((cost["data"] + cost["base"] + cost["eval"]) * bases, 3 * bases)
+    PROGRESS.plan((sum(cost[loss] for loss in losses) + n * cost["rl"] + 2 * n * cost["eval"])
+                  * len(seeds), 4 * n * len(seeds))
+    compared = len(comparisons(losses)) * (1 + several * len(seeds))
+    PROGRESS.plan(cost["compare"] * compared, compared)
     if not a.no_probe:
         PROGRESS.plan(cost["probe"])
     say(f"{a.size} demo, seed{'s' * (len(seeds) > 1)} {', '.join(map(str, seeds))}, "
         f"{float_order(size)}: "
         f"{PROGRESS.line()} (at the speed of the machine that measured the stages)")
 
+    if shared:      # its base first
+        run_seed(size, first, seeds[0], f"seed {seeds[0]} ", until_base=True)
+
     def seed_and_its_comparisons(i: int, seed: int):
         folder = out / f"seed_{seed}" if several else out
         tag = f"seed {seed} " if several else ""
-        metrics = run_seed(size, folder, seed, tag, probe=i == 0 and not a.no_probe)
-        return metrics, (compare_all([folder / "eval"], folder, cost["compare"], tag)
+        metrics = run_seed(size, folder, seed, tag, probe=i == 0 and not a.no_probe,
+                           base_of=first if shared else None)
+        return metrics, (compare_all([folder / "eval"], folder, losses, cost["compare"], tag)
                          if several else None)
 
     with concurrent.futures.ThreadPoolExecutor(len(seeds)) as pool:
@@ -1252,7 +1292,7 @@ def run(a, out: Path) -> None:
     metrics, by_seed = zip(*(future.result() for future in futures))
     evals = [out / f"seed_{s}" / "eval" for s in seeds] if several else [out / "eval"]
     say("\n== 6. the tables and plots" + (f" over the {len(seeds)} seeds" if several else ""))
-    paired = compare_all(evals, out, cost["compare"])
+    paired = compare_all(evals, out, losses, cost["compare"])
     probe = None if a.no_probe else (evals[0].parent / "decisive_token" / "results.json")
     report(list(metrics), paired, out, list(by_seed) if several else None, probe)
 

@@ -229,20 +229,24 @@ def test_a_finished_seed_reuses_its_metrics_and_measures_an_older_layout_again(d
     assert json.loads((out / "metrics.json").read_text()) == again
 
 
-def test_several_seeds_run_side_by_side_and_the_summary_opens_with_what_they_support(demo_ci, tmp_path,
-                                                                                     monkeypatch, capsys):
-    """run() over two seeds (copies of the ci demo's finished seed, so that no stage runs again): each seed's
-    comparisons under its own name, then the pooled ones over both; summary.md opens with the headline and holds
-    the seed table and the probe's table."""
+def run_two_seeds_of_the_ci_demo(demo_ci, out: Path, monkeypatch, losses=demo.SFT_LOSSES) -> list:
+    """run() over two seeds, copies of the ci demo's finished seed (their models trained with `losses` kept), so
+    that no stage runs again; evaluate.py compare stood in for by the ci run's paired.json. Returns the
+    comparisons run: (tag, name, evaluations)."""
     import argparse
     import shutil
 
-    out = tmp_path / "demo"
     for seed in (0, 1):
         folder = out / f"seed_{seed}"
         shutil.copytree(demo_ci[0], folder, ignore=shutil.ignore_patterns("plots", "compare", "summary.md"))
         (folder / "seed").write_text(f"{seed}\n")
         metrics = json.loads((folder / "metrics.json").read_text())
+        for dropped in set(demo.SFT_LOSSES) - set(losses):
+            for part in ("models", "validation"):
+                metrics[part] = {name: v for name, v in metrics[part].items() if name.split("+")[0] != dropped}
+            metrics["sft"].pop(dropped)
+            metrics["grpo"].pop(f"{dropped}+grpo")
+            metrics["seconds"] = {stage: t for stage, t in metrics["seconds"].items() if dropped not in stage}
         (folder / "metrics.json").write_text(json.dumps({**metrics, "seeds": [seed]}))
     compared = []
 
@@ -258,8 +262,41 @@ def test_several_seeds_run_side_by_side_and_the_summary_opens_with_what_they_sup
         compared.append((kwargs.get("tag", ""), name, len(paired["a"]["evaluations"])))
 
     monkeypatch.setattr(demo, "run_stage", compare)
+    monkeypatch.setitem(demo.SIZES, "ci", {**demo.SIZES["ci"], "losses": tuple(losses)})
     demo.run(argparse.Namespace(size="ci", seeds=[0, 1], seed=None, jobs=4, threads=None, no_pack=False,
                                 no_probe=False), out)
+    return compared
+
+
+def test_a_seed_from_another_seeds_base_trains_and_evaluates_from_that_world_and_base(demo_ci, tmp_path,
+                                                                                     monkeypatch):
+    """run_seed(base_of=...) (the small size's seeds after the first): no data, base or base evaluation of its own;
+    its SFT runs read the other folder's world and start from its base, with this seed, into its own folder."""
+    base_folder = demo_ci[0]
+    commands = []
+
+    def stage(cmd, logs, name, *args, **kwargs):
+        commands.append((name, [str(c) for c in cmd]))
+        raise demo.StageStopped(name)                 # (the stage's outputs are not there to read)
+
+    monkeypatch.setattr(demo, "run_stage", stage)
+    with pytest.raises(demo.StageStopped):
+        demo.run_seed(demo.SIZES["ci"], tmp_path / "seed_1", 1, base_of=base_folder)
+    assert sorted(name for name, _ in commands) == ["curio", "entropy", "sft"]     # the base evaluated there
+    world, base = base_folder / "world", checkpoints.latest(base_folder / "runs" / "base")
+    for name, cmd in commands:
+        assert cmd[cmd.index("--model") + 1] == str(base) and cmd[cmd.index("--seed") + 1] == "1"
+        assert cmd[cmd.index("--train_file") + 1] == str(world / "train_expert.jsonl")
+        assert cmd[cmd.index("--out_dir") + 1] == str(tmp_path / "seed_1" / "runs" / name)
+    assert not (tmp_path / "seed_1" / "world").exists()
+
+
+def test_several_seeds_run_side_by_side_and_the_summary_opens_with_what_they_support(demo_ci, tmp_path,
+                                                                                     monkeypatch, capsys):
+    """Each seed's comparisons under its own name, then the pooled ones over both; summary.md opens with the
+    headline and holds the seed table and the probe's table."""
+    out = tmp_path / "demo"
+    compared = run_two_seeds_of_the_ci_demo(demo_ci, out, monkeypatch)
     names = [f"compare {a} - {b}" for a, b in demo.COMPARISONS]
     assert sorted(compared) == sorted([("", name, 2) for name in names] + [(f"seed {s} ", name, 1)
                                                                           for s in (0, 1) for name in names])
@@ -269,6 +306,21 @@ def test_several_seeds_run_side_by_side_and_the_summary_opens_with_what_they_sup
     assert "| mean, 95% Student's t over 2 seeds |" in summary and "\n| 1 | " in summary
     assert 'P("+", put the negative off) at the decisive token' in summary
     assert (out / "plots" / "paired_differences.png").stat().st_size > 0
+
+
+def test_a_size_without_the_entropy_loss_compares_and_reports_only_the_models_it_trains(demo_ci, tmp_path,
+                                                                                      monkeypatch):
+    """The small size trains cross-entropy and CurioSFT only: no comparison, row or plot asks for the entropy
+    loss's models."""
+    assert demo.SIZES["small"]["losses"] == ("sft", "curio")
+    out = tmp_path / "demo"
+    compared = run_two_seeds_of_the_ci_demo(demo_ci, out, monkeypatch, losses=("sft", "curio"))
+    assert sorted({name for _, name, _ in compared}) == ["compare curio - sft", "compare curio+grpo - sft+grpo"]
+    summary = (out / "summary.md").read_text()
+    assert "| curio+grpo | " in summary and "| sft+grpo | " in summary and "entropy+grpo" not in summary
+    assert "| entropy | " not in summary and "| curio - sft | " in summary
+    for plot in ("accuracy_before_after_rl", "pass_at_k", "entropy_during_sft", "strategy_shares"):
+        assert (out / "plots" / f"{plot}.png").stat().st_size > 0
 
 
 def two_step_stage(pause_s: float, then: str = "print('step 2 loss 0.4', flush=True)") -> list:
