@@ -28,8 +28,10 @@ after each stage the demo's own: stages done and the time left):
   7. demo/decisive_token.py on the first seed, beside its stages 3-5: an expert that teaches the
      wrong move at the decisive token
 With several seeds each seed's folder is OUT/seed_S and its stages run beside the other seeds'
-(--jobs threads at a time). A stage whose output already exists is skipped, so an interrupted demo
-continues where it stopped.
+(--jobs threads at a time); at the small size every seed starts from the first seed's world and base
+(stages 1-2 and the base's evaluation run once, there). Each stage runs in a process of its own,
+forked from one that imported torch once (demo/stage_process.py). A stage whose output already
+exists is skipped, so an interrupted demo continues where it stopped.
 """
 import argparse
 import collections

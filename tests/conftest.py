@@ -30,6 +30,7 @@ LONGEST_FILES = ["test_reliability_resume.py", "test_dryrun.py", "test_demo.py",
                  "test_resume_settings.py", "test_help.py", "test_reliability.py", "test_sft.py", "test_hybrid.py",
                  "test_generation.py", "test_vllm_cpu_eval.py", "test_curio_loss.py", "test_memory.py",
                  "test_dryrun_quick.py", "test_bench.py", "test_evaluate_run.py", "test_demo_probe.py",
+                 "test_stage_process.py",
                  "test_evaluate.py", "test_rl.py", "test_hub.py", "test_paper_scale.py"]
 
 
