@@ -99,6 +99,8 @@ class Args:
     """SFT examples for the expert-token entropy"""
     save_samples: bool = True
     """write every response with its score to samples.jsonl"""
+    plots: bool = True
+    """pass@k and accuracy plots beside results.json (--no-plots: the CPU demo draws its own)"""
 
     def __post_init__(self):
         check_settings(self, positive=["temperature", "top_p", "gpu_memory_utilization",
@@ -293,7 +295,8 @@ def evaluate_checkpoint(args: Args, benchmarks: dict[str, list[Example]], rank: 
     write_atomic(out / "results.md", report.results_table(result))
     if args.save_samples:
         write_atomic(out / "samples.jsonl", "".join(json.dumps(r) + "\n" for r in records))
-    report.plot_results([result], args.out)
+    if args.plots:
+        report.plot_results([result], args.out)
     write_atomic(out / "results.json", json.dumps(result, indent=2))  # last: marks it finished
     print(report.results_table(result))
     return result

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Quick start on a fresh machine:  bash run.sh        (install, then the CPU demo: 8-18 min, 2 cores)
+# Quick start on a fresh machine:  bash run.sh        (install, then the CPU demo: 4 seeds of its small size)
 #                                  bash run.sh test   (install, then the tests)
 #                                  bash run.sh bench  (install, then the loss benchmark)
 set -euo pipefail
@@ -26,8 +26,8 @@ case "${1:-demo}" in
   # in the order tests/conftest.py collects them (longest first), not xdist's by number of tests.
   test) shift || true; vllm_cpu
         exec "$venv/bin/python" -m pytest -q -n auto --maxprocesses 4 --dist loadfile --no-loadscope-reorder "$@" ;;
-  demo) "$venv/bin/python" demo/run.py --size full --out out/demo
-        exec "$venv/bin/python" demo/decisive_token.py --demo out/demo ;;
+  # the small size's seeds side by side, their tables and plots, the probe (--size full: docs/demo.md's)
+  demo) exec "$venv/bin/python" demo/run.py --out out/demo ;;
   bench) exec "$venv/bin/python" bench/loss_speed.py ;;
   *) echo "usage: bash run.sh [demo|test [pytest args]|bench]" >&2; exit 2 ;;
 esac

@@ -117,18 +117,25 @@ def floor_response(order: list[int]) -> str:
 
 
 def make_floor_task(n: int, seed: int, style: str, expert_fails: float | None = None,
-                    n_terms: int = 5, exclude: frozenset[str] = frozenset()) -> list[dict]:
-    """n rows in the authors' schema. A question: n_terms - 1 distinct numbers from POSITIVE and one
-    negative number -m, m from NEGATIVE, never first and below the others' sum (so adding it last
-    always gets through). Each number is one digit token (its sign aside) and names one number of
-    the question.
-    style "pretrain": the numbers in a random order, a positive one first;
+                    n_terms: int = 5, exclude: frozenset[str] = frozenset(),
+                    positives: int = len(POSITIVE), distinct: bool = False,
+                    question_order: float = 0.0) -> list[dict]:
+    """n rows in the authors' schema. A question: n_terms - 1 distinct numbers from the first
+    `positives` of POSITIVE and one negative number -m, m from NEGATIVE, never first and below the
+    others' sum (so adding it last always gets through). Each number is one digit token (its sign
+    aside) and names one number of the question. With positives = n_terms - 1 every question holds
+    the same positive numbers (1-4 at 5 terms), in its own order: a model needs not read which ones
+    it holds, only their order and the negative one (the small demo's toy).
+    style "pretrain": the numbers in a random order, a positive one first (in the question's order
+    for a `question_order` share of the rows);
     "expert": in the question's order, where that gets through (expert_fails must be 0 or None);
     "prompt": no response (test and RL rows).
     expert_fails: the share of rows whose question order is a dead end (None: as questions fall).
     exclude: question texts never drawn (another split's, held out).
-    The rows of one (n, seed, expert_fails, n_terms, exclude) are the same questions in every style;
-    expert rows are those of expert_fails=0.0."""
+    distinct: no question drawn twice (test questions: evaluate.py drops a repeated one; the small
+    toy has 288 questions, so 64 draws repeat about ten).
+    The rows of one (n, seed, expert_fails, n_terms, exclude, positives) are the same questions in
+    every style; expert rows are those of expert_fails=0.0."""
     if style not in ("pretrain", "expert", "prompt"):
         raise ValueError(f"style {style!r}: expected 'pretrain', 'expert' or 'prompt'")
     if style == "expert" and expert_fails:
@@ -138,6 +145,10 @@ def make_floor_task(n: int, seed: int, style: str, expert_fails: float | None = 
         raise ValueError(f"n_terms {n_terms}: expected 3..{len(POSITIVE) + 1} (distinct positive "
                          f"digits from {POSITIVE.start} to {POSITIVE.stop - 1}, and one negative "
                          "number)")
+    if not n_terms - 1 <= positives <= len(POSITIVE):
+        raise ValueError(f"positives {positives}: expected {n_terms - 1}..{len(POSITIVE)} (the "
+                         f"{n_terms - 1} positive numbers of a question are distinct)")
+    pool = POSITIVE[:positives]
     if expert_fails is not None and not 0 <= expert_fails <= 1:
         raise ValueError(f"expert_fails {expert_fails}: expected a share in [0, 1]")
     if style == "expert":
@@ -145,15 +156,19 @@ def make_floor_task(n: int, seed: int, style: str, expert_fails: float | None = 
     # responses do not shift the questions
     rng, answer_rng = random.Random(seed), random.Random(seed + 1_000_003)
     n_fails = None if expert_fails is None else round(expert_fails * n)
-    questions, fails = [], 0
+    questions, fails, drawn, tries = [], 0, set(exclude), 0
     while len(questions) < n:
-        positive = rng.sample(POSITIVE, n_terms - 1)
+        tries += 1
+        if tries > 1000 * n:
+            raise ValueError(f"{n} questions of {n_terms} numbers (positives up to {positives}): "
+                             "too few of each kind left to draw from")
+        positive = rng.sample(pool, n_terms - 1)
         negatives = [m for m in NEGATIVE if m < sum(positive)]
         if not negatives:
             continue
         at = rng.randint(1, n_terms - 1)
         numbers = positive[:at] + [-rng.choice(negatives)] + positive[at:]
-        if floor_question(numbers) in exclude:
+        if floor_question(numbers) in drawn:
             continue
         fail = not add_in_order(numbers)[1]
         if n_fails is not None and (fails == n_fails if fail
@@ -161,6 +176,8 @@ def make_floor_task(n: int, seed: int, style: str, expert_fails: float | None = 
             continue  # this kind is full
         questions.append((numbers, fail))
         fails += fail
+        if distinct:
+            drawn.add(floor_question(numbers))
     rows = []
     for numbers, fail in questions:
         rows.append({"data_source": EXPERT_FAILS if fail else EXPERT_WORKS,
@@ -170,10 +187,14 @@ def make_floor_task(n: int, seed: int, style: str, expert_fails: float | None = 
         if style == "expert":
             rows[-1]["target"] = [{"role": "assistant", "content": floor_response(numbers)}]
         elif style == "pretrain":
-            first = answer_rng.choice([v for v in numbers if v > 0])
-            rest = [v for v in numbers if v != first]
-            answer_rng.shuffle(rest)
-            rows[-1]["target"] = [{"role": "assistant", "content": floor_response([first, *rest])}]
+            if question_order and answer_rng.random() < question_order:
+                order = numbers
+            else:
+                first = answer_rng.choice([v for v in numbers if v > 0])
+                rest = [v for v in numbers if v != first]
+                answer_rng.shuffle(rest)
+                order = [first, *rest]
+            rows[-1]["target"] = [{"role": "assistant", "content": floor_response(order)}]
     return rows
 
 
@@ -226,6 +247,14 @@ def _main(argv: list[str] | None = None) -> None:
                         "dead end")
     p.add_argument("--n_terms", type=int, default=5,
                    help="numbers per question (one of them negative)")
+    p.add_argument("--distinct_test", action="store_true",
+                   help="no test question drawn twice (the full toy's 4,320 questions seldom repeat: "
+                        "seed 0's 64 test questions hold one repeat, which evaluate.py drops)")
+    p.add_argument("--question_order", type=float, default=0.0,
+                   help="the share of pre-training rows in the question's order (the rest random)")
+    p.add_argument("--positives", type=int, default=len(POSITIVE),
+                   help="the positive numbers are drawn from 1..POSITIVES; at n_terms - 1 every "
+                        "question holds all of them, in its own order")
     p.add_argument("--vocab_labels", type=int, default=2000,
                    help="pseudo-words made tokens of the tokenizer, never used by the task: the "
                         "vocabulary's tail")
@@ -233,13 +262,15 @@ def _main(argv: list[str] | None = None) -> None:
                    help="BPE vocabulary size (merges permitting)")
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
-    out, shape = Path(a.out), dict(n_terms=a.n_terms)
+    out, shape = Path(a.out), dict(n_terms=a.n_terms, positives=a.positives)
     # A seed per split, and no split shared between runs with different --seed. The task has only a
-    # few thousand questions (4,320 at 5 numbers), so the training splits draw around the test
-    # questions: held out.
-    test = make_floor_task(a.n_test, 4 * a.seed + 3, "prompt", a.expert_fails, **shape)
+    # few thousand questions (4,320 at 5 numbers; 288 with --positives 4), so the training splits
+    # draw around the test questions: held out.
+    test = make_floor_task(a.n_test, 4 * a.seed + 3, "prompt", a.expert_fails, **shape,
+                           distinct=a.distinct_test)
     shape["exclude"] = frozenset(r["prompt"][1]["content"] for r in test)
-    splits = {"train_pretrain": make_floor_task(a.n_pretrain, 4 * a.seed, "pretrain", **shape),
+    splits = {"train_pretrain": make_floor_task(a.n_pretrain, 4 * a.seed, "pretrain", **shape,
+                                                question_order=a.question_order),
               "train_expert": make_floor_task(a.n_sft, 4 * a.seed + 1, "expert", **shape),
               "train_rl": make_floor_task(a.n_rl, 4 * a.seed + 2, "prompt", a.expert_fails,
                                           **shape), "test": test}

@@ -1,4 +1,5 @@
 """The CPU demo end to end (demo.py --size ci), and its progress lines and table cells."""
+import concurrent.futures
 import json
 import math
 import os
@@ -42,6 +43,13 @@ def test_cells_show_one_seed_as_is_and_several_as_mean_and_spread():
     assert demo.over_seeds([{"x": 1}, {"x": None}, {"x": 3}], lambda m: m["x"]) == [1, 3]
 
 
+@pytest.fixture(autouse=True)
+def own_progress(monkeypatch):
+    """Each test on a Progress of its own: the module's, left with one test's plan and skipped stages, printed
+    its line into a later test's stage output."""
+    monkeypatch.setattr(demo, "PROGRESS", demo.Progress())
+
+
 @pytest.fixture(scope="module")
 def demo_ci(tmp_path_factory):
     """The ci-size demo, uninterrupted: its output folder and the finished process."""
@@ -72,8 +80,12 @@ def test_demo_ci_runs_every_stage(demo_ci, tmp_path):
         assert set(result["benchmarks"]) == {toy.EXPERT_FAILS, toy.EXPERT_WORKS}
     assert (out / "runs" / "curio" / "log.jsonl").read_text().count("w_mean") >= 1
     # every stage's log is the one stage_log names (the interrupted-demo test below finds them by it)
-    done = re.findall(r"^\[(.+)\] done in \d+s \(log: (.+)\)$", proc.stdout, re.M)
-    assert len(done) == 19 and all(Path(log) == demo.stage_log(out / "logs", name) for name, log in done), done
+    done = re.findall(r"^\[([^]]+)\] done in \d+s \(log: (.+)\)$", proc.stdout, re.M)
+    assert len(done) == 20 and all(Path(log) == demo.stage_log(out / "logs", name) for name, log in done), done
+    # after each, the demo's progress: 15 stages of the seed, 4 comparisons and the probe
+    progress = re.findall(r"^   demo: (\d+) of (\d+) stages done, \d+s so far, about (\d+)s left$", proc.stdout, re.M)
+    assert [int(n) for n, _, _ in progress] == list(range(1, 21)) and {m for _, m, _ in progress} == {"20"}
+    assert progress[-1][2] == "0" and "ci demo, seed 0, threads 1 (base 2), packed rows: demo: 0 of 20" in proc.stdout
 
     metrics = json.loads((out / "metrics.json").read_text())
     assert list(metrics["models"]) == names and metrics["seeds"] == [0]
@@ -163,46 +175,40 @@ def test_demo_ci_runs_every_stage(demo_ci, tmp_path):
     table = demo.tables([metrics, other, third], paired)
     assert "median (min–max) over seeds" in table and "base 200 (100–900)" in table
 
-    # The decisive-token probe on this demo's world and base: a curve per loss from the base's value at step 0
-    proc = subprocess.run([sys.executable, "demo/decisive_token.py", "--demo", str(out), "--size", "ci", "--n_rows",
-                           "16", "--steps", "2", "--save_every", "1", "--losses", "sft", "curio", "--grpo"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    # The decisive-token probe (stage 7, the ci size's: two losses) on this demo's world and base: a curve per loss
+    # from the base's value at step 0, its table at the end of the summary (tests/test_demo_probe.py: --grpo)
+    assert "[decisive token] $ " in proc.stdout and 'P("+", put the negative off)' in summary
     probe = json.loads((out / "decisive_token" / "results.json").read_text())
-    assert list(probe["p_put_off"]) == ["sft", "curio"] and probe["questions"] > 0 and probe["seed"] == 0
+    check_probe_curves(probe, before=2)
+    assert probe["seed"] == 0 and "grpo" not in probe
+
+    # Finished stages are reused, so another seed into the same --out must stop, not mix two runs (run_seed's
+    # SystemExit: demo/run.py's one line and exit status 1)
+    with pytest.raises(SystemExit, match="holds a run with --seed 0: use another --out"):
+        demo.run_seed(demo.SIZES["ci"], out, 1)
+    (out / "seed").unlink()  # as in an --out written before seeds were recorded
+    with pytest.raises(SystemExit, match="holds a run with an unrecorded --seed: use another --out"):
+        demo.run_seed(demo.SIZES["ci"], out, 0)
+
+
+def check_probe_curves(probe: dict, before: int) -> None:
+    """The probe's results.json, --steps 2 --save_every 1 --losses sft curio: a curve per loss from the base."""
+    assert list(probe["p_put_off"]) == ["sft", "curio"] and probe["questions"] > 0 and probe["before"] == before
     for curve in probe["p_put_off"].values():
         assert list(curve) == ["0", "1", "2"] and all(0 <= p <= 1 for p in curve.values())
     assert probe["p_put_off"]["sft"]["0"] == probe["p_put_off"]["curio"]["0"]      # both start from the base
     assert probe["p_put_off"]["sft"]["2"] != probe["p_put_off"]["curio"]["2"]      # the losses differ
-    # --grpo: GRPO from the base and from each loss's last checkpoint, P("+") before it as the curves end
-    assert list(probe["grpo"]) == ["base", "sft", "curio"]
-    assert probe["grpo"]["base"]["p_before"] == probe["p_put_off"]["sft"]["0"]
-    assert probe["grpo"]["curio"]["p_before"] == probe["p_put_off"]["curio"]["2"]
-    for start, r in probe["grpo"].items():
-        assert 0 <= r["p_after"] <= 1 and 0 <= r["mixed"] <= 1
-        assert checkpoints.latest(out / "decisive_token" / "runs" / f"{start}+grpo") is not None
-    expert = [json.loads(line) for line in (out / "decisive_token" / "train_expert.jsonl").read_text().splitlines()]
-    # at the decisive token: after "a" and "+b=a+b", the two positive numbers' lines
-    question = next(q for q in (r["prompt"][1]["content"] for r in rows)
-                    if not toy.add_in_order(decisive.first_two_then_negative(toy.parse_floor(q)))[1])
-    a, b = [v for v in toy.parse_floor(question) if v > 0][:2]
-    text = data.build_prompt(question, tok, toy.FLOOR_SYSTEM) + f"{a}\n{b:+d}={a + b}\n"
-    assert math.isclose(decisive.p_put_off(ckpt, [question]),
-                        next_token_probs(text)[tok.convert_tokens_to_ids("+")].item(), rel_tol=1e-4)
-    test_questions = {r["prompt"][1]["content"] for r in rows}
-    assert len(expert) == 16 and not test_questions & {r["prompt"][1]["content"] for r in expert}
-    for r in expert:
-        order = decisive.first_two_then_negative(toy.parse_floor(r["prompt"][1]["content"]))
-        assert toy.add_in_order(order)[1] and r["target"][0]["content"] == toy.floor_response(order)
 
-    # Finished stages are reused, so another seed into the same --out must stop, not mix two runs.
-    proc = subprocess.run([sys.executable, "demo/run.py", "--size", "ci", "--out", str(out), "--seed", "1"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "holds a run with --seed 0" in proc.stderr
-    (out / "seed").unlink()  # as in an --out written before seeds were recorded
-    proc = subprocess.run([sys.executable, "demo/run.py", "--size", "ci", "--out", str(out)], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode != 0 and "holds a run with an unrecorded --seed" in proc.stderr
+
+def test_models_scored_side_by_side_score_as_one_alone(demo_ci):
+    """Seeds run side by side measure their checkpoints in threads at once: each gets the entropy and
+    probabilities it gets alone (concurrent from_pretrained calls left a tied lm_head random)."""
+    rows = [json.loads(line) for line in (demo_ci[0] / "world" / "test.jsonl").read_text().splitlines()]
+    ckpt = checkpoints.latest(demo_ci[0] / "runs" / "base")
+    alone = demo.branching_stats(ckpt, rows)
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        together = list(pool.map(lambda _: demo.branching_stats(ckpt, rows), range(8)))
+    assert together == [alone] * 8, (alone, together)
 
 
 def test_a_finished_seed_reuses_its_metrics_and_measures_an_older_layout_again(demo_ci, tmp_path, monkeypatch):
@@ -215,12 +221,106 @@ def test_a_finished_seed_reuses_its_metrics_and_measures_an_older_layout_again(d
     monkeypatch.setattr(demo, "branching_stats", lambda ckpt, rows: measured.append(ckpt) or measure(ckpt, rows))
     monkeypatch.setattr(demo, "run_stage", lambda cmd, *args, **kwargs: pytest.fail(f"a stage ran: {cmd}"))
     recorded = json.loads((out / "metrics.json").read_text())
-    assert demo.run_seed(demo.SIZES["ci"], out, 0, 1) == recorded and not measured
+    assert demo.run_seed(demo.SIZES["ci"], out, 0) == recorded and not measured
     older = {key: value for key, value in recorded.items() if key != "validation"}
     (out / "metrics.json").write_text(json.dumps(older))
-    again = demo.run_seed(demo.SIZES["ci"], out, 0, 1)
+    again = demo.run_seed(demo.SIZES["ci"], out, 0)
     assert measured and tuple(again) == demo.METRICS_KEYS and again["seeds"] == [0]
     assert json.loads((out / "metrics.json").read_text()) == again
+
+
+def run_two_seeds_of_the_ci_demo(demo_ci, out: Path, monkeypatch, losses=demo.SFT_LOSSES) -> list:
+    """run() over two seeds, copies of the ci demo's finished seed (their models trained with `losses` kept), so
+    that no stage runs again; evaluate.py compare stood in for by the ci run's paired.json. Returns the
+    comparisons run: (tag, name, evaluations)."""
+    import argparse
+    import shutil
+
+    for seed in (0, 1):
+        folder = out / f"seed_{seed}"
+        shutil.copytree(demo_ci[0], folder, ignore=shutil.ignore_patterns("plots", "compare", "summary.md"))
+        (folder / "seed").write_text(f"{seed}\n")
+        metrics = json.loads((folder / "metrics.json").read_text())
+        for dropped in set(demo.SFT_LOSSES) - set(losses):
+            for part in ("models", "validation"):
+                metrics[part] = {name: v for name, v in metrics[part].items() if name.split("+")[0] != dropped}
+            metrics["sft"].pop(dropped)
+            metrics["grpo"].pop(f"{dropped}+grpo")
+            metrics["seconds"] = {stage: t for stage, t in metrics["seconds"].items() if dropped not in stage}
+        (folder / "metrics.json").write_text(json.dumps({**metrics, "seeds": [seed]}))
+    compared = []
+
+    def compare(cmd, logs, name, **kwargs):        # evaluate.py compare's paired.json, the ci run's numbers
+        assert name.startswith("compare "), f"a stage ran: {cmd}"
+        a, b = name.removeprefix("compare ").split(" - ")
+        i, folder = cmd.index("--b"), Path(cmd[-1])
+        paired = json.loads((demo_ci[0] / "compare" / f"{a}_vs_{b}" / "paired.json").read_text())
+        paired["a"]["evaluations"], paired["b"]["evaluations"] = ([str(p) for p in cmd[cmd.index("--a") + 1:i]],
+                                                                  [str(p) for p in cmd[i + 1:-2]])
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "paired.json").write_text(json.dumps(paired))
+        compared.append((kwargs.get("tag", ""), name, len(paired["a"]["evaluations"])))
+
+    monkeypatch.setattr(demo, "run_stage", compare)
+    monkeypatch.setitem(demo.SIZES, "ci", {**demo.SIZES["ci"], "losses": tuple(losses)})
+    demo.run(argparse.Namespace(size="ci", seeds=[0, 1], seed=None, jobs=4, threads=None, no_pack=False,
+                                no_probe=False), out)
+    return compared
+
+
+def test_a_seed_from_another_seeds_base_trains_and_evaluates_from_that_world_and_base(demo_ci, tmp_path,
+                                                                                     monkeypatch):
+    """run_seed(base_of=...) (the small size's seeds after the first): no data, base or base evaluation of its own;
+    its SFT runs read the other folder's world and start from its base, with this seed, into its own folder."""
+    base_folder = demo_ci[0]
+    commands = []
+
+    def stage(cmd, logs, name, *args, **kwargs):
+        commands.append((name, [str(c) for c in cmd]))
+        raise demo.StageStopped(name)                 # (the stage's outputs are not there to read)
+
+    monkeypatch.setattr(demo, "run_stage", stage)
+    with pytest.raises(demo.StageStopped):
+        demo.run_seed(demo.SIZES["ci"], tmp_path / "seed_1", 1, base_of=base_folder)
+    assert sorted(name for name, _ in commands) == ["curio", "entropy", "sft"]     # the base evaluated there
+    world, base = base_folder / "world", checkpoints.latest(base_folder / "runs" / "base")
+    for name, cmd in commands:
+        assert cmd[cmd.index("--model") + 1] == str(base) and cmd[cmd.index("--seed") + 1] == "1"
+        assert cmd[cmd.index("--train_file") + 1] == str(world / "train_expert.jsonl")
+        assert cmd[cmd.index("--out_dir") + 1] == str(tmp_path / "seed_1" / "runs" / name)
+    assert not (tmp_path / "seed_1" / "world").exists()
+
+
+def test_several_seeds_run_side_by_side_and_the_summary_opens_with_what_they_support(demo_ci, tmp_path,
+                                                                                     monkeypatch, capsys):
+    """Each seed's comparisons under its own name, then the pooled ones over both; summary.md opens with the
+    headline and holds the seed table and the probe's table."""
+    out = tmp_path / "demo"
+    compared = run_two_seeds_of_the_ci_demo(demo_ci, out, monkeypatch)
+    names = [f"compare {a} - {b}" for a, b in demo.COMPARISONS]
+    assert sorted(compared) == sorted([("", name, 2) for name in names] + [(f"seed {s} ", name, 1)
+                                                                          for s in (0, 1) for name in names])
+    summary = (out / "summary.md").read_text()
+    assert summary.startswith("## What 2 seeds support\n") and summary in capsys.readouterr().out
+    assert summary.index("CurioSFT − SFT at the end:") < summary.index("| model | avg@n |")
+    assert "| mean, 95% Student's t over 2 seeds |" in summary and "\n| 1 | " in summary
+    assert 'P("+", put the negative off) at the decisive token' in summary
+    assert (out / "plots" / "paired_differences.png").stat().st_size > 0
+
+
+def test_a_size_without_the_entropy_loss_compares_and_reports_only_the_models_it_trains(demo_ci, tmp_path,
+                                                                                      monkeypatch):
+    """The small size trains cross-entropy and CurioSFT only: no comparison, row or plot asks for the entropy
+    loss's models."""
+    assert demo.SIZES["small"]["losses"] == ("sft", "curio")
+    out = tmp_path / "demo"
+    compared = run_two_seeds_of_the_ci_demo(demo_ci, out, monkeypatch, losses=("sft", "curio"))
+    assert sorted({name for _, name, _ in compared}) == ["compare curio - sft", "compare curio+grpo - sft+grpo"]
+    summary = (out / "summary.md").read_text()
+    assert "| curio+grpo | " in summary and "| sft+grpo | " in summary and "entropy+grpo" not in summary
+    assert "| entropy | " not in summary and "| curio - sft | " in summary
+    for plot in ("accuracy_before_after_rl", "pass_at_k", "entropy_during_sft", "strategy_shares"):
+        assert (out / "plots" / f"{plot}.png").stat().st_size > 0
 
 
 def two_step_stage(pause_s: float, then: str = "print('step 2 loss 0.4', flush=True)") -> list:
@@ -267,7 +367,7 @@ def test_t_quantiles_leave_two_and_a_half_and_twenty_percent_in_each_tail():
 
     for quantiles, inside_want, rounding in ((demo.T_975, 0.95, 2e-4), (demo.T_80, 0.60, 3e-4)):
         for df, t in enumerate(quantiles, start=1):
-            x = torch.linspace(-t, t, 400_001, dtype=torch.float64)
+            x = torch.linspace(-t, t, 40_001, dtype=torch.float64)   # the trapezoid errs by < 1e-6
             inside = torch.trapezoid(torch.distributions.StudentT(df).log_prob(x).exp(), x).item()
             assert abs(inside - inside_want) < rounding, (df, inside)     # 3 decimals' rounding
 
@@ -312,9 +412,15 @@ def test_the_spread_quoted_beside_one_seed_is_the_one_docs_demo_measured():
 
 
 def test_the_probes_expert_adds_two_positive_numbers_then_the_negative():
-    assert decisive.first_two_then_negative([2, -5, 6, 3, 1]) == [2, 6, -5, 3, 1]      # 8 - 5: through
-    assert decisive.first_two_then_negative([2, 1, 6, -9, 4]) == [2, 1, -9, 6, 4]      # 3 - 9: a dead end
-    assert not toy.add_in_order(decisive.first_two_then_negative([2, 1, 6, -9, 4]))[1]
+    assert decisive.positives_then_negative([2, -5, 6, 3, 1]) == [2, 6, -5, 3, 1]      # 8 - 5: through
+    assert decisive.positives_then_negative([2, 1, 6, -9, 4]) == [2, 1, -9, 6, 4]      # 3 - 9: a dead end
+    assert not toy.add_in_order(decisive.positives_then_negative([2, 1, 6, -9, 4]))[1]
+    # the small toy's questions hold 1-4, which two numbers take past 7 only as 3 + 4: its expert adds three
+    assert decisive.positives_then_negative([1, 4, -8, 2, 3], before=3) == [1, 4, 2, -8, 3]      # 7 - 8: a dead end
+    assert decisive.positives_then_negative([4, 3, 1, -7, 2], before=3) == [4, 3, 1, -7, 2]      # 8 - 7: through
+    rows = decisive.expert_rows(64, 0, frozenset(), before=3, positives=4)
+    assert len(rows) == 64 and all(sorted(v for v in toy.parse_floor(r["prompt"][1]["content"]) if v > 0)
+                                   == [1, 2, 3, 4] for r in rows)
 
 
 @pytest.mark.slow
@@ -331,7 +437,8 @@ def test_an_interrupted_demo_resumes_to_the_uninterrupted_results(demo_ci, tmp_p
     for part in ("world", "runs/base", "eval/base"):
         shutil.copytree(demo_ci[0] / part, out / part)
     (out / "seed").write_text("0\n")                        # (test_demo_ci_runs_every_stage removes its own)
-    cmd = [sys.executable, "demo/run.py", "--size", "ci", "--out", str(out)]
+    # without the probe, whose first line waits for its own SFT run's: the SFT branches ended before it came
+    cmd = [sys.executable, "demo/run.py", "--size", "ci", "--out", str(out), "--no_probe"]
 
     def at_work(stage: str, printed: str, before: dict) -> bool:
         """`stage` has started, and every stage running has printed its first line (sft.py and rl.py
@@ -370,7 +477,7 @@ def test_an_interrupted_demo_resumes_to_the_uninterrupted_results(demo_ci, tmp_p
 
 def test_a_comparison_is_reused_only_over_the_same_seeds(tmp_path, monkeypatch):
     """--seeds 0 1 into an --out that holds the comparisons of --seeds 0 redoes them; the same seeds reuse them."""
-    def compare(cmd, logs, name):                              # evaluate.py compare's record of its inputs
+    def compare(cmd, logs, name, **kwargs):                    # evaluate.py compare's record of its inputs
         i = cmd.index("--b")
         folder = Path(cmd[-1])
         folder.mkdir(parents=True, exist_ok=True)
@@ -388,8 +495,8 @@ def test_a_comparison_is_reused_only_over_the_same_seeds(tmp_path, monkeypatch):
     assert len(runs) == len(demo.COMPARISONS)
     demo.compare_all(one, tmp_path)
     assert len(runs) == len(demo.COMPARISONS)                 # reused
-    paired = demo.compare_all(two, tmp_path, jobs=3)
-    assert len(runs) == 2 * len(demo.COMPARISONS)             # redone over both seeds, 3 at a time
+    paired = demo.compare_all(two, tmp_path)
+    assert len(runs) == 2 * len(demo.COMPARISONS)             # redone over both seeds
     assert list(paired) == [f"{a} - {b}" for a, b in demo.COMPARISONS]
     for (a, b), result in zip(demo.COMPARISONS, paired.values()):
         assert [result["a"]["evaluations"], result["b"]["evaluations"]] == [[str(e / a) for e in two],
@@ -426,3 +533,95 @@ def test_no_stage_starts_after_ctrl_c(tmp_path, monkeypatch):
     with pytest.raises(demo.StageStopped, match=r"^\[b\] not started$"):
         demo.run_stage([sys.executable, "-c", "print('ran')"], tmp_path, "b")
     assert not (tmp_path / "b.log").exists()
+
+
+def test_slots_run_at_most_their_capacity_of_threads_and_a_wider_stage_alone():
+    import threading
+
+    slots, lock, running, most = demo.Slots(2), threading.Lock(), [0], [0]
+
+    def stage(n):
+        with slots.held(n):
+            with lock:
+                running[0] += n
+                most[0] = max(most[0], running[0])
+            time.sleep(0.05)
+            with lock:
+                running[0] -= n
+
+    threads = [threading.Thread(target=stage, args=(n,)) for n in (1, 1, 1, 2, 1, 3, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=10)
+    assert not any(t.is_alive() for t in threads) and slots.used == 0
+    assert most[0] == 3          # the 3-thread stage ran, alone; no two others together passed 2
+
+
+def test_progress_gives_the_time_left_from_the_work_done_so_far(monkeypatch):
+    progress = demo.Progress(cores=2)
+    progress.plan(100.0, 4)
+    assert progress.line().endswith("0 of 4 stages done, 0s so far, about 50s left")   # 100 s of one core, on 2
+    monkeypatch.setattr(progress, "t0", time.time() - 30)
+    progress.running("a", 10.0)                     # a stage a quarter through its 40 s
+    progress.finished("b", 10.0)
+    # 20 of 100 done in 30 s: 80 left take 120 s
+    assert "1 of 4 stages done, 30s so far, about 120s left" in progress.line()
+    progress.skipped(40.0)                          # found done: its work leaves the plan
+    assert "1 of 3 stages done, 30s so far, about 60s left" in progress.line()
+
+
+def stand_in_metrics(seed, sft_entropy, curio_entropy):
+    """metrics.json's fields that headline() reads: the first number's entropy of each model, and along SFT."""
+    def branching(entropy):
+        return {"branching": {"entropy": entropy}}
+
+    return {"seeds": [seed], "models": {"base": branching(1.4), "sft": branching(sft_entropy),
+                                        "curio": branching(curio_entropy)},
+            "sft": {loss: {"steps": [0, 16, 32], "branching": [{"entropy": 1.4}, {"entropy": 2 * e}, {"entropy": e}]}
+                    for loss, e in (("sft", sft_entropy), ("curio", curio_entropy))}}
+
+
+def test_the_headline_gives_each_claim_as_a_mean_over_seeds_with_its_interval():
+    metrics = [stand_in_metrics(s, 0.05, 0.05 + d) for s, d in enumerate([0.02, 0.04, 0.06, 0.08])]
+    by_seed = [{f"{a} - {b}": stand_in_compare(d) for a, b in demo.COMPARISONS} for d in [0.02, -0.01, 0.03, 0.00]]
+    lines = "\n".join(demo.headline(metrics, by_seed))
+    assert lines.startswith("## What 4 seeds support")
+    # CurioSFT - SFT in nats at the end: mean 0.05, sd 0.0258, t(3) 3.182: half-width 0.041
+    assert "CurioSFT − SFT at the end: +0.050 [+0.009, +0.091], above 0 on 4 of 4 seeds" in lines
+    # along SFT the stand-in's entropies are 2e and e: 1.5 times the differences, the interval too
+    assert "(steps 16-32), on average: +0.075 [+0.013, +0.137], above 0 on 4 of 4 seeds" in lines
+    assert "the base 1.40, after SFT 0.050, after CurioSFT 0.100" in lines
+    # by kind (stand_in_compare: twice the difference where the expert's order fails, minus it where it works)
+    assert "is a dead end: +2.0 [-3.8, +7.8], above 0 on 2 of 4 seeds; where it works: -1.0 [-3.9, +1.9]" in lines
+    assert "SFT+GRPO: +1.0 [-1.9, +3.9], above 0 on 2 of 4 seeds." in lines
+    # each bold claim is what its interval shows: above zero, holding it, below it
+    assert ("**Base − SFT: SFT takes the exploring away (the interval excludes zero); CurioSFT − SFT at the end: "
+            "CurioSFT keeps more of it (the interval excludes zero); along SFT: CurioSFT keeps more of it (the "
+            "interval excludes zero).**") in lines
+    assert ("**CurioSFT − SFT before RL, where the expert's order is a dead end: the interval holds zero; where it "
+            "works: the interval holds zero**") in lines
+    assert "**After GRPO, the paper's question: the interval holds zero.**" in lines
+    far = [{name: stand_in_compare(d) for name in by_seed[0]} for d in [0.05, 0.06, 0.07, 0.08]]
+    assert ("**After GRPO, the paper's question: CurioSFT+GRPO above (the interval excludes zero).**"
+            in "\n".join(demo.headline(metrics, far)))
+    below = [stand_in_metrics(s, 0.05 + d, 0.05) for s, d in enumerate([0.02, 0.04, 0.06, 0.08])]
+    assert ("CurioSFT − SFT at the end: the reverse (the interval is below zero); along SFT: the reverse (the "
+            "interval is below zero).**") in "\n".join(demo.headline(below, by_seed))
+
+
+def test_a_folder_run_at_another_size_or_float_order_is_refused(tmp_path):
+    out = tmp_path / "seed_0"
+    out.mkdir()
+    (out / "seed").write_text("0\n")
+    small = demo.with_float_order(demo.SIZES["small"], None, False)
+    (out / "settings.json").write_text(json.dumps({"size": "small", "float_order": demo.float_order(small)}))
+    for size, message in ((demo.SIZES["ci"], "holds a run with size small, not ci"),
+                          (demo.with_float_order(demo.SIZES["small"], 2, False),
+                           "float_order threads 1 (base 1), packed rows, not threads 2 (base 2), packed rows"),
+                          (demo.with_float_order(demo.SIZES["small"], None, True), "not threads 1 (base 1), padded")):
+        with pytest.raises(SystemExit, match=re.escape(message)):
+            demo.run_seed(size, out, 0)
+    padded = demo.with_float_order(demo.SIZES["small"], None, True)
+    assert all(padded[stage][-1] == "--no-pack" for stage in ("pretrain", "sft", "rl"))
+    assert "--no-pack" not in demo.SIZES["small"]["sft"]                   # (a copy: the size itself unchanged)

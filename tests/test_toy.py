@@ -42,6 +42,27 @@ def test_floor_questions_have_the_stated_shape_and_share_of_dead_ends():
         assert [question_of(r) for r in toy.make_floor_task(50, 2, style, 0.0)] == [question_of(r) for r in expert]
 
 
+def test_the_small_toys_questions_all_hold_1_to_4():
+    """--positives 4 (the small demo): every question holds the positive numbers 1-4, in its own order, and one
+    negative number; the defaults draw what they drew before the option."""
+    rows = toy.make_floor_task(300, seed=5, style="prompt", expert_fails=0.5, positives=4)
+    for r in rows:
+        numbers = toy.parse_floor(question_of(r))
+        assert sorted(v for v in numbers if v > 0) == [1, 2, 3, 4] and numbers[0] > 0
+        assert [-v for v in numbers if v < 0][0] in toy.NEGATIVE
+        assert r["data_source"] == (toy.EXPERT_WORKS if toy.add_in_order(numbers)[1] else toy.EXPERT_FAILS)
+    assert collections.Counter(r["data_source"] for r in rows) == {toy.EXPERT_FAILS: 150, toy.EXPERT_WORKS: 150}
+    assert len({question_of(r) for r in rows}) > 150            # of the 288 questions there are
+    assert toy.make_floor_task(50, 2, "pretrain") == toy.make_floor_task(50, 2, "pretrain", positives=6)
+    with pytest.raises(ValueError, match="positives 3: expected 4..6"):
+        toy.make_floor_task(10, 0, "prompt", positives=3)
+    # the test split draws each question once (--distinct_test); a kind that runs out is an error, not a hang
+    assert len({question_of(r) for r in toy.make_floor_task(64, 3, "prompt", 0.5, positives=4, distinct=True)}) == 64
+    assert len({question_of(r) for r in toy.make_floor_task(64, 3, "prompt", 0.5, positives=4)}) < 64   # else vacuous
+    with pytest.raises(ValueError, match="too few of each kind left"):      # 115 of the 112 where the order works
+        toy.make_floor_task(230, 3, "prompt", 0.5, positives=4, distinct=True)
+
+
 def test_excluded_questions_are_never_drawn(tmp_path):
     held_out = toy.make_floor_task(300, seed=7, style="prompt", expert_fails=0.5)
     exclude = frozenset(question_of(r) for r in held_out)
