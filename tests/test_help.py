@@ -26,7 +26,7 @@ CASES = {
     "evaluate.py compare": ["usage: evaluate.py compare", "--resamples", "(required) evaluations of checkpoint A"],
     "data.py": ["usage: python data.py download"],
     "demo/toy.py": ["usage: demo/toy.py", "--expert_fails"],
-    "demo/run.py": ["python demo/run.py --seeds 0 1 2", "--size {ci,full}"],
+    "demo/run.py": ["python demo/run.py --size full --seeds 0 1 2", "--size {ci,full,small}"],
     "bench/loss_speed.py": ["--tokens", "--vocab"],
     "data.py download": ["usage: data.py download", "(default: data)"],
     "bench/memory.py": ["--model", "--stage"],
