@@ -109,8 +109,7 @@ SIZES = {
         # The base, a third of a seed's work, then runs once (alone: on two threads its steps were
         # no faster).
         seeds=[0, 1, 2, 3], threads=1, base_threads=1, losses=("sft", "curio"), shared_base=True,
-        cost=dict(data=10, base=60, sft=13, curio=28, entropy=13, eval=10, rl=15, compare=1,
-                  probe=20),
+        cost=dict(data=10, base=60, sft=13, curio=28, eval=10, rl=15, compare=1, probe=20),
     ),
     "full": dict(
         name="full",
@@ -533,12 +532,12 @@ def run_seed(size: dict, out: Path, seed: int, tag: str = "", probe: bool = Fals
 
     if base_of is None:
         say(f"\n== 1. the toy world (seed {seed}): data, tokenizer, model config")
-    if base_of is None and not (world / "model" / "config.json").exists():
-        seconds["data"] = run_stage([PY, "demo/toy.py", "--out", world, *seed_flag, *size["data"]],
-                                    logs, "data", tag=tag, cost=cost["data"])
-        make_model_dir(world, size["model"])
-    elif base_of is None:
-        PROGRESS.skipped(cost["data"])
+        if not (world / "model" / "config.json").exists():
+            seconds["data"] = run_stage([PY, "demo/toy.py", "--out", world, *seed_flag,
+                                         *size["data"]], logs, "data", tag=tag, cost=cost["data"])
+            make_model_dir(world, size["model"])
+        else:
+            PROGRESS.skipped(cost["data"])
     pretrain_file, expert_file = world / "train_pretrain.jsonl", world / "train_expert.jsonl"
     rl_file, test_file = world / "train_rl.jsonl", world / "test.jsonl"
     test_rows = [json.loads(line) for line in test_file.read_text().splitlines()]
@@ -1264,8 +1263,9 @@ def run(a, out: Path) -> None:
     # the seeds start from the first one's world and base, or each from its own
     first = out / f"seed_{seeds[0]}" if several else out
     shared = several and size["shared_base"]
-    # a seed: its data, base, SFT runs, GRPO runs and 1 + 2n evaluations; then the comparisons
-    bases = 1 if shared else len(seeds)     # each with its data and its evaluation
+    # each base with its data and its evaluation (once when shared); a seed's SFT runs, GRPO runs
+    # and their 2n evaluations; then the comparisons
+    bases = 1 if shared else len(seeds)
     PROGRESS.plan((cost["data"] + cost["base"] + cost["eval"]) * bases, 3 * bases)
     PROGRESS.plan((sum(cost[loss] for loss in losses) + n * cost["rl"] + 2 * n * cost["eval"])
                   * len(seeds), 4 * n * len(seeds))
