@@ -21,6 +21,7 @@ import sys
 import threading
 import time
 import traceback
+import types
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -36,10 +37,10 @@ _context = None
 
 def forked(cmd: list[str]) -> bool:
     """Whether `cmd` runs forked from the server: `python <a .py file>` (from the repository root)
-    on Linux."""
+    or `python -c <code>`, on Linux."""
     return (sys.platform.startswith("linux") and os.environ.get("CURIOSFT_FRESH_PROCESSES") != "1"
-            and len(cmd) >= 2 and cmd[0] == sys.executable and cmd[1].endswith(".py")
-            and Path(ROOT, cmd[1]).is_file())
+            and len(cmd) >= 2 and cmd[0] == sys.executable
+            and (cmd[1] == "-c" and len(cmd) >= 3 or cmd[1].endswith(".py") and Path(ROOT, cmd[1]).is_file()))
 
 
 def _server():
@@ -50,12 +51,13 @@ def _server():
     return _context
 
 
-def _run_script(script: str, args: list[str], log: str, env: dict[str, str]) -> None:
-    """In the forked process: `python script args`, its output into `log`."""
-    fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+def _run_script(script: str, args: list[str], log: str, env: dict[str, str], err_log: str | None) -> None:
+    """In the forked process: `python script args` (script "-c": `python -c args[0] args[1:]`), its
+    output into `log`, its standard error into `err_log` if given."""
+    for stream, path in ((1, log), (2, err_log or log)):
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND)
+        os.dup2(fd, stream)
+        os.close(fd)
     for stream in (sys.stdout, sys.stderr):
         stream.reconfigure(line_buffering=True)
     os.environ.update(env)
@@ -66,17 +68,24 @@ def _run_script(script: str, args: list[str], log: str, env: dict[str, str]) -> 
 
     torch.set_num_threads(int(env.get("OMP_NUM_THREADS", torch.get_num_threads())))
     os.chdir(ROOT)
-    path = Path(ROOT, script)
-    sys.argv = [script, *args]
-    sys.path.insert(0, str(path.parent))
     try:
-        runpy.run_path(str(path), run_name="__main__")
+        if script == "-c":
+            sys.argv, sys.path[:0] = ["-c", *args[1:]], [""]
+            main = types.ModuleType("__main__")
+            sys.modules["__main__"] = main
+            exec(compile(args[0], "<string>", "exec"), main.__dict__)
+        else:
+            sys.argv, sys.path[:0] = [script, *args], [str(Path(ROOT, script).parent)]
+            runpy.run_path(str(Path(ROOT, script)), run_name="__main__")
     except KeyboardInterrupt:      # as a fresh interpreter ends: the traceback, then killed by SIGINT
         traceback.print_exc()
         sys.stdout.flush()
         sys.stderr.flush()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
+    except Exception:              # a fresh interpreter's traceback and status (no "Process ...:" line)
+        traceback.print_exc()
+        raise SystemExit(1) from None
 
 
 class StageProcess:
@@ -85,30 +94,41 @@ class StageProcess:
     process, as __mp_main__: a script that starts one keeps its work under `if __name__ ==
     "__main__":`, as demo/run.py does.)"""
 
-    def __init__(self, cmd: list, log: Path, env: dict[str, str]):
+    def __init__(self, cmd: list, log: Path, env: dict[str, str], err_log: Path | None = None):
         cmd = [str(c) for c in cmd]
-        log.touch()
+        for path in (log, err_log or log):
+            path.touch()
         self.log, self.start_at = log, log.stat().st_size
         if forked(cmd):
             with _START:
-                self.process = _server().Process(target=_run_script, daemon=False,
-                                                 args=(cmd[1], cmd[2:], str(log), env))
+                self.process = _server().Process(target=_run_script, daemon=False, args=(
+                    cmd[1], cmd[2:], str(log), env, err_log and str(err_log)))
                 self.process.start()
             self.popen = None
         else:
-            with open(log, "ab") as f:
+            with open(log, "ab") as f, open(err_log or os.devnull, "ab") as err:
                 self.popen = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, **env}, stdout=f,
-                                              stderr=subprocess.STDOUT)
+                                              stderr=err if err_log else subprocess.STDOUT)
 
     def poll(self) -> int | None:
         if self.popen is not None:
             return self.popen.poll()
         return None if self.process.is_alive() else self.process.exitcode
 
-    def wait(self) -> int:
+    def wait(self, timeout: float | None = None) -> int:
+        """The exit status; past `timeout` seconds the process is killed and TimeoutExpired raised."""
         if self.popen is not None:
-            return self.popen.wait()
-        self.process.join()
+            try:
+                return self.popen.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.popen.kill()
+                self.popen.wait()
+                raise
+        self.process.join(timeout)
+        if self.process.exitcode is None:
+            self.process.kill()
+            self.process.join()
+            raise subprocess.TimeoutExpired(self.process.name, timeout)
         return self.process.exitcode
 
     def lines(self, poll_s: float = 0.1):

@@ -5,6 +5,7 @@ from typing import Literal
 import pytest
 
 from plumbing import cli, models
+from run_python import run_python
 
 
 @dataclass
@@ -165,20 +166,15 @@ def test_a_vocabulary_smaller_than_the_tokenizer_is_refused(tmp_path, tiny_model
 
 def test_user_errors_print_one_line_and_debug_shows_the_traceback(tmp_path, tiny_model_dir):
     import os
-    import subprocess
-    import sys
-    from pathlib import Path
 
     bad = tmp_path / "train.jsonl"
     bad.write_text('{"data_source": "x"}\n')
-    cmd = [sys.executable, "sft.py", "config/sft_tiny.py", "--model", str(tiny_model_dir), "--scratch",
-           "--train_file", str(bad), "--out_dir", str(tmp_path / "out")]
-    repo = Path(__file__).resolve().parents[1]
-    proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=120)
+    cmd = ["sft.py", "config/sft_tiny.py", "--model", tiny_model_dir, "--scratch", "--train_file", bad, "--out_dir",
+           tmp_path / "out"]
+    proc = run_python(cmd, timeout=120)
     lines = proc.stderr.strip().splitlines()
     assert proc.returncode == 1 and len(lines) == 1 and lines[0].startswith("sft.py: error: ") and str(bad) in lines[0]
-    debug = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=120,
-                           env={**os.environ, "CURIOSFT_DEBUG": "1"})
+    debug = run_python(cmd, env={**os.environ, "CURIOSFT_DEBUG": "1"}, timeout=120)
     assert debug.returncode != 0 and "Traceback" in debug.stderr
 
 

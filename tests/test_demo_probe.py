@@ -3,8 +3,6 @@ demo so that the two run side by side: the curves, GRPO from each start, P("+") 
 probe expert's rows."""
 import json
 import math
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,6 +13,7 @@ from demo import run as demo
 from demo import toy
 from plumbing import checkpoints
 from plumbing.synthetic import make_model_dir
+from run_python import run_python
 from test_demo import check_probe_curves
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -30,14 +29,12 @@ def probed(tmp_path_factory):
     model = make_model_dir(out / "world", size["model"])
     (out / "seed").write_text("0\n")
     (out / "settings.json").write_text(json.dumps({"size": "ci"}))
-    done = subprocess.run([sys.executable, "sft.py", "config/sft_tiny.py", "--model", str(model), "--train_file",
-                           str(out / "world" / "train_pretrain.jsonl"), "--loss", "sft", "--out_dir",
-                           str(out / "runs" / "base"), "--system_prompt", "row", "--seed", "0", "--scratch",
-                           *size["pretrain"]], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = run_python(["sft.py", "config/sft_tiny.py", "--model", model, "--train_file",
+                       out / "world" / "train_pretrain.jsonl", "--loss", "sft", "--out_dir", out / "runs" / "base",
+                       "--system_prompt", "row", "--seed", "0", "--scratch", *size["pretrain"]])
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
-    proc = subprocess.run([sys.executable, "demo/decisive_token.py", "--demo", str(out), "--n_rows", "16", "--steps",
-                           "2", "--save_every", "1", "--losses", "sft", "curio", "--grpo"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=900)
+    proc = run_python(["demo/decisive_token.py", "--demo", out, "--n_rows", "16", "--steps", "2", "--save_every",
+                       "1", "--losses", "sft", "curio", "--grpo"], timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return out, json.loads((out / "decisive_token" / "results.json").read_text())
 

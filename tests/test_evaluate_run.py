@@ -11,6 +11,7 @@ import pytest
 import evaluate as ev
 import measure
 from plumbing import generation, run_dir
+from run_python import run_python
 from test_evaluate import QUESTIONS, _write_benchmarks, _write_sft_data, checkpoint  # noqa: F401 (a fixture)
 from test_paper_scale import REPO, torchrun
 
@@ -121,8 +122,8 @@ def test_torchrun_two_ranks_give_the_results_of_one_process(checkpoint, tmp_path
     # --n_samples is a flag after the script: torchrun's own parser took the old --n for its --nnodes
     argv = ["evaluate.py", "--n_samples", "2", "--model", checkpoint, "--data", bench, "--sft-data", sft, *TINY,
             "--name", "tiny"]
-    single = subprocess.run([sys.executable, *map(str, argv), "--out", str(tmp_path / "one")], cwd=REPO,
-                            capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    single = run_python([*argv, "--out", tmp_path / "one"], env={**os.environ, "OMP_NUM_THREADS": "1"},
+                        timeout=300)
     assert single.returncode == 0, single.stderr[-3000:]
     proc = torchrun(*argv, "--out", tmp_path / "two", nproc=2)
     assert proc.stdout.count("[1/3]") == 2  # rank 0 alone reports: a start and an end line

@@ -1,9 +1,9 @@
 """Every script's --help: exits 0, keeps its usage examples, lists choices, marks required flags, groups settings."""
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from run_python import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -35,8 +35,7 @@ CASES = {
 
 @pytest.mark.parametrize("script", sorted(CASES))
 def test_help_exits_0_and_says_what_the_flags_are(script):
-    proc = subprocess.run([sys.executable, *script.split(), "--help"], cwd=REPO, capture_output=True, text=True,
-                          timeout=120)
+    proc = run_python([*script.split(), "--help"], timeout=120)
     assert proc.returncode == 0, proc.stderr[-2000:]
     flat = " ".join(proc.stdout.split())                     # argparse wraps lines at the terminal's width
     for expected in CASES[script]:

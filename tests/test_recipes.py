@@ -3,8 +3,6 @@ changes what it says, and every preset parses and sets what its table says."""
 import json
 import math
 import os
-import subprocess
-import sys
 from dataclasses import fields
 from pathlib import Path
 
@@ -17,6 +15,7 @@ import evaluate
 import rl
 import sft
 from plumbing import cli, models
+from run_python import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -141,11 +140,9 @@ def test_sft_logs_the_step_loss_its_loss_norm_says(world_of_one, tiny_model_dir,
     assert want["batch_token_mean"] != pytest.approx(want["micro_batch_token_mean"], rel=1e-3)
     for norm, value in want.items():
         out = tmp_path / norm
-        proc = subprocess.run([sys.executable, "sft.py", "config/sft_tiny.py", "--model", str(model_dir), "--scratch",
-                               "--train_file", str(train_file), "--out_dir", str(out), "--loss", "sft",
-                               "--token_budget", "1024", "--max_steps", "1", "--loss_norm", norm, "--norm_group", "1"],
-                              cwd=REPO, capture_output=True, text=True, timeout=600,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
+        proc = run_python(["sft.py", "config/sft_tiny.py", "--model", model_dir, "--scratch", "--train_file",
+                           train_file, "--out_dir", out, "--loss", "sft", "--token_budget", "1024", "--max_steps",
+                           "1", "--loss_norm", norm, "--norm_group", "1"], env={**os.environ, "OMP_NUM_THREADS": "1"})
         assert proc.returncode == 0, proc.stderr[-3000:]
         logged = json.loads((out / "log.jsonl").read_text().splitlines()[0])["loss"]
         assert logged == pytest.approx(value, rel=1e-5), norm

@@ -18,6 +18,7 @@ import torch
 import evaluate as ev
 import measure
 from plumbing import checkpoints, models
+from run_python import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 # One thread: MKL may pick a different thread count per call on a loaded machine, which changes the last bits
@@ -195,9 +196,8 @@ def test_a_damaged_model_is_refused_by_evaluate_and_rl(model_and_tokenizer, tmp_
     with pytest.raises(SystemExit, match=r"files do not match their digests \(model.safetensors\)"):
         ev.run_eval(ev.Args(model=str(path), data=str(bench), out=str(tmp_path / "eval"), engine="hf"))
     assert not (tmp_path / "eval").exists()                # no folder holding only its lock
-    proc = subprocess.run([sys.executable, "rl.py", "config/rl_tiny.py", "--model", str(path), "--train_file",
-                           str(toy_sft_file), "--out_dir", str(tmp_path / "rl")],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, env=ONE_THREAD)
+    proc = run_python(["rl.py", "config/rl_tiny.py", "--model", path, "--train_file", toy_sft_file, "--out_dir",
+                       tmp_path / "rl"], env=ONE_THREAD, timeout=300)
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr[-2000:]
     assert "files do not match their digests (model.safetensors)" in proc.stderr
     assert not (tmp_path / "rl").exists()                  # nothing written for a refused run
@@ -221,13 +221,8 @@ def test_two_evaluations_into_one_directory_are_refused(model_and_tokenizer, tmp
 
 # ---------------------------------------------------------------- whole sft.py runs (subprocesses)
 def run_sft(tiny_model_dir, toy_sft_file, out_dir, *extra, check=True):
-    import subprocess
-    import sys
-
-    repo = Path(__file__).resolve().parents[1]
-    cmd = [sys.executable, "sft.py", "config/sft_tiny.py", "--model", str(tiny_model_dir), "--scratch",
-           "--train_file", str(toy_sft_file), "--out_dir", str(out_dir), "--loss", "curio", *extra]
-    proc = subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=600, env=ONE_THREAD)
+    proc = run_python(["sft.py", "config/sft_tiny.py", "--model", tiny_model_dir, "--scratch", "--train_file",
+                       toy_sft_file, "--out_dir", out_dir, "--loss", "curio", *extra], env=ONE_THREAD)
     assert not check or proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     return proc
 
@@ -294,9 +289,7 @@ runpy.run_path(script, run_name="__main__")
 def stop_at(step, script, out, *flags, env=ONE_THREAD, exit_status=75):
     """script (sft.py or rl.py) run with flags, sent SIGTERM once step `step` is logged: it must save
     that step and leave with STOPPED_EXIT, saying how to resume (step 0: never sent)."""
-    proc = subprocess.run([sys.executable, "-c", STOP_AT_STEP, script, *flags, "--out_dir", str(out)],
-                          cwd=REPO, capture_output=True, text=True, timeout=600,
-                          env={**env, "STOP_AT": str(step)})
+    proc = run_python(["-c", STOP_AT_STEP, script, *flags, "--out_dir", out], env={**env, "STOP_AT": str(step)})
     assert proc.returncode == exit_status, proc.stdout[-2000:] + proc.stderr[-2000:]   # 75: requeue me
     if step == 0:
         return
@@ -336,8 +329,7 @@ def test_two_simultaneous_starts_one_runs_one_is_refused_cleanly(tiny_model_dir,
     deadline = time.monotonic() + 300
     while not (tmp_path / "claimed").exists() and first.poll() is None and time.monotonic() < deadline:
         time.sleep(0.05)
-    second = subprocess.run([sys.executable, "sft.py", *flags], cwd=REPO, capture_output=True, text=True,
-                            timeout=600, env=ONE_THREAD)
+    second = run_python(["sft.py", *flags], env=ONE_THREAD)
     (tmp_path / "go").touch()
     results = sorted([(first.wait(timeout=600), first.communicate()[1]), (second.returncode, second.stderr)])
     assert [code for code, _ in results] == [0, 1], results           # never 134 (an abort)

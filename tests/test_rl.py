@@ -19,6 +19,7 @@ import data
 import fake_vllm
 import rl
 from plumbing import checkpoints, generation, models, run_dir
+from run_python import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -670,8 +671,7 @@ def test_an_optimiser_step_on_two_ranks_equals_one_process(checkpoint, tmp_path)
         out.mkdir()
         launch = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", str(free_port())]
         launch = launch if nproc == 2 else []
-        proc = subprocess.run([sys.executable, *launch, str(script), str(checkpoint), str(out)], cwd=REPO,
-                              capture_output=True, text=True, timeout=300, env=env, check=False)
+        proc = run_python([*launch, script, checkpoint, out], env=env, timeout=300)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         results.append((json.loads((out / "step.json").read_text()), load_file(out / "weights.safetensors")))
     (one, w1), (two, w2) = results
@@ -761,12 +761,10 @@ def test_grpo_raises_a_toy_reward_and_resumes_exactly(checkpoint, toy_sft_file, 
 # ---------------------------------------------------------------- the command line
 def test_command_line_run_writes_its_log_and_an_hf_checkpoint(checkpoint, toy_sft_file, tmp_path):
     out = tmp_path / "out"
-    proc = subprocess.run([sys.executable, "rl.py", "config/rl_tiny.py", "--model", str(checkpoint),
-                           "--train_file", str(toy_sft_file), "--out_dir", str(out), "--steps", "2",
-                           "--rollouts", "2", "--max_response_len", "12", "--grader_workers", "1",
-                           "--log_rollouts", "1"],
-                          cwd=REPO, capture_output=True, text=True, timeout=300, check=False,
-                          env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = run_python(["rl.py", "config/rl_tiny.py", "--model", checkpoint, "--train_file", toy_sft_file,
+                       "--out_dir", out, "--steps", "2", "--rollouts", "2", "--max_response_len", "12",
+                       "--grader_workers", "1", "--log_rollouts", "1"],
+                      env={**os.environ, "OMP_NUM_THREADS": "1"}, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     log = [json.loads(line) for line in (out / "log.jsonl").read_text().splitlines()]
     assert [r["step"] for r in log] == [1, 2]

@@ -16,6 +16,7 @@ import curio_loss as cl
 import data
 import sft
 from plumbing import checkpoints, models
+from run_python import run_python
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -268,8 +269,7 @@ def run_sft(model_dir, train_file, out_dir, *extra, nproc=1):
            "--train_file", str(train_file), "--out_dir", str(out_dir), "--token_budget", "1024", *extra]
     if nproc > 1:
         cmd = ["-m", "torch.distributed.run", "--nproc_per_node", str(nproc), "--master_port", str(free_port()), *cmd]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, *cmd], cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+    proc = run_python(cmd, env={**os.environ, "OMP_NUM_THREADS": "1"})      # torchrun: a fresh interpreter
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return [json.loads(line) for line in (Path(out_dir) / "log.jsonl").read_text().splitlines()]
 
