@@ -1,5 +1,5 @@
-"""Plumbing for demo/run.py (a reader may skip it): how a stage's process starts, and how its output
-is read while it runs.
+"""Plumbing for demo/run.py and the tests (tests/run_python.py), a reader may skip it: how a stage's
+process starts, and how its output is read while it runs.
 
 A stage is its own command line (`python sft.py ...`), run in a process of its own so that what it
 does cannot leak into the next. A fresh Python pays torch's and transformers' imports, about 8 s of
@@ -7,8 +7,8 @@ CPU on a 2-core machine: more than half of the small demo's 80 stages' own work.
 stage script's process is forked from a server process that imported them once (multiprocessing's
 forkserver, which stays single-threaded: forking it is safe where forking the demo, which runs its
 stages from threads, is not) and runs the script as `python script.py args` would: as __main__,
-with sys.argv, the script's folder first on sys.path, the repository as working directory. Every
-other command (or CURIOSFT_FRESH_PROCESSES=1) runs in a fresh interpreter. Either way the stage's
+with sys.argv, the script's folder first on sys.path, the repository as working directory (`python
+-c code` likewise). Every other command (or CURIOSFT_FRESH_PROCESSES=1) runs in a fresh interpreter. Either way the stage's
 output goes straight to its log file, which the demo reads as it grows.
 """
 import multiprocessing

@@ -1,6 +1,8 @@
 """demo/stage_process.py: a stage script forked from the server that imported torch runs as `python script args`
 would, and its output reaches its log and the demo."""
+import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -101,3 +103,36 @@ def test_lines_come_as_the_stage_writes_them(tmp_path):
     lines = stage.lines()
     assert next(lines) == "one\n" and time.time() - t0 < 1.4
     assert list(lines) == ["two\n", "2b\n"] and stage.wait() == 0
+
+
+CASES = {"a refusal": "import sys; print('out'); sys.exit('a one-line refusal')",
+         "a crash": "print('out\\r\\nmore', flush=True); import sys; print(sys.argv); raise ValueError('boom')",
+         "a success": "import sys, torch; print(sys.argv, sys.path[0] == '', torch.get_num_threads())"}
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_run_python_gives_what_subprocess_run_gives(case, monkeypatch):
+    """tests/run_python.py, forked: the exit status, standard output and standard error (a traceback's
+    first and last lines) of subprocess.run in a fresh interpreter."""
+    from run_python import run_python
+
+    args, env = ["-c", CASES[case], "an", "argv"], {**os.environ, "OMP_NUM_THREADS": "1"}
+    got = run_python(args, env=env)
+    want = subprocess.run([sys.executable, *args], cwd=ROOT, env=env, capture_output=True, text=True)
+    assert stage_process.forked(got.args) and (got.returncode, got.stdout) == (want.returncode, want.stdout)
+    err, want_err = got.stderr.splitlines(), want.stderr.splitlines()
+    assert err[-1:] == want_err[-1:] and err[:1] == want_err[:1], (got.stderr, want.stderr)
+
+
+def test_run_python_forks_only_what_a_fork_runs_as_a_fresh_interpreter_would(monkeypatch):
+    """An environment that changes what an import reads (huggingface_hub's cache) gets a fresh interpreter,
+    as does a module run (`-m`); a command past its timeout is killed and raises TimeoutExpired."""
+    from run_python import run_python
+
+    code = "import huggingface_hub.constants as c, sys; print(c.HF_HUB_CACHE, 'torch' in sys.modules)"
+    proc = run_python(["-c", code], env={**os.environ, "HF_HUB_CACHE": "/elsewhere"})
+    assert proc.returncode == 0 and proc.stdout == "/elsewhere False\n", proc.stderr
+    assert run_python(["-c", "import sys; print('torch' in sys.modules)"]).stdout == "True\n"     # forked
+    assert run_python(["-m", "json.tool", "--help"]).returncode == 0
+    with pytest.raises(subprocess.TimeoutExpired):
+        run_python(["-c", "import time; time.sleep(60)"], timeout=1)
