@@ -329,7 +329,8 @@ def two_step_stage(pause_s: float, then: str = "print('step 2 loss 0.4', flush=T
     return [sys.executable, "-c", code]
 
 
-def test_a_running_stage_prints_its_progress(tmp_path, capsys):
+def test_a_running_stage_prints_its_progress(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("CURIOSFT_FRESH_PROCESSES", "1")    # starts at once (a fork server's first start: seconds)
     demo.run_stage(two_step_stage(1.5), tmp_path, "sft", steps=4, every_s=0.5)
     out = capsys.readouterr().out
     assert "[sft]" in out and "step 2/4, loss 0.4, ETA" in out and "[sft] done in" in out
