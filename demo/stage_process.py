@@ -7,8 +7,9 @@ CPU on a 2-core machine: more than half of the small demo's 80 stages' own work.
 stage script's process is forked from a server process that imported them once (multiprocessing's
 forkserver, which stays single-threaded: forking it is safe where forking the demo, which runs its
 stages from threads, is not) and runs the script as `python script.py args` would: as __main__,
-with sys.argv, the script's folder first on sys.path, the repository as working directory (`python
--c code` likewise). Every other command (or CURIOSFT_FRESH_PROCESSES=1) runs in a fresh interpreter. Either way the stage's
+with sys.argv, the script's folder first on sys.path, the repository as working directory
+(`python -c code` likewise). Every other command (or CURIOSFT_FRESH_PROCESSES=1) runs in a fresh
+interpreter. Either way the stage's
 output goes straight to its log file, which the demo reads as it grows.
 """
 import multiprocessing
@@ -36,11 +37,12 @@ _context = None
 
 
 def forked(cmd: list[str]) -> bool:
-    """Whether `cmd` runs forked from the server: `python <a .py file>` (from the repository root)
-    or `python -c <code>`, on Linux."""
-    return (sys.platform.startswith("linux") and os.environ.get("CURIOSFT_FRESH_PROCESSES") != "1"
-            and len(cmd) >= 2 and cmd[0] == sys.executable
-            and (cmd[1] == "-c" and len(cmd) >= 3 or cmd[1].endswith(".py") and Path(ROOT, cmd[1]).is_file()))
+    """Whether `cmd` runs forked from the server, on Linux: `python <a .py file>` (its path from
+    the repository root, or absolute) or `python -c <code>`."""
+    if not (sys.platform.startswith("linux") and os.environ.get("CURIOSFT_FRESH_PROCESSES") != "1"
+            and len(cmd) >= 2 and cmd[0] == sys.executable):
+        return False
+    return cmd[1] == "-c" and len(cmd) >= 3 or cmd[1].endswith(".py") and Path(ROOT, cmd[1]).is_file()
 
 
 def _server():
@@ -70,12 +72,14 @@ def _run_script(script: str, args: list[str], log: str, env: dict[str, str], err
     os.chdir(ROOT)
     try:
         if script == "-c":
-            sys.argv, sys.path[:0] = ["-c", *args[1:]], [""]
+            sys.argv = ["-c", *args[1:]]
+            sys.path.insert(0, "")
             main = types.ModuleType("__main__")
             sys.modules["__main__"] = main
             exec(compile(args[0], "<string>", "exec"), main.__dict__)
         else:
-            sys.argv, sys.path[:0] = [script, *args], [str(Path(ROOT, script).parent)]
+            sys.argv = [script, *args]
+            sys.path.insert(0, str(Path(ROOT, script).parent))
             runpy.run_path(str(Path(ROOT, script)), run_name="__main__")
     except KeyboardInterrupt:      # as a fresh interpreter ends: the traceback, then killed by SIGINT
         traceback.print_exc()
@@ -89,20 +93,21 @@ def _run_script(script: str, args: list[str], log: str, env: dict[str, str], err
 
 
 class StageProcess:
-    """One stage's process, its output appended to `log`. Exit statuses as subprocess gives them:
+    """One stage's process, its output appended to `log` (its standard error to `err_log` if given,
+    which lines() does not read). Exit statuses as subprocess gives them:
     a signal's is minus its number. (multiprocessing imports the caller's __main__ in the forked
     process, as __mp_main__: a script that starts one keeps its work under `if __name__ ==
     "__main__":`, as demo/run.py does.)"""
 
     def __init__(self, cmd: list, log: Path, env: dict[str, str], err_log: Path | None = None):
-        cmd = [str(c) for c in cmd]
+        self.cmd = cmd = [str(c) for c in cmd]
         for path in (log, err_log or log):
             path.touch()
         self.log, self.start_at = log, log.stat().st_size
         if forked(cmd):
             with _START:
                 self.process = _server().Process(target=_run_script, daemon=False, args=(
-                    cmd[1], cmd[2:], str(log), env, err_log and str(err_log)))
+                    cmd[1], cmd[2:], str(log), env, str(err_log) if err_log else None))
                 self.process.start()
             self.popen = None
         else:
@@ -128,7 +133,7 @@ class StageProcess:
         if self.process.exitcode is None:
             self.process.kill()
             self.process.join()
-            raise subprocess.TimeoutExpired(self.process.name, timeout)
+            raise subprocess.TimeoutExpired(self.cmd, timeout)
         return self.process.exitcode
 
     def lines(self, poll_s: float = 0.1):

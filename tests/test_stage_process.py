@@ -111,7 +111,7 @@ CASES = {"a refusal": "import sys; print('out'); sys.exit('a one-line refusal')"
 
 
 @pytest.mark.parametrize("case", sorted(CASES))
-def test_run_python_gives_what_subprocess_run_gives(case, monkeypatch):
+def test_run_python_gives_what_subprocess_run_gives(case):
     """tests/run_python.py, forked: the exit status, standard output and standard error (a traceback's
     first and last lines) of subprocess.run in a fresh interpreter."""
     from run_python import run_python
@@ -124,15 +124,18 @@ def test_run_python_gives_what_subprocess_run_gives(case, monkeypatch):
     assert err[-1:] == want_err[-1:] and err[:1] == want_err[:1], (got.stderr, want.stderr)
 
 
-def test_run_python_forks_only_what_a_fork_runs_as_a_fresh_interpreter_would(monkeypatch):
+def test_run_python_forks_only_what_a_fork_runs_as_a_fresh_interpreter_would():
     """An environment that changes what an import reads (huggingface_hub's cache) gets a fresh interpreter,
     as does a module run (`-m`); a command past its timeout is killed and raises TimeoutExpired."""
     from run_python import run_python
+    from test_reliability import ONE_THREAD
 
     code = "import huggingface_hub.constants as c, sys; print(c.HF_HUB_CACHE, 'torch' in sys.modules)"
     proc = run_python(["-c", code], env={**os.environ, "HF_HUB_CACHE": "/elsewhere"})
     assert proc.returncode == 0 and proc.stdout == "/elsewhere False\n", proc.stderr
-    assert run_python(["-c", "import sys; print('torch' in sys.modules)"]).stdout == "True\n"     # forked
+    in_server = ["-c", "import sys; print('torch' in sys.modules)"]
+    assert run_python(in_server).stdout == "True\n"                                              # forked
+    assert run_python(in_server, env=ONE_THREAD).stdout == "True\n"     # copied at import: no PYTEST_CURRENT_TEST
     assert run_python(["-m", "json.tool", "--help"]).returncode == 0
     with pytest.raises(subprocess.TimeoutExpired):
         run_python(["-c", "import time; time.sleep(60)"], timeout=1)
