@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from demo.stage_process import StageProcess
+from run_python import run_python
+
 ROOT = Path(__file__).resolve().parents[1]
 DRYRUN = str(ROOT / "bench" / "dryrun.py")
 
@@ -19,12 +22,11 @@ def test_paper_presets_run_on_8_simulated_gpus_within_10_percent_of_the_plan(lib
     runs = {"sft_curio": ["config/sft_paper.py", "--eval_every", "59"],     # with validation: its engine's share
             "sft_baseline": ["config/sft_paper.py", "--loss", "sft"],
             "rl_paper": ["config/rl_paper.py", "--eval_every", "20"]}
-    procs = {name: subprocess.Popen([sys.executable, DRYRUN, *argv, "--gpus", "8", "--json", str(tmp_path / name)],
-                                    cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-             for name, argv in runs.items()}
+    procs = {name: StageProcess([sys.executable, DRYRUN, *argv, "--gpus", "8", "--json", tmp_path / name],
+                                tmp_path / f"{name}.log", {}) for name, argv in runs.items()}    # forked launchers
     for name, proc in procs.items():
-        out = proc.communicate(timeout=900)[0]
-        assert proc.returncode == 0, f"{name}: {out[-3000:]}"
+        code, out = proc.wait(timeout=900), (tmp_path / f"{name}.log").read_text()
+        assert code == 0, f"{name}: {out[-3000:]}"
         r = json.loads((tmp_path / name).read_text())
         assert r["model"] == "Qwen/Qwen2.5-Math-7B" and r["gpus"] == 8 and r["steps_run"] == 2
         assert 0.9 <= r["ratio"] <= 1.1 and r["fits"] and r["margin_gib"] > 0, r
@@ -219,10 +221,9 @@ def test_preflight_names_the_largest_budget_that_fits_and_confirms_it(library, t
     budget that does by the planner, confirmed by a second dry run, and the ratios to the SFT baseline."""
     model = tiny_model(tmp_path)
     out = tmp_path / "preflight.json"
-    done = subprocess.run([sys.executable, DRYRUN, "config/sft_paper.py", "--model", str(model), "--max_prompt_len",
-                           "64", "--max_response_len", "960", "--token_budget", "4096", "--loss_chunk", "256",
-                           "--gpus", "2", "--gpu_gib", "0.15", "--compare_losses", "sft", "--json", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600)
+    done = run_python([DRYRUN, "config/sft_paper.py", "--model", model, "--max_prompt_len", "64",
+                       "--max_response_len", "960", "--token_budget", "4096", "--loss_chunk", "256", "--gpus", "2",
+                       "--gpu_gib", "0.15", "--compare_losses", "sft", "--json", out])
     r = json.loads(out.read_text())
     assert done.returncode == 1 and not r["fits"] and r["failed"].startswith("fits: "), done.stdout[-3000:]
     assert r["fitting"]["flag"] == "--token_budget" and r["fitting"]["value"] in (1024, 2048, 3072), r["fitting"]

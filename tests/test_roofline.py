@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from run_python import run_python
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import roofline  # noqa: E402
@@ -25,9 +27,7 @@ def test_a_fit_from_a_packed_run_is_refused_in_one_line_naming_the_form_it_needs
     shutil.copy(ROOT / "bench" / "data" / "h200-2026-11-28" / "summary.json", tmp_path / "summary.json")
     for profile in H200.glob("profile_*.txt"):
         shutil.copy(profile, tmp_path / profile.name)
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "dryrun.py"), "--against",
-                           str(tmp_path / "summary.json"), "--fit"], cwd=ROOT, capture_output=True, text=True,
-                          timeout=300)
+    done = run_python([ROOT / "bench" / "dryrun.py", "--against", tmp_path / "summary.json", "--fit"], timeout=300)
     assert done.returncode != 0
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("--fit:") and "not packed: add --form 6fbcbf7" in last, done.stderr[-2000:]
@@ -39,8 +39,8 @@ def test_the_dry_run_predicts_the_h200_run_within_15_percent(tmp_path):
     teacher side on its logits; the calibration fitted from the profiles beside the summary is the one the project
     ships (roofline.H200_2026_11_27), and every figure is predicted within 15%, memory within 2%."""
     out = tmp_path / "against.json"
-    done = subprocess.run([sys.executable, str(ROOT / "bench" / "dryrun.py"), "--against", str(H200 / "summary.json"),
-                           "--fit", "--json", str(out)], cwd=ROOT, capture_output=True, text=True, timeout=1500)
+    done = run_python([ROOT / "bench" / "dryrun.py", "--against", H200 / "summary.json", "--fit", "--json", out],
+                      timeout=1500)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     last = done.stdout.strip().splitlines()[-1]
     assert re.fullmatch(r"predicted/measured: sft \d\.\d\d, curio \d\.\d\d, curio_self_teacher \d\.\d\d, "
