@@ -1420,4 +1420,9 @@ def summary(r: dict) -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    status = main()
+    if os.environ.get(sim_gpu.LIB_ENV):     # a rank's process, its result written: torch may abort at
+        sys.stdout.flush()                   # interpreter exit (a joinable thread destroyed; seen in the
+        sys.stderr.flush()                   # CPU suite), which would turn a finished run into a crash
+        os._exit(status)
+    sys.exit(status)
