@@ -16,7 +16,7 @@ def timed(fn, *args, reps=10):
     return sorted(times)[len(times) // 2] * 1e3
 
 n, v = 4096, 151936
-z = llm_like_logits(n, v, seed=0).cuda().bfloat16() if callable(llm_like_logits) else None
+z = llm_like_logits(n, v, seed=0).cuda().bfloat16()
 y = torch.randint(0, v, (n,), device="cuda")
 cfg = cl.LossConfig()
 lse = timed(lambda: torch.logsumexp(z.float(), -1))
@@ -36,6 +36,8 @@ t_all_c = timed(lambda: tlp_c(z, y, cfg))
 lq_ref = cl.teacher_log_prob(z, y, cfg)[0]; lq_c = tlp_c(z, y, cfg)[0]
 print(f"torch {torch.__version__} {torch.cuda.get_device_name()}")
 print(f"logsumexp pass (float32 of bf16) {lse:.2f} ms")
-print(f"teacher_log_prob eager {eager:.2f} ms ({eager / lse:.2f}x lse); compiled {t_all_c:.2f} ms ({t_all_c / lse:.2f}x), compile {ct2:.0f} s, max |lq diff| {(lq_ref - lq_c).abs().max().item():.3g}")
+print(f"teacher_log_prob eager {eager:.2f} ms ({eager / lse:.2f}x lse); compiled {t_all_c:.2f} ms "
+      f"({t_all_c / lse:.2f}x), compile {ct2:.0f} s, max |lq diff| {(lq_ref - lq_c).abs().max().item():.3g}")
 print(f"  top-k blockwise {t_topk:.2f} ms, torch.topk {t_torch_topk:.2f} ms")
-print(f"  solve_temperature eager {t_solve:.2f} ms, compiled {t_solve_c:.2f} ms (compile {ct:.0f} s), max |tau diff| {(ref - got).abs().max().item():.3g}")
+print(f"  solve_temperature eager {t_solve:.2f} ms, compiled {t_solve_c:.2f} ms (compile {ct:.0f} s), "
+      f"max |tau diff| {(ref - got).abs().max().item():.3g}")

@@ -9,8 +9,8 @@ forkserver, which stays single-threaded: forking it is safe where forking the de
 stages from threads, is not) and runs the script as `python script.py args` would: as __main__,
 with sys.argv, the script's folder first on sys.path, the repository as working directory
 (`python -c code` likewise). Every other command (or CURIOSFT_FRESH_PROCESSES=1) runs in a fresh
-interpreter. Either way the stage's
-output goes straight to its log file, which the demo reads as it grows.
+interpreter. Either way the stage's output goes straight to its log file, which the demo reads as
+it grows.
 """
 import multiprocessing
 import os
