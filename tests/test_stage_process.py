@@ -128,14 +128,15 @@ def test_run_python_forks_only_what_a_fork_runs_as_a_fresh_interpreter_would():
     """An environment that changes what an import reads (huggingface_hub's cache) gets a fresh interpreter,
     as does a module run (`-m`); a command past its timeout is killed and raises TimeoutExpired."""
     from run_python import run_python
-    from test_reliability import ONE_THREAD
 
     code = "import huggingface_hub.constants as c, sys; print(c.HF_HUB_CACHE, 'torch' in sys.modules)"
     proc = run_python(["-c", code], env={**os.environ, "HF_HUB_CACHE": "/elsewhere"})
     assert proc.returncode == 0 and proc.stdout == "/elsewhere False\n", proc.stderr
     in_server = ["-c", "import sys; print('torch' in sys.modules)"]
     assert run_python(in_server).stdout == "True\n"                                              # forked
-    assert run_python(in_server, env=ONE_THREAD).stdout == "True\n"     # copied at import: no PYTEST_CURRENT_TEST
+    # an environment copied at import, before pytest set PYTEST_CURRENT_TEST (test_reliability's ONE_THREAD)
+    copied = {k: v for k, v in os.environ.items() if k != "PYTEST_CURRENT_TEST"}
+    assert run_python(in_server, env=copied).stdout == "True\n"
     assert run_python(["-m", "json.tool", "--help"]).returncode == 0
     with pytest.raises(subprocess.TimeoutExpired):
         run_python(["-c", "import time; time.sleep(60)"], timeout=1)
