@@ -25,6 +25,7 @@ import curio_loss as cl
 from chunked_logits import (cat_diags, chunked_map, chunked_sum, no_grad_logits, normed_hidden,
                             select_targets, token_log_probs)
 from curio_loss import LossConfig
+from plumbing.models import compiled
 
 
 # The losses sft.py's --loss names. CurioSFT and its two ablations (Sec. 5.2) need the teacher's lq;
@@ -146,8 +147,9 @@ def self_teacher_loss(logits, targets, extras, cfg: LossConfig = LossConfig()):
     logits, detached, as the teacher's. The temperature search runs once per chunk: backward's
     recompute takes its lq from extras["memo"]."""
     memo = extras["memo"]
-    if "lq" not in memo:
-        memo["lq"] = cl.teacher_log_prob(logits.detach(), targets, cfg)
+    if "lq" not in memo:      # extras' teacher_log_prob: the compiled one under --compile
+        teacher_log_prob = extras.get("teacher_log_prob", cl.teacher_log_prob)
+        memo["lq"] = teacher_log_prob(logits.detach(), targets, cfg)
     lq, teacher_diag = memo["lq"]
     loss, diag = cl.curio_sft_loss(logits, targets, lq, cfg)
     return loss, teacher_diag | diag
@@ -158,8 +160,9 @@ def self_teacher_loss(logits, targets, extras, cfg: LossConfig = LossConfig()):
 # extras holds what a loss needs beyond the student's logits, for the chunk's n tokens
 # (`variant_inputs`): base_logits [n, V] (kl), old_logp [n] (psft), top20 [n] bool (entropy_top20),
 # memo, a dict that keeps the chunk's no-grad results for backward's recompute
-# (chunked_logits.chunked_sum), and with_entropy: the logged entropy is wanted, which GEM and kl
-# give from their own log-probs (else the trainer computes it). The trainer gives entropy_top20 its
+# (chunked_logits.chunked_sum), with_entropy: the logged entropy is wanted, which GEM and kl
+# give from their own log-probs (else the trainer computes it), and teacher_log_prob: the compiled
+# one under --compile (curio_self_teacher). The trainer gives entropy_top20 its
 # mask from the loss's own entropies (`top20_micro_batch_loss`).
 # ================================================================================================
 VARIANT_LOSSES = {   # --loss name -> loss; "curio" and "curio_fixed_tau" are sft.py's CurioSFT path
@@ -219,6 +222,8 @@ def variant_micro_batch_loss(model, base, batch, old_logp, args, cfg, want_entro
         chunk_extras = dict(zip(extras, extras_and_memo[:-1])) | {"memo": memo}
         # memo: the logged entropy is not computed again in backward's recompute
         chunk_extras["with_entropy"] = want_entropy and "entropy" not in memo
+        if args.compile:
+            chunk_extras["teacher_log_prob"] = compiled(cl.teacher_log_prob)
         if "base_h" in chunk_extras:
             with torch.no_grad():
                 base_h = chunk_extras.pop("base_h")

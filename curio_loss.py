@@ -332,9 +332,14 @@ def _row_blocks(z):
     stays in the last-level cache. CPU blocks are 16 MiB, half a typical last-level cache: smaller
     ones were no faster on an idle machine and slower on a busy one (every op synchronises the
     threads), 40 MiB ones slower on both. A GPU gets 256 MiB blocks: few kernel launches, a
-    bounded temporary."""
+    bounded temporary. Under torch.compile (--compile) one block of every row: inductor fuses a
+    pass into one kernel that reads z once and keeps no temporary, and a loop over a symbolic
+    row count would compile again for every count."""
     n, v = z.shape
     dtype = torch.promote_types(z.dtype, torch.float32)
+    if torch.compiler.is_compiling():
+        yield 0, n, torch.empty(n, v, dtype=dtype, device=z.device)
+        return
     rows = _block_rows(v, dtype, z.device.type)
     buf = torch.empty(min(rows, n), v, dtype=dtype, device=z.device)
     for s in range(0, n, rows):
@@ -373,7 +378,10 @@ def _full_entropy(z, z_max):
         q_buf = torch.empty_like(buf) if q_buf is None else q_buf
         q = torch.exp(b, out=q_buf[: e - s])
         mass = q.sum(-1)
-        q_dot_b = torch.bmm(q.unsqueeze(1), b.unsqueeze(2)).view(-1)         # no [n, V] product
+        if torch.compiler.is_compiling():        # fused: a bmm would need q and b in memory
+            q_dot_b = (q * b).sum(-1)
+        else:
+            q_dot_b = torch.bmm(q.unsqueeze(1), b.unsqueeze(2)).view(-1)     # no [n, V] product
         h[s:e] = mass.log() - q_dot_b / mass
     return h
 

@@ -419,7 +419,7 @@ def load_engine_and_policy(args, device, run, validation):
         args.vllm_sleep, has_trainer_weights=run.resume_from is None, raw_logprobs=True)
     validation.engine = engine
     model = shard_model(load_full_model(args.model, scratch=False, seed=args.seed), device, bf16,
-                        args.grad_ckpt, offload=args.offload)
+                        args.grad_ckpt, offload=args.offload, compile_layers=args.compile)
     optimizer = make_optimizer(model, args.lr, args.weight_decay, 0.999, device, args.offload)
     if args.offload:
         torch.set_num_threads(cpu_threads_per_rank())  # the optimiser step runs on the CPU

@@ -31,8 +31,9 @@ from plumbing import run_dir
 from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import (StopSignal, gather_diags, print0, read_step, setup_distributed,
                                   shutdown)
-from plumbing.models import (check_model_dir, clip_grad_norm, cpu_threads_per_rank, load_full_model,
-                             load_tokenizer, make_optimizer, resolve_model, shard_model)
+from plumbing.models import (check_model_dir, clip_grad_norm, compiled, cpu_threads_per_rank,
+                             load_full_model, load_tokenizer, make_optimizer, resolve_model,
+                             shard_model)
 from plumbing.run import MAY_CHANGE_ON_RESUME as RUN_MAY_CHANGE, Run, TrainerArgs
 
 
@@ -126,11 +127,12 @@ def curio_micro_batch_loss(model, teacher, batch, args, cfg, want_entropy, weigh
     backward (chunked_logits.chunked_sum). check: name the input that made a loss non-finite."""
     h, y = select_targets(normed_hidden(model, batch), batch)      # line 4: student forward, [N, H]
     lq, teacher_diags = [], []
+    teacher_log_prob = compiled(cl.teacher_log_prob) if args.compile else cl.teacher_log_prob
     with torch.no_grad():
         h_t, _ = select_targets(normed_hidden(teacher, batch), batch)   # line 6: teacher forward
         for s in range(0, len(y), args.loss_chunk):                # lines 7-11: H_t, tau_hat_t, lq
             z_t = no_grad_logits(teacher.lm_head, h_t[s : s + args.loss_chunk])        # [n, V]
-            lq_chunk, diag = cl.teacher_log_prob(z_t, y[s : s + args.loss_chunk], cfg)
+            lq_chunk, diag = teacher_log_prob(z_t, y[s : s + args.loss_chunk], cfg)
             lq.append(lq_chunk)
             teacher_diags.append(diag)
     teacher.reshard()                      # FSDP keeps a root's weights gathered after its forward
@@ -297,11 +299,12 @@ def load_models(args, device, bf16):
     student = load_full_model(args.model, args.scratch, args.seed)
     second = baselines.second_model(args.loss)
     initial = copy.deepcopy(student) if second else None
-    model = shard_model(student, device, bf16, args.grad_ckpt, offload=args.offload)
+    model = shard_model(student, device, bf16, args.grad_ckpt, offload=args.offload,
+                        compile_layers=args.compile)
     other = None
     if second:
         other = shard_model(initial, device, bf16, grad_ckpt=False, trainable=False,
-                            offload=args.offload)
+                            offload=args.offload, compile_layers=args.compile)
     return model, (other if second == "teacher" else None), (other if second == "base" else None)
 
 

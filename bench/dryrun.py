@@ -190,6 +190,10 @@ def parse(argv):
     own, rest = parser.parse_known_args(argv)
     if own.gpus < 1:
         raise SystemExit(f"--gpus {own.gpus}: must be >= 1")
+    if own.form in forms.NOT_PRICED or "--compile" in rest:
+        raise SystemExit(f"{'--form ' + own.form if own.form else '--compile'}: the dry run "
+                         f"prices eager kernels; torch.compile's fused ones are measured on a GPU "
+                         f"(bench/sft_step.py --forms packed compiled)")
     return own, rest
 
 

@@ -19,12 +19,20 @@ FORMS = {OLD: "right-padded rows, a dense [B, 1, T, T] padding mask, a float32 c
                     "chunk's logits, torch.topk over the vocabulary, AdamW on DTensors (as one "
                     "H200 measured sft.py at 6fbcbf7)",
          "padded": "right-padded rows, causal attention without a mask (--no-pack)",
-         "packed": "the sequences end to end, attention within each (--pack, the default)"}
+         "packed": "the sequences end to end, attention within each (--pack, the default)",
+         "compiled": "packed, the decoder layers and the teacher side through torch.compile "
+                     "(--compile)"}
+NOT_PRICED = {"compiled"}   # forms the dry run cannot price: its roofline counts eager kernels
 
 
 def packs(form: str) -> bool:
     """The trainers' --pack in `form`."""
-    return form == "packed"
+    return form in ("packed", "compiled")
+
+
+def compiles(form: str) -> bool:
+    """The trainers' --compile in `form`."""
+    return form == "compiled"
 
 
 def dense_padding_mask(batch):

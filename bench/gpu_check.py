@@ -16,12 +16,13 @@ skipped, and says so.
 1. SFT steps of sft, curio and curio_self_teacher on random weights with a real model's shapes, one
    micro-batch of 8k-token sequences, bf16, activation checkpointing, the presets' logging, logits
    scaled to a real model's entropy, sft.train's own runs under torchrun (nccl):
-   bench/sft_step.py, packed (the default) and in the old padded form with a dense mask, side by
-   side in the same rounds. Tokens/s, MFU and HFU, peak memory next to the memory planner's
-   prediction, the CurioSFT / SFT step-time ratios, and each variant's packed / old step time.
+   bench/sft_step.py, packed (the default) and --beside form (compiled: the decoder layers and the
+   teacher side through torch.compile, sft.py --compile), side by side in the same rounds.
+   Tokens/s, MFU and HFU, peak memory next to the memory planner's prediction, the CurioSFT / SFT
+   step-time ratios, and each variant's step time in the other form over packed's.
 2. The teacher side of the loss (curio_loss.teacher_log_prob) against one logsumexp pass over the
    same logits, 4096 x 151936, bf16 on CUDA; its top-k from block maxima beside torch.topk over
-   the whole row (the old form).
+   the whole row (the old form); compiled (--compile); on float32 logits (the step's), both ways.
 3. The bf16 error of lp, lq and w_t: a bf16 head against a float32 one on the same hidden states,
    4096 x 151936.
 4. evaluate.py (HF engine, bf16) on the demo's toy task (demo/toy.py) with a small random model.
@@ -53,6 +54,7 @@ import sft_step
 
 import curio_loss as cl  # noqa: E402
 from chunked_logits import no_grad_logits  # noqa: E402
+from plumbing import models  # noqa: E402
 from plumbing.run_dir import write_atomic  # noqa: E402
 from plumbing.synthetic import llm_like_logits, make_model_dir  # noqa: E402
 
@@ -163,30 +165,36 @@ SFT_FIGURES += [("curio / sft step time", "x"), ("curio_self_teacher / sft step 
 SFT_FIGURES += [(f"{v} {what}", unit) for v in sft_step.VARIANTS
                 for what, unit in (("peak memory", "GiB"), ("planner prediction", "GiB"),
                                    ("measured / planned", "x"))]
-OLD_FORM = sft_step.forms.OLD      # the step as one H200 measured it, timed beside today's (packed)
-SFT_FIGURES += [(f"{v} {what}", unit) for v in sft_step.VARIANTS
-                for what, unit in ((f"step time, {OLD_FORM}", "s"), (f"packed / {OLD_FORM}", "x"),
-                                   (f"peak memory, {OLD_FORM}", "GiB"))]
+BESIDE_FORMS = [f for f in sft_step.forms.FORMS if f != "packed"]
+
+
+def beside_figures(beside: str) -> list:
+    """The rows of the form timed beside packed (the trainers' default) in the same rounds."""
+    return [(f"{v} {what}", unit) for v in sft_step.VARIANTS
+            for what, unit in ((f"step time, {beside}", "s"), (f"MFU, {beside}", "%"),
+                               (f"{beside} / packed", "x"), (f"peak memory, {beside}", "GiB"))]
 
 
 def sft_steps(a, scratch: Path, summary: Summary, timeout_s: float):
     result_file = scratch / "sft_step.json"
     cmd = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "1",
            "bench/sft_step.py", "--shape", a.shape, "--rounds", str(a.rounds), "--json",
-           result_file, "--forms", OLD_FORM, "packed"]
+           result_file, "--forms", "packed", a.beside]
     cmd += ["--layers", str(a.layers)] if a.layers else []
     cmd += ["--peak_tflops", str(a.peak_tflops)] if a.peak_tflops else []
     # smoke: one thread, as this process takes (tiny models on a shared CPU: more only spin-wait)
     env = {**os.environ, "OMP_NUM_THREADS": "1"} if a.smoke else None
-    if stage(cmd, scratch / "logs" / "sft_step.log", summary, "SFT step", SFT_FIGURES,
+    figures = SFT_FIGURES + beside_figures(a.beside)
+    if stage(cmd, scratch / "logs" / "sft_step.log", summary, "SFT step", figures,
              timeout_s, env) is None:
         return
     r = json.loads(result_file.read_text())
     sec = "SFT step"
-    # the headline rows' run, in bench/forms.py's name of its form (the 6fbcbf7 rows: OLD_FORM's)
-    summary.runs["sft_step"] = {"form": r["forms_run"][-1], "lengths": r["lengths"],
+    # the headline rows' run, in bench/forms.py's name of its form: packed, the trainers' default
+    summary.runs["sft_step"] = {"form": "packed", "lengths": r["lengths"],
                                 **{k: r[k] for k in ("loss_chunk", "grad_ckpt", "teacher_every")}}
-    for v, m in r["variants"].items():
+    headline = r["forms"]["packed"]["variants"]
+    for v, m in headline.items():
         summary.add(sec, f"{v} step time", m["step_s"], "s",
                     note=f"median of {r['rounds']} sft.train runs' means of "
                          f"{r['teacher_every']} steps" + (", the EMA update among them"
@@ -200,7 +208,7 @@ def sft_steps(a, scratch: Path, summary: Summary, timeout_s: float):
         summary.add(sec, f"{v} HFU", m["hfu"], "%",
                     note="with recompute (and curio's teacher forward)")
     for v in ("curio", "curio_self_teacher"):
-        ratio = r["variants"][v]["ratio_to_sft"]
+        ratio = headline[v]["ratio_to_sft"]
         summary.add(sec, f"{v} / sft step time", ratio, "x", f"<= {TARGETS[v]}",
                     ratio <= TARGETS[v],
                     note="separate EMA teacher" if v == "curio" else "the student's own logits")
@@ -208,7 +216,7 @@ def sft_steps(a, scratch: Path, summary: Summary, timeout_s: float):
     summary.add(sec, "logits' median entropy", lg["median_entropy"], "nats",
                 note=f"{lg['share_at_most_0.03']:.0%} of positions <= 0.03 nats; sequences "
                      f"{r['lengths']}")
-    for v, m in r["variants"].items():
+    for v, m in headline.items():
         peak, plan, ratio = m["peak_bytes"], m["planner_bytes"], m["measured_over_planned"]
         summary.add(sec, f"{v} peak memory", peak and peak / GIB, "GiB",
                     status=None if peak else "n/a",
@@ -218,15 +226,15 @@ def sft_steps(a, scratch: Path, summary: Summary, timeout_s: float):
                     note=m["planner_note"])
         summary.add(sec, f"{v} measured / planned", ratio, "x", f"within {TARGETS['planner']:.0%}",
                     None if ratio is None else abs(ratio - 1) <= TARGETS["planner"])
-    old = r["forms"][OLD_FORM]["variants"]
-    for v, m in r["variants"].items():
-        summary.add(sec, f"{v} step time, {OLD_FORM}", old[v]["step_s"], "s",
-                    note=sft_step.forms.FORMS[OLD_FORM] + "; timed in the same rounds")
-        summary.add(sec, f"{v} packed / {OLD_FORM}", m["ratio_to_first_form"], "x",
+    beside = r["forms"][a.beside]["variants"]
+    for v, m in beside.items():
+        summary.add(sec, f"{v} step time, {a.beside}", m["step_s"], "s",
+                    note=sft_step.forms.FORMS[a.beside] + "; timed in the same rounds")
+        summary.add(sec, f"{v} MFU, {a.beside}", m["mfu"], "%")
+        summary.add(sec, f"{v} {a.beside} / packed", m["ratio_to_first_form"], "x",
                     note="step time, the same sequences")
-        peak = old[v]["peak_bytes"]
-        summary.add(sec, f"{v} peak memory, {OLD_FORM}", peak and peak / GIB, "GiB",
-                    status=None if peak else "n/a")
+        summary.add(sec, f"{v} peak memory, {a.beside}", m["peak_bytes"] and m["peak_bytes"] / GIB,
+                    "GiB", status=None if m["peak_bytes"] else "n/a")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -235,21 +243,30 @@ def sft_steps(a, scratch: Path, summary: Summary, timeout_s: float):
 TEACHER_FIGURES = [("logsumexp pass", "ms"), ("teacher_log_prob (bisection)", "ms"),
                    ("bisection / logsumexp", "x"), ("newton / logsumexp", "x"),
                    ("top-k from block maxima", "ms"), ("torch.topk, whole row (old)", "ms"),
-                   ("bisection with torch.topk (old) / logsumexp", "x")]
+                   ("bisection with torch.topk (old) / logsumexp", "x"),
+                   ("teacher_log_prob, float32 logits", "ms"),
+                   ("teacher_log_prob compiled", "ms"), ("compiled / logsumexp", "x"),
+                   ("teacher_log_prob compiled, float32 logits", "ms")]
 
 
-def teacher_side(tokens: int, vocab: int, reps: int, device, summary: Summary):
-    """teacher_log_prob (bisection, and Newton) and torch.logsumexp on the same logits, timed
-    interleaved."""
+def teacher_side(tokens: int, vocab: int, reps: int, device, summary: Summary, compile_it: bool):
+    """teacher_log_prob (bisection, and Newton; compiled where compile_it) and torch.logsumexp on
+    the same logits, timed interleaved."""
     dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     logits = llm_like_logits(tokens, vocab, seed=1).to(device, dtype)          # [N, V]
     targets = torch.distributions.Categorical(logits=logits.float()).sample()      # [N]
+    # float32: the step's teacher logits on CUDA (chunked_logits.no_grad_logits); --compile's form
+    logits32, cfg, compiled = logits.float(), cl.LossConfig(), models.compiled(cl.teacher_log_prob)
     runs = {"logsumexp": lambda: torch.logsumexp(logits, -1),
             "bisection": lambda: cl.teacher_log_prob(logits, targets, cl.LossConfig()),
             "newton": lambda: cl.teacher_log_prob(logits, targets, cl.LossConfig(solver="newton")),
             "top_k": lambda: cl._top_k_values(logits, cl.LossConfig().top_k),
             "topk_old": lambda: logits.topk(cl.LossConfig().top_k, dim=-1, sorted=False),
-            "bisection_old": lambda: old_top_k(cl.teacher_log_prob, logits, targets)}
+            "bisection_old": lambda: old_top_k(cl.teacher_log_prob, logits, targets),
+            "bisection_f32": lambda: cl.teacher_log_prob(logits32, targets, cfg)}
+    if compile_it:                                                            # round 0 compiles
+        runs |= {"compiled": lambda: compiled(logits, targets, cfg),
+                 "compiled_f32": lambda: compiled(logits32, targets, cfg)}
     times = {k: [] for k in runs}
     for i in range(reps + 1):                                                     # round 0 warms up
         for k, fn in runs.items():
@@ -274,6 +291,17 @@ def teacher_side(tokens: int, vocab: int, reps: int, device, summary: Summary):
     summary.add(sec, "torch.topk, whole row (old)", t["topk_old"] * 1e3, "ms")
     summary.add(sec, "bisection with torch.topk (old) / logsumexp",
                 t["bisection_old"] / t["logsumexp"], "x", note="the teacher side at 6fbcbf7")
+    summary.add(sec, "teacher_log_prob, float32 logits", t["bisection_f32"] * 1e3, "ms",
+                note="the step's teacher logits on CUDA (float32 out of the bf16 head)")
+    if not compile_it:
+        summary.fail(sec, TEACHER_FIGURES[-3:], "n/a", "smoke: compiling takes minutes on a CPU")
+        return
+    summary.add(sec, "teacher_log_prob compiled", t["compiled"] * 1e3, "ms",
+                note="torch.compile(teacher_log_prob), as sft.py --compile runs it")
+    ratio = t["compiled"] / t["logsumexp"]
+    summary.add(sec, "compiled / logsumexp", ratio, "x", f"<= {TARGETS['teacher_side']:g}x (GPU)",
+                ratio <= TARGETS["teacher_side"])
+    summary.add(sec, "teacher_log_prob compiled, float32 logits", t["compiled_f32"] * 1e3, "ms")
 
 
 def old_top_k(fn, logits, targets):
@@ -472,10 +500,14 @@ def main():
                         "part's limit holds one round of both forms)")
     parser.add_argument("--peak_tflops", type=float, default=0.0,
                         help="the device's dense bf16 peak for MFU")
+    parser.add_argument("--beside", default="", choices=["", *BESIDE_FORMS],
+                        help="the SFT step's form timed beside packed (bench/forms.py; default "
+                        "compiled, with --smoke 6fbcbf7: compiling takes minutes on a CPU)")
     parser.add_argument("--parts", type=int, nargs="+", choices=range(1, 6), default=range(1, 6),
                         metavar="N", help="run only these parts (1-5, the list above; default all)")
     a = parser.parse_args()
     a.shape = a.shape or ("smoke" if a.smoke else "qwen2.5-1.5b")
+    a.beside = a.beside or (sft_step.forms.OLD if a.smoke else "compiled")
     a.rounds = a.rounds or 1       # a round: each variant in both forms (the part's limit: one)
     out = Path(a.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -519,8 +551,8 @@ def main():
     parts = [("SFT step", SFT_FIGURES, "1. SFT steps (bench/sft_step.py)", 320,
               lambda limit: sft_steps(a, scratch, summary, limit)),
              ("teacher side", TEACHER_FIGURES,
-              "2. the teacher side of the loss against one logsumexp pass", 60,
-              lambda limit: teacher_side(tokens, vocab, reps, device, summary)),
+              "2. the teacher side of the loss against one logsumexp pass", 90,
+              lambda limit: teacher_side(tokens, vocab, reps, device, summary, not a.smoke)),
              ("bf16 error", BF16_FIGURES, "3. the bf16 error of lp, lq and w_t", 60,
               lambda limit: bf16_errors(tokens, vocab, hidden, device, summary)),
              ("evaluate.py", EVAL_FIGURES, "4. evaluate.py on the toy task (HF engine)", 100,

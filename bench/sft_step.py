@@ -15,8 +15,8 @@ final norm is scaled first so that the logits' median entropy is a trained model
 nats), not a random model's near-uniform one: the authors' low-entropy rule then takes its pass for
 the share of tokens it would see. Rounds alternate one run per variant (a slow spell of the machine
 slows a round alike); a run trains 1 + teacher_every steps, the first untimed (AdamW's states are
-created), the others one period of the teacher's schedule, so curio's mean holds its EMA update
-(Alg. 1 line 17) as the loop runs it. Step time: the median over rounds of a run's mean step_time_s
+created; the compiled form compiles then), the others one period of the teacher's schedule, so
+curio's mean holds its EMA update (Alg. 1 line 17) as the loop runs it. Step time: the median over rounds of a run's mean step_time_s
 (its log.jsonl; on CUDA the next step's host read waits for a step's queued work). Checkpoint
 writing is stubbed out (plumbing.checkpoints.save, trainer_state). Peak memory (CUDA):
 max_memory_allocated over the sft.train call less what was allocated before it: weights (curio's
@@ -281,7 +281,7 @@ def train_once(args, form: str, device) -> tuple[list[dict], int | None]:
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
     before = torch.cuda.memory_allocated(device) if device.type == "cuda" else 0
-    args = dataclasses.replace(args, pack=forms.packs(form))
+    args = dataclasses.replace(args, pack=forms.packs(form), compile=forms.compiles(form))
     with mock.patch.object(checkpoints, "save", lambda *a, **k: "nothing (bench/sft_step.py)"), \
             mock.patch.object(checkpoints, "trainer_state", lambda *a: None), \
             forms.code_paths(form):
@@ -321,7 +321,7 @@ def measure(tmp: Path, shape: dict, run: dict, forms: list[str], rounds: int, bf
             "peak_bytes": peaks if device.type == "cuda" else None}
 
 
-def summarize(m: dict, shape: dict, run: dict, forms: list[str], plans: dict, peak: float,
+def summarize(m: dict, shape: dict, run: dict, forms_run: list[str], plans: dict, peak: float,
               grad_ckpt: bool) -> dict:
     """Per form and variant: step time (the median over rounds of a run's mean: curio's holds its
     EMA update), ratio to SFT's in the same form and to the same variant's in the first form,
@@ -330,8 +330,8 @@ def summarize(m: dict, shape: dict, run: dict, forms: list[str], plans: dict, pe
     tokens, flops = sum(lengths), model_flops(shape, lengths, m["trained_tokens"])
     step_s = {k: statistics.median(t) for k, t in m["run_means"].items()}
     out = {}
-    for form in forms:
-        computed = lengths if form == "packed" else [run["seq"]] * len(lengths)
+    for form in forms_run:
+        computed = lengths if forms.packs(form) else [run["seq"]] * len(lengths)
         variants = {}
         for v in VARIANTS:
             t, measured = step_s[form, v], m["peak_bytes"][form, v] if m["peak_bytes"] else None
@@ -339,7 +339,7 @@ def summarize(m: dict, shape: dict, run: dict, forms: list[str], plans: dict, pe
             extra = recompute_flops(shape, computed, m["trained_tokens"], v, grad_ckpt)
             variants[v] = {"step_s": t, "times_s": m["times"][form, v],
                            "ratio_to_sft": t / step_s[form, "sft"],
-                           "ratio_to_first_form": t / step_s[forms[0], v],
+                           "ratio_to_first_form": t / step_s[forms_run[0], v],
                            "tokens_per_s": tokens / t, "mfu": flops["total"] / t / (peak * 1e12),
                            "hfu": (flops["total"] + extra) / t / (peak * 1e12),
                            "peak_bytes": measured, "planner_bytes": planned, "planner_note": note,
@@ -347,7 +347,7 @@ def summarize(m: dict, shape: dict, run: dict, forms: list[str], plans: dict, pe
                            else None}
         out[form] = {"computed_tokens": sum(computed), "variants": variants}
     return {"tokens": tokens, "lengths": lengths, "model_flops": flops, "forms": out,
-            "variants": out[forms[-1]]["variants"]}
+            "variants": out[forms_run[-1]]["variants"]}
 
 
 def report(r: dict):

@@ -60,13 +60,19 @@ def packed_attention(module, query, key, value, attention_mask, dropout=0.0, sca
         out = VARLEN_ATTN(q, k, v, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q,
                           scale=scaling, window_size=(-1, 0))
         return out.unsqueeze(0), None
+    return _per_sequence(module, query, key, value, scaling, seq_lens), None
+
+
+@torch.compiler.disable      # --compile: a graph per set of lengths would compile again each batch
+def _per_sequence(module, query, key, value, scaling, seq_lens):
+    """Causal SDPA over each sequence of a packed row in turn -> [1, T, Hq, D]."""
     outs, start = [], 0
     for n in seq_lens:
         part = [x[:, :, start : start + n] for x in (query, key, value)]
         outs.append(sdpa_attention_forward(module, *part, None, scaling=scaling,
                                            is_causal=True)[0])                    # [1, n, Hq, D]
         start += n
-    return torch.cat(outs, dim=1), None
+    return torch.cat(outs, dim=1)
 
 
 AttentionInterface.register(ATTENTION, packed_attention)

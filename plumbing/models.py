@@ -3,6 +3,7 @@ a Hugging Face hub model (org/name) is downloaded into the hub's cache first; ra
 weights, the other ranks build the same architecture on the meta device, and FSDP2 shards it; the
 full weights are gathered one tensor at a time for checkpoints and the generation engine. No remote
 code is ever downloaded or run."""
+import functools
 import os
 import re
 from pathlib import Path
@@ -99,12 +100,13 @@ def load_full_model(path: str, scratch: bool, seed: int):
 
 
 def shard_model(model, device, bf16: bool, grad_ckpt: bool, trainable: bool = True,
-                offload: bool = False):
+                offload: bool = False, compile_layers: bool = False):
     """FSDP2 per decoder layer and at the root, weights broadcast from rank 0. bf16 compute with
     float32 master weights and float32 gradient reduction when bf16. FSDP averages gradients over
     ranks. offload: FSDP2's CPUOffloadPolicy keeps the sharded float32 parameters, their gradients
     and (since the optimiser is built on those parameters) the Adam states in pinned CPU memory; the
-    GPU holds only the layers being computed. The optimiser step then runs on the CPU."""
+    GPU holds only the layers being computed. The optimiser step then runs on the CPU.
+    compile_layers: each decoder layer's forward through torch.compile (compile_layer)."""
     from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy,
                                         fully_shard)
 
@@ -115,6 +117,8 @@ def shard_model(model, device, bf16: bool, grad_ckpt: bool, trainable: bool = Tr
         MixedPrecisionPolicy()
     policy = CPUOffloadPolicy(pin_memory=device.type == "cuda") if offload else OffloadPolicy()
     for layer in model.model.layers:
+        if compile_layers:
+            compile_layer(layer)
         fully_shard(layer, mp_policy=mp, offload_policy=policy)
     fully_shard(model, mp_policy=mp, offload_policy=policy)
     if dist.get_rank() != 0:
@@ -127,6 +131,24 @@ def shard_model(model, device, bf16: bool, grad_ckpt: bool, trainable: bool = Tr
     if not trainable:
         model.requires_grad_(False)
     return model
+
+
+def compile_layer(layer) -> None:
+    """--compile: the layer's forward through torch.compile, as torchtitan compiles each
+    transformer block (its elementwise work fused, fewer kernel launches: the H200's step idled
+    between kernels). Its forward only: FSDP's hooks and the activation checkpoint around it stay
+    eager, and the parameters' names (checkpoints) do not change. Every layer shares one compiled
+    graph (torch compiles modules' code, their parameters are inputs); a shape it has not seen
+    compiles once more, with the sequence length symbolic. The attention of a packed row on the
+    CPU runs outside the graph (plumbing/attention.py)."""
+    layer.forward = torch.compile(layer.forward)
+
+
+@functools.cache
+def compiled(fn):
+    """torch.compile(fn), one per function (--compile: the loss's teacher side). Shapes it has not
+    seen compile once more, the token count symbolic (the last chunk of a micro-batch)."""
+    return torch.compile(fn)
 
 
 def broadcast_weights(model, full: dict, device) -> None:

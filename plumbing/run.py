@@ -54,6 +54,9 @@ class TrainerArgs(measure.ValidationArgs):
     """activation checkpointing of the decoder layers"""
     offload: bool = False
     """FSDP2 CPU offload of parameters, gradients and AdamW states (the step runs on the CPU)"""
+    compile: bool = False
+    """torch.compile the decoder layers and the loss's teacher side (fused kernels, fewer
+    launches; the first steps pay the compiling, a minute or more)"""
     engine: Literal[generation.ENGINES] = "auto"
     """the sampling engine (rl.py's rollouts, --eval_every's validation), asleep while the trainer
     works: auto: vLLM with CUDA and the vllm package, else HF generate | hf | vllm"""
@@ -95,7 +98,7 @@ class TrainerArgs(measure.ValidationArgs):
 # (run_dir.claim checks the rest; tests/test_resume_settings.py changes each on resume), but that a
 # batched forward's rounding may move a draw that falls within it of a boundary (HF's
 # --gen_batch_size; vLLM on GPUs batches by its KV cache where it binds: --gpu_memory_utilization).
-# Not --loss_chunk, --pack or --offload (they reorder float sums). Validation (its --eval_* flags)
+# Not --loss_chunk, --pack, --offload or --compile (they reorder float sums). Validation (its --eval_* flags)
 # changes only the val_* records
 MAY_CHANGE_ON_RESUME = {"out_dir", "save_every", "keep_last", "loggers", "log_line", "grad_ckpt",
                         "dist_timeout_min", "gpu_memory_utilization", "gen_batch_size",

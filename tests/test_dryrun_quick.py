@@ -11,11 +11,14 @@ from test_dryrun import DRYRUN, tiny_model
 
 def test_a_flag_sft_py_refuses_is_refused_alike(library, tmp_path):
     """A flag sft.py refuses, a missing preset and a GPU count that does not divide the batch: sft.py's own
-    one-line errors (the three at once)."""
+    one-line errors; --compile and the compiled form, which the dry run cannot price (all at once)."""
     cases = {("config/sft_paper.py", "--loss", "curio_typo", "--gpus", "8"): "curio_typo",
              ("config/nope.py", "--gpus", "8"): "config/nope.py",
              ("config/sft_paper.py", "--gpus", "7"): "--global_batch 256 is not divisible by the number of GPUs "
-                                                     "(ranks), 7"}
+                                                     "(ranks), 7",
+             # torch.compile cannot run on simulated GPUs (no data): the dry run says so
+             ("config/sft_paper.py", "--gpus", "8", "--compile"): "--compile: the dry run prices eager kernels",
+             ("config/sft_paper.py", "--form", "compiled"): "--form compiled: the dry run prices eager"}
     procs = {argv: StageProcess([sys.executable, DRYRUN, *argv], tmp_path / f"{i}.out", {}, tmp_path / f"{i}.err")
              for i, argv in enumerate(cases)}
     for i, (argv, proc) in enumerate(procs.items()):
