@@ -215,15 +215,19 @@ def variant_micro_batch_loss(model, base, batch, old_logp, args, cfg, want_entro
     if args.loss == "entropy_top20":
         return top20_micro_batch_loss(model, h, y, args, cfg, weights, check)
     extras = variant_inputs(base, batch, old_logp)
-    variant_loss = VARIANT_LOSSES[args.loss]
+    variant_loss, entropy = VARIANT_LOSSES[args.loss], cl.entropy
+    if args.compile:     # the passes over [n, V] logits fused (plumbing/models.py)
+        entropy, teacher_log_prob = compiled(cl.entropy), compiled(cl.teacher_log_prob)
+        if args.loss != "curio_self_teacher":       # (its memo's side effects: its parts compiled)
+            variant_loss = compiled(variant_loss)
 
     def chunk_loss(h_c, y_c, w_c, *extras_and_memo):
         memo = extras_and_memo[-1]
         chunk_extras = dict(zip(extras, extras_and_memo[:-1])) | {"memo": memo}
         # memo: the logged entropy is not computed again in backward's recompute
         chunk_extras["with_entropy"] = want_entropy and "entropy" not in memo
-        if args.compile:
-            chunk_extras["teacher_log_prob"] = compiled(cl.teacher_log_prob)
+        if args.compile and args.loss == "curio_self_teacher":
+            chunk_extras["teacher_log_prob"] = teacher_log_prob
         if "base_h" in chunk_extras:
             with torch.no_grad():
                 base_h = chunk_extras.pop("base_h")
@@ -241,7 +245,7 @@ def variant_micro_batch_loss(model, base, batch, old_logp, args, cfg, want_entro
             # the entropy bonus, GEM and kl computed it already: the same values, not a second pass
             memo["entropy"] = diag.get("student_entropy")
             if memo["entropy"] is None:
-                memo["entropy"] = diag["student_entropy"] = cl.entropy(logits.detach())
+                memo["entropy"] = diag["student_entropy"] = entropy(logits.detach())
         return (loss if w_c is None else loss * w_c).sum(), diag
 
     return chunked_sum(chunk_loss, args.loss_chunk, h, y, weights, *extras.values())

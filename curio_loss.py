@@ -86,8 +86,10 @@ def _fp32(x: torch.Tensor) -> torch.Tensor:
 
 def _half(x: torch.Tensor) -> bool:
     """bf16 or fp16 logits, as a GPU's head makes them: the speed helpers read them in blocks
-    instead of one float32 copy of all of them (unless BLOCKWISE is off)."""
-    return BLOCKWISE and x.dtype in (torch.bfloat16, torch.float16)
+    instead of one float32 copy of all of them (unless BLOCKWISE is off). Not under torch.compile
+    (--compile): inductor fuses the plain expressions' upcast and passes into a few kernels."""
+    return (BLOCKWISE and x.dtype in (torch.bfloat16, torch.float16)
+            and not torch.compiler.is_compiling())
 
 
 def loss_logits(logits: torch.Tensor) -> torch.Tensor:

@@ -34,8 +34,9 @@ from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import StopSignal, print0, setup_distributed, shutdown
 from plumbing.grading import GRADING_MODES, answer_kind, grade, graded_text
 from plumbing.grpo_log import rollout_records, step_record
-from plumbing.models import (check_model_dir, clip_grad_norm, cpu_threads_per_rank, load_full_model,
-                             load_tokenizer, make_optimizer, resolve_model, shard_model)
+from plumbing.models import (check_model_dir, clip_grad_norm, compiled_if, cpu_threads_per_rank,
+                             load_full_model, load_tokenizer, make_optimizer, resolve_model,
+                             shard_model)
 from plumbing.run import MAY_CHANGE_ON_RESUME as RUN_MAY_CHANGE, Run, TrainerArgs
 
 
@@ -242,15 +243,17 @@ def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
     kl, tokens] and the global gradient norm, read in the update's one host sync."""
     world, mix = dist.get_world_size(), hybrid.hook(args)
     policy_loss = policy_loss_fn(args)                              # ppo_clip_loss: the paper's
+    # --compile: the passes over [n, V] logits fused by torch.compile (plumbing/models.py)
+    student_log_prob, entropy = compiled_if(args.compile, cl.student_log_prob, cl.entropy)
 
     def chunk_loss(h_c, y_c, old_c, adv_c, demo_c, bonus_c, _memo):
         logits = cl.loss_logits(model.lm_head(h_c))                                  # [n, V]
-        lp, _ = cl.student_log_prob(logits, y_c, args.temperature)                   # [n]
+        lp, _ = student_log_prob(logits, y_c, args.temperature)                      # [n]
         loss, diag = policy_loss(lp, old_c, adv_c, args)
         loss = mix.token_loss(loss, lp, old_c, adv_c, demo_c)   # --hybrid: the expert's tokens'
         total = loss.sum()
         if bonus_c is not None:               # --entropy_coef: the bonus, with gradient
-            bonus = (bonus_c * cl.entropy(logits, args.temperature)).sum()
+            bonus = (bonus_c * entropy(logits, args.temperature)).sum()
             total = total - bonus
             diag = diag | {"entropy_bonus": bonus.detach().view(1)}    # not in the logged loss
         return total, diag

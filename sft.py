@@ -31,7 +31,7 @@ from plumbing import run_dir
 from plumbing.cli import check_settings, parse_config, run_script
 from plumbing.distributed import (StopSignal, gather_diags, print0, read_step, setup_distributed,
                                   shutdown)
-from plumbing.models import (check_model_dir, clip_grad_norm, compiled, cpu_threads_per_rank,
+from plumbing.models import (check_model_dir, clip_grad_norm, compiled_if, cpu_threads_per_rank,
                              load_full_model, load_tokenizer, make_optimizer, resolve_model,
                              shard_model)
 from plumbing.run import MAY_CHANGE_ON_RESUME as RUN_MAY_CHANGE, Run, TrainerArgs
@@ -127,7 +127,9 @@ def curio_micro_batch_loss(model, teacher, batch, args, cfg, want_entropy, weigh
     backward (chunked_logits.chunked_sum). check: name the input that made a loss non-finite."""
     h, y = select_targets(normed_hidden(model, batch), batch)      # line 4: student forward, [N, H]
     lq, teacher_diags = [], []
-    teacher_log_prob = compiled(cl.teacher_log_prob) if args.compile else cl.teacher_log_prob
+    # --compile: the passes over [n, V] logits fused by torch.compile (plumbing/models.py)
+    teacher_log_prob, curio_sft_loss, entropy = compiled_if(args.compile, cl.teacher_log_prob,
+                                                            cl.curio_sft_loss, cl.entropy)
     with torch.no_grad():
         h_t, _ = select_targets(normed_hidden(teacher, batch), batch)   # line 6: teacher forward
         for s in range(0, len(y), args.loss_chunk):                # lines 7-11: H_t, tau_hat_t, lq
@@ -141,11 +143,11 @@ def curio_micro_batch_loss(model, teacher, batch, args, cfg, want_entropy, weigh
     def chunk_loss(h_c, y_c, lq_c, w_c, memo):
         # line 4: student logits [n, V] (bf16 on a GPU: the loss reads them without a float32 copy)
         logits = cl.loss_logits(model.lm_head(h_c))
-        loss, diag = cl.curio_sft_loss(logits, y_c, lq_c, cfg)     # lines 12-13: Eq. 5, 6
+        loss, diag = curio_sft_loss(logits, y_c, lq_c, cfg)        # lines 12-13: Eq. 5, 6
         if check:
             cl.check_finite(loss, logits, y_c, lq_c)
         if want_entropy and "entropy" not in memo:   # memo: not again in backward's recompute
-            memo["entropy"] = diag["student_entropy"] = cl.entropy(logits.detach())
+            memo["entropy"] = diag["student_entropy"] = entropy(logits.detach())
         return (loss if w_c is None else loss * w_c).sum(), diag
 
     total, diag = chunked_sum(chunk_loss, args.loss_chunk, h, y, lq, weights)

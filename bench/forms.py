@@ -20,8 +20,8 @@ FORMS = {OLD: "right-padded rows, a dense [B, 1, T, T] padding mask, a float32 c
                     "H200 measured sft.py at 6fbcbf7)",
          "padded": "right-padded rows, causal attention without a mask (--no-pack)",
          "packed": "the sequences end to end, attention within each (--pack, the default)",
-         "compiled": "packed, the decoder layers and the teacher side through torch.compile "
-                     "(--compile)"}
+         "compiled": "packed, the decoder layers and the loss's passes over the logits through "
+                     "torch.compile (--compile)"}
 NOT_PRICED = {"compiled"}   # forms the dry run cannot price: its roofline counts eager kernels
 
 

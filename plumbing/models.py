@@ -146,9 +146,15 @@ def compile_layer(layer) -> None:
 
 @functools.cache
 def compiled(fn):
-    """torch.compile(fn), one per function (--compile: the loss's teacher side). Shapes it has not
-    seen compile once more, the token count symbolic (the last chunk of a micro-batch)."""
+    """torch.compile(fn), one per function (--compile: the loss's passes over [n, V] logits).
+    Shapes it has not seen compile once more, the token count symbolic (the last chunk of a
+    micro-batch)."""
     return torch.compile(fn)
+
+
+def compiled_if(on: bool, *fns):
+    """The functions, each through `compiled` where on."""
+    return tuple(compiled(fn) if on else fn for fn in fns)
 
 
 def broadcast_weights(model, full: dict, device) -> None:

@@ -55,8 +55,8 @@ class TrainerArgs(measure.ValidationArgs):
     offload: bool = False
     """FSDP2 CPU offload of parameters, gradients and AdamW states (the step runs on the CPU)"""
     compile: bool = False
-    """torch.compile the decoder layers and the loss's teacher side (fused kernels, fewer
-    launches; the first steps pay the compiling, a minute or more)"""
+    """torch.compile the decoder layers and the loss's passes over [tokens, vocab] logits (fused
+    kernels, fewer launches; the first steps pay the compiling, a minute or more)"""
     engine: Literal[generation.ENGINES] = "auto"
     """the sampling engine (rl.py's rollouts, --eval_every's validation), asleep while the trainer
     works: auto: vLLM with CUDA and the vllm package, else HF generate | hf | vllm"""

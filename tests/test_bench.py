@@ -64,7 +64,8 @@ def test_smoke_run_fills_every_row_with_a_finite_number(smoke):
     rc, output, summary, md, *_ = smoke
     assert rc == 0, output[-4000:]
     rows = {(r["section"], r["figure"]): r for r in summary["rows"]}
-    expected = {("SFT step", f) for f, _ in gpu_check.SFT_FIGURES}
+    beside = sft_step.forms.OLD                  # the smoke's --beside: compiling takes minutes on a CPU
+    expected = {("SFT step", f) for f, _ in gpu_check.SFT_FIGURES + gpu_check.beside_figures(beside)}
     expected |= {("teacher side", f) for f, _ in gpu_check.TEACHER_FIGURES}
     expected |= {("bf16 error", f) for f, _ in gpu_check.BF16_FIGURES}
     expected |= {("evaluate.py", f) for f, _ in gpu_check.EVAL_FIGURES}
@@ -74,7 +75,8 @@ def test_smoke_run_fills_every_row_with_a_finite_number(smoke):
     # CPU has no allocator statistics: the measured peaks (and so the planner ratio) are the only figures left out,
     # and the planner's prediction while bench/memory.py does not exist
     not_on_cpu = {("SFT step", f"{v} {what}") for v in sft_step.VARIANTS
-                  for what in ("peak memory", "measured / planned", f"peak memory, {gpu_check.OLD_FORM}")}
+                  for what in ("peak memory", "measured / planned", f"peak memory, {beside}")}
+    not_on_cpu |= {("teacher side", f) for f, _ in gpu_check.COMPILED_TEACHER_FIGURES}
     if not (ROOT / "bench" / "memory.py").exists():
         not_on_cpu |= {("SFT step", f"{v} planner prediction") for v in sft_step.VARIANTS}
         assert rows[("SFT step", "sft planner prediction")]["note"] == "planner: not available"
@@ -113,8 +115,8 @@ def test_smoke_run_figures_agree_with_each_other(smoke):
     assert rows["curio MFU"]["value"] == pytest.approx(rows["sft MFU"]["value"] * base / curio)  # same FLOPs
     parts = sum(rows[f"rl.py {p}"]["value"] for p in ("generation", "reward", "training", "weight sync"))
     assert rows["rl.py step time"]["value"] == pytest.approx(parts)
-    old = rows[f"sft step time, {gpu_check.OLD_FORM}"]["value"]
-    assert rows[f"sft packed / {gpu_check.OLD_FORM}"]["value"] == pytest.approx(base / old)
+    old = rows[f"sft step time, {sft_step.forms.OLD}"]["value"]
+    assert rows[f"sft {sft_step.forms.OLD} / packed"]["value"] == pytest.approx(old / base)
     teacher = rows["bisection / logsumexp"]["value"]
     assert teacher == pytest.approx(rows["teacher_log_prob (bisection)"]["value"] / rows["logsumexp pass"]["value"])
 

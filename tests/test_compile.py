@@ -63,3 +63,26 @@ def test_compiled_teacher_side_takes_one_block_of_every_row(monkeypatch):
     torch.testing.assert_close(lq_one, lq, rtol=0, atol=1e-5)
     for key in ("tau", "forced_tau_min", "clamped_low", "clamped_high"):
         torch.testing.assert_close(diag_one[key], diag[key], rtol=0, atol=1e-6)
+
+
+def test_compiled_student_side_of_bf16_logits_equals_the_blockwise_one():
+    """A GPU's bf16 logits: eager, the loss reads them in float32 blocks (_LogProb); compiled, the
+    plain expressions that inductor fuses. The same loss, and the same gradient within bf16's
+    rounding of it."""
+    from plumbing.models import compiled
+
+    g = torch.Generator().manual_seed(0)
+    z = llm_like_logits(48, 1000, seed=5).bfloat16()
+    y, lq = torch.randint(0, 1000, (48,), generator=g), -3 * torch.rand(48, generator=g)
+    grads, losses = [], []
+    for loss_fn in (cl.curio_sft_loss, compiled(cl.curio_sft_loss)):
+        logits = z.clone().requires_grad_()
+        loss, diag = loss_fn(logits, y, lq, cl.LossConfig())
+        (loss * torch.linspace(0.5, 1.5, 48)).sum().backward()
+        grads.append(logits.grad.float())
+        losses.append((loss, diag["weight"]))
+    (eager_loss, eager_w), (loss, w) = losses
+    torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(w, eager_w, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-2, atol=1e-4)       # bf16: 8 mantissa bits
+    assert grads[0].abs().max() > 0.1
