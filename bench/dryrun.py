@@ -566,8 +566,8 @@ class Seams:
               or Path(out_dir) / f"step_{step:06d}")
         shard_model, make_optimizer = trainer.shard_model, trainer.make_optimizer
 
-        def sharded(model, device, bf16, grad_ckpt, trainable=True, offload=False):
-            out = shard_model(model, device, bf16, grad_ckpt, trainable, offload)
+        def sharded(model, device, bf16, grad_ckpt, trainable=True, **options):
+            out = shard_model(model, device, bf16, grad_ckpt, trainable, **options)
             self.built.setdefault("student" if trainable else "other", out)
             return out
 
