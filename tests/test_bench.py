@@ -65,7 +65,7 @@ def test_smoke_run_fills_every_row_with_a_finite_number(smoke):
     assert rc == 0, output[-4000:]
     rows = {(r["section"], r["figure"]): r for r in summary["rows"]}
     beside = sft_step.forms.OLD                  # the smoke's --beside: compiling takes minutes on a CPU
-    expected = {("SFT step", f) for f, _ in gpu_check.SFT_FIGURES + gpu_check.beside_figures(beside)}
+    expected = {("SFT step", f) for f, _ in gpu_check.sft_figures(beside)}
     expected |= {("teacher side", f) for f, _ in gpu_check.TEACHER_FIGURES}
     expected |= {("bf16 error", f) for f, _ in gpu_check.BF16_FIGURES}
     expected |= {("evaluate.py", f) for f, _ in gpu_check.EVAL_FIGURES}
