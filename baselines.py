@@ -25,7 +25,7 @@ import curio_loss as cl
 from chunked_logits import (cat_diags, chunked_map, chunked_sum, no_grad_logits, normed_hidden,
                             select_targets, token_log_probs)
 from curio_loss import LossConfig
-from plumbing.models import compiled
+from plumbing.compiling import compiled
 
 
 # The losses sft.py's --loss names. CurioSFT and its two ablations (Sec. 5.2) need the teacher's lq;
@@ -189,7 +189,8 @@ def old_log_probs(model, micro_batches, args) -> list:
     exactly 1) without a forward pass."""
     if args.loss != "psft" or args.updates_per_batch == 1:
         return [None] * len(micro_batches)
-    return [token_log_probs(model, b, args.loss_chunk, with_entropy=False)[0]
+    return [token_log_probs(model, b, args.loss_chunk, with_entropy=False,
+                            compile_loss=args.compile)[0]
             for b in micro_batches]
 
 
@@ -216,16 +217,17 @@ def variant_micro_batch_loss(model, base, batch, old_logp, args, cfg, want_entro
         return top20_micro_batch_loss(model, h, y, args, cfg, weights, check)
     extras = variant_inputs(base, batch, old_logp)
     variant_loss, entropy = VARIANT_LOSSES[args.loss], cl.entropy
-    if args.compile:     # the passes over [n, V] logits fused (plumbing/models.py)
+    if args.compile:     # the passes over [n, V] logits fused (plumbing/compiling.py)
         entropy, teacher_log_prob = compiled(cl.entropy), compiled(cl.teacher_log_prob)
-        if args.loss != "curio_self_teacher":       # (its memo's side effects: its parts compiled)
+        if args.loss != "curio_self_teacher":   # (its memo's side effects: its teacher side alone)
             variant_loss = compiled(variant_loss)
 
     def chunk_loss(h_c, y_c, w_c, *extras_and_memo):
         memo = extras_and_memo[-1]
         chunk_extras = dict(zip(extras, extras_and_memo[:-1])) | {"memo": memo}
-        # memo: the logged entropy is not computed again in backward's recompute
-        chunk_extras["with_entropy"] = want_entropy and "entropy" not in memo
+        # memo: the logged entropy is not computed again in backward's recompute; compiled, the
+        # recompute runs the forward's graph, entropy included (a checkpoint needs the same saves)
+        chunk_extras["with_entropy"] = want_entropy and ("entropy" not in memo or args.compile)
         if args.compile and args.loss == "curio_self_teacher":
             chunk_extras["teacher_log_prob"] = teacher_log_prob
         if "base_h" in chunk_extras:
@@ -235,8 +237,10 @@ def variant_micro_batch_loss(model, base, batch, old_logp, args, cfg, want_entro
         logits = model.lm_head(h_c)                                            # [n, V]
         if args.loss == "sft":
             logits = cl.loss_logits(logits)
-        elif args.loss != "curio_self_teacher":   # (its teacher side reads bf16 logits blockwise)
-            logits = cl._fp32(logits)   # one float32 copy for the loss and the logged entropy
+        elif args.loss != "curio_self_teacher" and not args.compile:   # (compiled: fused)
+            # one float32 copy for the loss and the logged entropy (the self-teacher's teacher side
+            # reads bf16 logits blockwise)
+            logits = cl._fp32(logits)
         loss, diag = variant_loss(logits, y_c, chunk_extras, cfg)
         if check:
             other = chunk_extras.get("base_logits", chunk_extras.get("old_logp"))

@@ -13,6 +13,7 @@ from torch.utils.checkpoint import checkpoint
 
 import curio_loss as cl
 from plumbing import attention
+from plumbing.compiling import compiled_if
 
 
 def normed_hidden(model, batch):
@@ -49,9 +50,8 @@ def packed_sequences(model, batch) -> dict:
         raise ValueError(f"a packed batch needs the model loaded with attn_implementation="
                          f"{attention.ATTENTION!r} (plumbing/models.py), not "
                          f"{model.config._attn_implementation!r}: it would attend across sequences")
-    lens = batch["seq_lens"]
     return {"position_ids": batch["position_ids"], "cu_seq_lens_q": batch["cu_seq_lens"],
-            "max_length_q": max(lens), "seq_lens": tuple(lens)}
+            "max_length_q": max(batch["seq_lens"])}
 
 
 def no_grad_logits(head, h):
@@ -111,16 +111,19 @@ def cat_diags(diags):
 
 
 @torch.no_grad()
-def token_log_probs(model, batch, chunk: int, temperature: float = 1.0, with_entropy: bool = True):
+def token_log_probs(model, batch, chunk: int, temperature: float = 1.0, with_entropy: bool = True,
+                    compile_loss: bool = False):
     """log pi(y_t) [N] of the trained tokens and the full-vocabulary entropy there [N] (None
     without with_entropy: PSFT's old log-probs need none), at `temperature`, one chunk of logits at
     a time (PSFT's old log-probs; GRPO's old log-probs and rollout entropy). The head runs as in the
-    trained forward, in the compute dtype, so that a ratio pi / pi_old of 1 stays exactly 1."""
+    trained forward, in the compute dtype, so that a ratio pi / pi_old of 1 stays exactly 1 (under
+    --compile, compile_loss: within rounding, as the no-grad forward is a graph of its own)."""
+    student_log_prob, entropy = compiled_if(compile_loss, cl.student_log_prob, cl.entropy)
     h, y = select_targets(normed_hidden(model, batch), batch)             # [N, H], [N]
     lp, ent = [], []
     for s in range(0, max(len(y), 1), chunk):
         logits = model.lm_head(h[s : s + chunk])                           # [n, V]
-        lp.append(cl.student_log_prob(logits, y[s : s + chunk], temperature)[0])
+        lp.append(student_log_prob(logits, y[s : s + chunk], temperature)[0])
         if with_entropy:
-            ent.append(cl.entropy(logits, temperature))
+            ent.append(entropy(logits, temperature))
     return torch.cat(lp), (torch.cat(ent) if with_entropy else None)

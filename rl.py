@@ -31,12 +31,12 @@ import measure
 from chunked_logits import chunked_sum, normed_hidden, select_targets, token_log_probs
 from plumbing import checkpoints, generation
 from plumbing.cli import check_settings, parse_config, run_script
+from plumbing.compiling import compiled_if
 from plumbing.distributed import StopSignal, print0, setup_distributed, shutdown
 from plumbing.grading import GRADING_MODES, answer_kind, grade, graded_text
 from plumbing.grpo_log import rollout_records, step_record
-from plumbing.models import (check_model_dir, clip_grad_norm, compiled_if, cpu_threads_per_rank,
-                             load_full_model, load_tokenizer, make_optimizer, resolve_model,
-                             shard_model)
+from plumbing.models import (check_model_dir, clip_grad_norm, cpu_threads_per_rank, load_full_model,
+                             load_tokenizer, make_optimizer, resolve_model, shard_model)
 from plumbing.run import MAY_CHANGE_ON_RESUME as RUN_MAY_CHANGE, Run, TrainerArgs
 
 
@@ -243,7 +243,7 @@ def policy_update(model, optimizer, mbs: list[MicroBatch], args, device):
     kl, tokens] and the global gradient norm, read in the update's one host sync."""
     world, mix = dist.get_world_size(), hybrid.hook(args)
     policy_loss = policy_loss_fn(args)                              # ppo_clip_loss: the paper's
-    # --compile: the passes over [n, V] logits fused by torch.compile (plumbing/models.py)
+    # --compile: the passes over [n, V] logits fused by torch.compile (plumbing/compiling.py)
     student_log_prob, entropy = compiled_if(args.compile, cl.student_log_prob, cl.entropy)
 
     def chunk_loss(h_c, y_c, old_c, adv_c, demo_c, bonus_c, _memo):
@@ -443,9 +443,10 @@ def old_log_probs(model, minis, args) -> None:
     trainer, not taken from the engine: the ratio compares two evaluations with the same numerics;
     and at temperature 1 (raw_lp) for the engine check, which compares the engine's raw ones."""
     for mb in itertools.chain.from_iterable(minis):
-        mb.old_lp, mb.entropy = token_log_probs(model, mb.batch, args.loss_chunk, args.temperature)
+        mb.old_lp, mb.entropy = token_log_probs(model, mb.batch, args.loss_chunk, args.temperature,
+                                                compile_loss=args.compile)
         mb.raw_lp = mb.old_lp if args.temperature == 1.0 else token_log_probs(
-            model, mb.batch, args.loss_chunk, with_entropy=False)[0]
+            model, mb.batch, args.loss_chunk, with_entropy=False, compile_loss=args.compile)[0]
     model.reshard()                     # a no-grad forward leaves the FSDP root's weights gathered
 
 

@@ -29,11 +29,11 @@ import measure
 from chunked_logits import cat_diags, chunked_sum, no_grad_logits, normed_hidden, select_targets
 from plumbing import run_dir
 from plumbing.cli import check_settings, parse_config, run_script
+from plumbing.compiling import compiled_if
 from plumbing.distributed import (StopSignal, gather_diags, print0, read_step, setup_distributed,
                                   shutdown)
-from plumbing.models import (check_model_dir, clip_grad_norm, compiled_if, cpu_threads_per_rank,
-                             load_full_model, load_tokenizer, make_optimizer, resolve_model,
-                             shard_model)
+from plumbing.models import (check_model_dir, clip_grad_norm, cpu_threads_per_rank, load_full_model,
+                             load_tokenizer, make_optimizer, resolve_model, shard_model)
 from plumbing.run import MAY_CHANGE_ON_RESUME as RUN_MAY_CHANGE, Run, TrainerArgs
 
 
@@ -127,7 +127,7 @@ def curio_micro_batch_loss(model, teacher, batch, args, cfg, want_entropy, weigh
     backward (chunked_logits.chunked_sum). check: name the input that made a loss non-finite."""
     h, y = select_targets(normed_hidden(model, batch), batch)      # line 4: student forward, [N, H]
     lq, teacher_diags = [], []
-    # --compile: the passes over [n, V] logits fused by torch.compile (plumbing/models.py)
+    # --compile: the passes over [n, V] logits fused by torch.compile (plumbing/compiling.py)
     teacher_log_prob, curio_sft_loss, entropy = compiled_if(args.compile, cl.teacher_log_prob,
                                                             cl.curio_sft_loss, cl.entropy)
     with torch.no_grad():

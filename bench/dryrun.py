@@ -190,11 +190,13 @@ def parse(argv):
     own, rest = parser.parse_known_args(argv)
     if own.gpus < 1:
         raise SystemExit(f"--gpus {own.gpus}: must be >= 1")
-    if own.form in forms.NOT_PRICED or "--compile" in rest:
-        raise SystemExit(f"{'--form ' + own.form if own.form else '--compile'}: the dry run "
-                         f"prices eager kernels; torch.compile's fused ones are measured on a GPU "
-                         f"(bench/sft_step.py --forms packed compiled)")
+    if own.form in forms.NOT_PRICED:
+        raise SystemExit(f"--form {own.form}: {NOT_COMPILED}")
     return own, rest
+
+
+NOT_COMPILED = ("the dry run prices eager kernels; torch.compile's fused ones are measured on a "
+                "GPU (bench/sft_step.py --forms packed compiled)")
 
 
 def stage_of(presets: list[str], given: str | None) -> str:
@@ -240,12 +242,16 @@ def stage_settings(stage: str, presets: list[str], rest: list[str], model: str):
     if stage == "sft":
         import sft
 
+        trainer = sft
         args, user_cfg = parse_config(sft.Args, cl.LossConfig, argv=argv, prog="bench/dryrun.py")
-        return sft, args, user_cfg
-    import rl
+    else:
+        import rl
 
-    (args,) = parse_config(rl.Args, argv=argv, prog="bench/dryrun.py")
-    return rl, args, None
+        trainer, user_cfg = rl, None
+        (args,) = parse_config(rl.Args, argv=argv, prog="bench/dryrun.py")
+    if args.compile:                                    # a flag or a preset's compile = True
+        raise SystemExit(f"--compile: {NOT_COMPILED}")
+    return trainer, args, user_cfg
 
 
 # ------------------------------------------------------------------------------------------------

@@ -16,8 +16,8 @@ skipped, and says so.
 1. SFT steps of sft, curio and curio_self_teacher on random weights with a real model's shapes, one
    micro-batch of 8k-token sequences, bf16, activation checkpointing, the presets' logging, logits
    scaled to a real model's entropy, sft.train's own runs under torchrun (nccl):
-   bench/sft_step.py, packed (the default) and --beside form (compiled: the decoder layers and the
-   teacher side through torch.compile, sft.py --compile), side by side in the same rounds.
+   bench/sft_step.py, packed (the default) and the --beside form (compiled: the decoder layers and
+   the loss's passes through torch.compile, sft.py --compile), side by side in the same rounds.
    Tokens/s, MFU and HFU, peak memory next to the memory planner's prediction, the CurioSFT / SFT
    step-time ratios, and each variant's step time in the other form over packed's.
 2. The teacher side of the loss (curio_loss.teacher_log_prob) against one logsumexp pass over the
@@ -54,7 +54,7 @@ import sft_step
 
 import curio_loss as cl  # noqa: E402
 from chunked_logits import no_grad_logits  # noqa: E402
-from plumbing import models  # noqa: E402
+from plumbing.compiling import compiled  # noqa: E402
 from plumbing.run_dir import write_atomic  # noqa: E402
 from plumbing.synthetic import llm_like_logits, make_model_dir  # noqa: E402
 
@@ -258,7 +258,7 @@ def teacher_side(tokens: int, vocab: int, reps: int, device, summary: Summary, c
     logits = llm_like_logits(tokens, vocab, seed=1).to(device, dtype)          # [N, V]
     targets = torch.distributions.Categorical(logits=logits.float()).sample()      # [N]
     # float32: the step's teacher logits on CUDA (chunked_logits.no_grad_logits); --compile's form
-    logits32, cfg, compiled = logits.float(), cl.LossConfig(), models.compiled(cl.teacher_log_prob)
+    logits32, cfg, fast = logits.float(), cl.LossConfig(), compiled(cl.teacher_log_prob)
     runs = {"logsumexp": lambda: torch.logsumexp(logits, -1),
             "bisection": lambda: cl.teacher_log_prob(logits, targets, cl.LossConfig()),
             "newton": lambda: cl.teacher_log_prob(logits, targets, cl.LossConfig(solver="newton")),
@@ -267,8 +267,8 @@ def teacher_side(tokens: int, vocab: int, reps: int, device, summary: Summary, c
             "bisection_old": lambda: old_top_k(cl.teacher_log_prob, logits, targets),
             "bisection_f32": lambda: cl.teacher_log_prob(logits32, targets, cfg)}
     if compile_it:                                                            # round 0 compiles
-        runs |= {"compiled": lambda: compiled(logits, targets, cfg),
-                 "compiled_f32": lambda: compiled(logits32, targets, cfg)}
+        runs |= {"compiled": lambda: fast(logits, targets, cfg),
+                 "compiled_f32": lambda: fast(logits32, targets, cfg)}
     times = {k: [] for k in runs}
     for i in range(reps + 1):                                                     # round 0 warms up
         for k, fn in runs.items():
@@ -296,7 +296,8 @@ def teacher_side(tokens: int, vocab: int, reps: int, device, summary: Summary, c
     summary.add(sec, "teacher_log_prob, float32 logits", t["bisection_f32"] * 1e3, "ms",
                 note="the step's teacher logits on CUDA (float32 out of the bf16 head)")
     if not compile_it:
-        summary.fail(sec, COMPILED_TEACHER_FIGURES, "n/a", "smoke: compiling takes minutes on a CPU")
+        summary.fail(sec, COMPILED_TEACHER_FIGURES, "n/a",
+                     "smoke: compiling takes minutes on a CPU")
         return
     summary.add(sec, "teacher_log_prob compiled", t["compiled"] * 1e3, "ms",
                 note="torch.compile(teacher_log_prob), as sft.py --compile runs it")

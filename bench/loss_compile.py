@@ -23,7 +23,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import curio_loss as cl  # noqa: E402
-from plumbing.models import compiled  # noqa: E402
+from plumbing.compiling import compiled  # noqa: E402
 from plumbing.synthetic import llm_like_logits  # noqa: E402
 
 
@@ -48,7 +48,8 @@ def main():
     a = parser.parse_args()
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if device.type != "cuda" and not a.smoke:
-        raise SystemExit("bench/loss_compile.py times a GPU's kernels: run it with CUDA, or --smoke")
+        raise SystemExit("bench/loss_compile.py times a GPU's kernels: run it with CUDA, or "
+                         "--smoke")
     n, v, reps = (256, 4096, 2) if a.smoke else (4096, 151936, a.reps)
     z16 = llm_like_logits(n, v, seed=0).to(device, torch.bfloat16)
     z32 = z16.float()

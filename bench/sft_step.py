@@ -16,9 +16,11 @@ nats), not a random model's near-uniform one: the authors' low-entropy rule then
 the share of tokens it would see. Rounds alternate one run per variant (a slow spell of the machine
 slows a round alike); a run trains 1 + teacher_every steps, the first untimed (AdamW's states are
 created; the compiled form compiles then), the others one period of the teacher's schedule, so
-curio's mean holds its EMA update (Alg. 1 line 17) as the loop runs it. Step time: the median over rounds of a run's mean step_time_s
-(its log.jsonl; on CUDA the next step's host read waits for a step's queued work). Checkpoint
-writing is stubbed out (plumbing.checkpoints.save, trainer_state). Peak memory (CUDA):
+curio's mean holds its EMA update (Alg. 1 line 17) as the loop runs it. Step time: the median over
+rounds of a run's mean step_time_s (its log.jsonl; on CUDA the next step's host read waits for a
+step's queued work). Every step of a run trains the same micro-batch: its compiled form's graphs
+are the first shape's, where a real run's micro-batches differ and take symbolic-length graphs
+after the first. Checkpoint writing is stubbed out (plumbing.checkpoints.save, trainer_state). Peak memory (CUDA):
 max_memory_allocated over the sft.train call less what was allocated before it: weights (curio's
 teacher only where it exists), gradients, AdamW's states, the steps' transients (loading holds less
 than a step); none on CPU, which has no allocator statistics.

@@ -45,12 +45,13 @@ def flash_takes(dtype: torch.dtype, head_dim: int) -> bool:
 
 
 def packed_attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None,
-                     cu_seq_lens_q=None, max_length_q=None, seq_lens=None, **kwargs):
+                     cu_seq_lens_q=None, max_length_q=None, **kwargs):
     """Causal attention within each sequence of a packed row: query [1, Hq, T, D], key and value
-    [1, Hkv, T, D], the sequences' lengths (seq_lens, on the host) and their offsets
-    (cu_seq_lens_q [n + 1] int32, on the device) -> ([1, T, Hq, D], None), as transformers'
-    attention functions return. Without seq_lens: transformers' SDPA."""
-    if seq_lens is None:
+    [1, Hkv, T, D], the sequences' offsets (cu_seq_lens_q [n + 1] int32, on the device) and the
+    longest one's length (max_length_q, on the host) -> ([1, T, Hq, D], None), as transformers'
+    attention functions return. Without offsets: transformers' SDPA. Under --compile nothing here
+    depends on the count of sequences, which would compile the layer again for every count."""
+    if cu_seq_lens_q is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
                                       scaling=scaling, **kwargs)
     if attention_mask is not None or dropout:
@@ -60,14 +61,15 @@ def packed_attention(module, query, key, value, attention_mask, dropout=0.0, sca
         out = VARLEN_ATTN(q, k, v, cu_seq_lens_q, cu_seq_lens_q, max_length_q, max_length_q,
                           scale=scaling, window_size=(-1, 0))
         return out.unsqueeze(0), None
-    return _per_sequence(module, query, key, value, scaling, seq_lens), None
+    return _per_sequence(module, query, key, value, scaling, cu_seq_lens_q), None
 
 
-@torch.compiler.disable      # --compile: a graph per set of lengths would compile again each batch
-def _per_sequence(module, query, key, value, scaling, seq_lens):
-    """Causal SDPA over each sequence of a packed row in turn -> [1, T, Hq, D]."""
+@torch.compiler.disable      # --compile: outside the graph, whose shapes would follow the lengths
+def _per_sequence(module, query, key, value, scaling, cu_seq_lens_q):
+    """Causal SDPA over each sequence of a packed row in turn -> [1, T, Hq, D]. The lengths are
+    read from the offsets (a host sync on a GPU: only its float32 path comes here)."""
     outs, start = [], 0
-    for n in seq_lens:
+    for n in torch.diff(cu_seq_lens_q).tolist():
         part = [x[:, :, start : start + n] for x in (query, key, value)]
         outs.append(sdpa_attention_forward(module, *part, None, scaling=scaling,
                                            is_causal=True)[0])                    # [1, n, Hq, D]

@@ -3,7 +3,6 @@ a Hugging Face hub model (org/name) is downloaded into the hub's cache first; ra
 weights, the other ranks build the same architecture on the meta device, and FSDP2 shards it; the
 full weights are gathered one tensor at a time for checkpoints and the generation engine. No remote
 code is ever downloaded or run."""
-import functools
 import os
 import re
 from pathlib import Path
@@ -12,6 +11,7 @@ import torch
 import torch.distributed as dist
 
 from plumbing import attention
+from plumbing.compiling import compile_layer
 from plumbing.distributed import print0
 
 HUB_ID = re.compile(r"[A-Za-z0-9][\w.-]*/[\w.-]+")  # org/name, as the Hugging Face hub names models
@@ -106,7 +106,7 @@ def shard_model(model, device, bf16: bool, grad_ckpt: bool, trainable: bool = Tr
     ranks. offload: FSDP2's CPUOffloadPolicy keeps the sharded float32 parameters, their gradients
     and (since the optimiser is built on those parameters) the Adam states in pinned CPU memory; the
     GPU holds only the layers being computed. The optimiser step then runs on the CPU.
-    compile_layers: each decoder layer's forward through torch.compile (compile_layer)."""
+    compile_layers: each decoder layer's forward through torch.compile (plumbing/compiling.py)."""
     from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy,
                                         fully_shard)
 
@@ -131,30 +131,6 @@ def shard_model(model, device, bf16: bool, grad_ckpt: bool, trainable: bool = Tr
     if not trainable:
         model.requires_grad_(False)
     return model
-
-
-def compile_layer(layer) -> None:
-    """--compile: the layer's forward through torch.compile, as torchtitan compiles each
-    transformer block (its elementwise work fused, fewer kernel launches: the H200's step idled
-    between kernels). Its forward only: FSDP's hooks and the activation checkpoint around it stay
-    eager, and the parameters' names (checkpoints) do not change. Every layer shares one compiled
-    graph (torch compiles modules' code, their parameters are inputs); a shape it has not seen
-    compiles once more, with the sequence length symbolic. The attention of a packed row on the
-    CPU runs outside the graph (plumbing/attention.py)."""
-    layer.forward = torch.compile(layer.forward)
-
-
-@functools.cache
-def compiled(fn):
-    """torch.compile(fn), one per function (--compile: the loss's passes over [n, V] logits).
-    Shapes it has not seen compile once more, the token count symbolic (the last chunk of a
-    micro-batch)."""
-    return torch.compile(fn)
-
-
-def compiled_if(on: bool, *fns):
-    """The functions, each through `compiled` where on."""
-    return tuple(compiled(fn) if on else fn for fn in fns)
 
 
 def broadcast_weights(model, full: dict, device) -> None:

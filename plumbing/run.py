@@ -98,8 +98,8 @@ class TrainerArgs(measure.ValidationArgs):
 # (run_dir.claim checks the rest; tests/test_resume_settings.py changes each on resume), but that a
 # batched forward's rounding may move a draw that falls within it of a boundary (HF's
 # --gen_batch_size; vLLM on GPUs batches by its KV cache where it binds: --gpu_memory_utilization).
-# Not --loss_chunk, --pack, --offload or --compile (they reorder float sums). Validation (its --eval_* flags)
-# changes only the val_* records
+# Not --loss_chunk, --pack, --offload or --compile (they reorder float sums). Validation (its --eval_*
+# flags) changes only the val_* records
 MAY_CHANGE_ON_RESUME = {"out_dir", "save_every", "keep_last", "loggers", "log_line", "grad_ckpt",
                         "dist_timeout_min", "gpu_memory_utilization", "gen_batch_size",
                         "grader_workers", "sync_bucket_mb", *measure.VALIDATION_MAY_CHANGE}

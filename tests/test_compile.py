@@ -1,14 +1,18 @@
 """--compile (torch.compile of the decoder layers and the loss's teacher side) trains as the eager
 step does: inductor's CPU kernels here, its GPU ones on a GPU (bench/sft_step.py --forms packed
 compiled times them there). Compiling on 2 CPU cores takes a minute or two."""
+import functools
 import json
 import os
 
+import pytest
 import torch
 from run_python import run_python
 from test_sft import final_weights
 
+import baselines
 import curio_loss as cl
+from plumbing.compiling import compiled
 from plumbing.synthetic import llm_like_logits
 
 
@@ -21,6 +25,19 @@ def sft_log(model_dir, train_file, out_dir, *extra, env=None):
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     lines = (out_dir / "log.jsonl").read_text().splitlines()
     return [json.loads(line) for line in lines], proc.stderr
+
+
+@pytest.fixture
+def aot_eager(monkeypatch):
+    """torch.compile with the aot_eager backend (dynamo's graphs and autograd's split, eager kernels: cheap), and
+    dynamo's caches and its recompile-limit setting as they were, after."""
+    monkeypatch.setattr(torch, "compile", functools.partial(torch.compile, backend="aot_eager"))
+    compiled.cache_clear()
+    torch._dynamo.reset()
+    with torch._dynamo.config.patch(fail_on_recompile_limit_hit=False):
+        yield
+    compiled.cache_clear()
+    torch._dynamo.reset()
 
 
 def test_compiled_step_trains_as_the_eager_one(tiny_model_dir, toy_sft_file, tmp_path):
@@ -65,24 +82,91 @@ def test_compiled_teacher_side_takes_one_block_of_every_row(monkeypatch):
         torch.testing.assert_close(diag_one[key], diag[key], rtol=0, atol=1e-6)
 
 
-def test_compiled_student_side_of_bf16_logits_equals_the_blockwise_one():
+def test_compiled_student_side_of_bf16_logits_equals_the_blockwise_one(monkeypatch):
     """A GPU's bf16 logits: eager, the loss reads them in float32 blocks (_LogProb); compiled, the
-    plain expressions that inductor fuses. The same loss, and the same gradient within bf16's
-    rounding of it."""
-    from plumbing.models import compiled
-
+    plain expressions that inductor fuses (_LogProb is not traced). The same loss, and the same
+    gradient within bf16's rounding of it."""
     g = torch.Generator().manual_seed(0)
     z = llm_like_logits(48, 1000, seed=5).bfloat16()
     y, lq = torch.randint(0, 1000, (48,), generator=g), -3 * torch.rand(48, generator=g)
-    grads, losses = [], []
-    for loss_fn in (cl.curio_sft_loss, compiled(cl.curio_sft_loss)):
-        logits = z.clone().requires_grad_()
-        loss, diag = loss_fn(logits, y, lq, cl.LossConfig())
-        (loss * torch.linspace(0.5, 1.5, 48)).sum().backward()
-        grads.append(logits.grad.float())
-        losses.append((loss, diag["weight"]))
-    (eager_loss, eager_w), (loss, w) = losses
+    scale = torch.linspace(0.5, 1.5, 48)
+    eager_z, compiled_z = z.clone().requires_grad_(), z.clone().requires_grad_()
+    eager_loss, eager_diag = cl.curio_sft_loss(eager_z, y, lq, cl.LossConfig())
+    (eager_loss * scale).sum().backward()
+
+    class NotUnderCompile:
+        @staticmethod
+        def apply(*args):
+            raise AssertionError("_LogProb traced under torch.compile")
+
+    monkeypatch.setattr(cl, "_LogProb", NotUnderCompile)
+    loss, diag = compiled(cl.curio_sft_loss)(compiled_z, y, lq, cl.LossConfig())
+    (loss * scale).sum().backward()
     torch.testing.assert_close(loss, eager_loss, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(w, eager_w, rtol=1e-5, atol=1e-5)
-    torch.testing.assert_close(grads[1], grads[0], rtol=1e-2, atol=1e-4)       # bf16: 8 mantissa bits
-    assert grads[0].abs().max() > 0.1
+    torch.testing.assert_close(diag["weight"], eager_diag["weight"], rtol=1e-5, atol=1e-5)
+    grad, eager_grad = compiled_z.grad.float(), eager_z.grad.float()
+    torch.testing.assert_close(grad, eager_grad, rtol=1e-2, atol=1e-4)       # bf16: 8 mantissa bits
+    assert eager_grad.abs().max() > 0.1
+
+
+def test_packed_rows_of_any_sequence_count_share_the_layers_graphs(world_of_one, tiny_model_dir, aot_eager):
+    """Twelve packed micro-batches of 1-6 sequences each through a student (activation
+    checkpointing: a recompute in backward) and a frozen teacher, their layers compiled: no graph
+    per count of sequences, so torch's limit of 8 graphs is never reached (--compile makes
+    reaching it an error). dynamo's graphs, not inductor's kernels, decide this: aot_eager keeps
+    it cheap."""
+    import random
+
+    import data
+    from chunked_logits import normed_hidden
+    from plumbing import models
+
+    student = models.shard_model(models.load_full_model(str(tiny_model_dir), True, 0), world_of_one,
+                                 bf16=False, grad_ckpt=True, compile_layers=True)
+    teacher = models.shard_model(models.load_full_model(str(tiny_model_dir), True, 0), world_of_one,
+                                 bf16=False, grad_ckpt=False, trainable=False, compile_layers=True)
+    assert torch._dynamo.config.fail_on_recompile_limit_hit
+    g = random.Random(0)
+    for _ in range(12):
+        lengths = [g.randint(5, 40) for _ in range(g.randint(1, 6))]
+        rows = [([g.randrange(3, 300) for _ in range(n)], [0] + [1] * (n - 1)) for n in lengths]
+        batch = data.collate(rows, 0, pack=True)
+        with torch.no_grad():
+            normed_hidden(teacher, batch)
+        normed_hidden(student, batch).square().mean().backward()
+    assert all(p.grad is not None for p in student.model.layers.parameters())
+
+
+@pytest.mark.parametrize("name", sorted(baselines.LOSSES))
+def test_every_loss_compiled_gives_its_eager_value_and_gradient(world_of_one, tiny_model_dir, aot_eager, name):
+    """sft.py's micro-batch loss of every --loss with --compile, the logged entropy wanted (the kl baseline and
+    GEM give it from their own log-probs: the chunk's recompute in backward must run the forward's graph), under
+    aot_eager (dynamo's graphs and autograd's split, eager kernels: cheap): the eager loss, diagnostics and
+    gradient within float32 reordering."""
+    import dataclasses
+
+    from test_sft import fsdp_model, toy_batch
+
+    import chunked_logits
+    import sft
+
+    batch, _, _ = toy_batch(tiny_model_dir)
+    args, cfg = sft.Args(loss=name, loss_chunk=32), baselines.config_for(name, cl.LossConfig())
+    results = []
+    for compile_loss in (False, True):
+        model = fsdp_model(tiny_model_dir)
+        second = fsdp_model(tiny_model_dir).requires_grad_(False) if baselines.second_model(name) else None
+        teacher, base = (second, None) if baselines.second_model(name) == "teacher" else (None, second)
+        run_args = dataclasses.replace(args, compile=compile_loss)
+        old = chunked_logits.token_log_probs(model, batch, args.loss_chunk, compile_loss=compile_loss)[0] \
+            if name == "psft" else None
+        total, diag = sft.micro_batch_loss(model, teacher, base, batch, old, run_args, cfg, want_entropy=True)
+        total.backward()
+        results.append((total.detach(), diag, [p.grad.clone() for p in model.parameters()]))
+    (eager, eager_diag, eager_grads), (total, diag, grads) = results
+    torch.testing.assert_close(total, eager, rtol=1e-5, atol=1e-5)
+    assert diag.keys() == eager_diag.keys() and "student_entropy" in diag
+    for key in diag:
+        torch.testing.assert_close(diag[key], eager_diag[key], rtol=1e-5, atol=1e-5, msg=key)
+    for got, want in zip(grads, eager_grads):
+        torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-6)

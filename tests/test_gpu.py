@@ -148,7 +148,7 @@ def test_packed_attention_on_cuda_equals_causal_sdpa_over_each_sequence(dtype):
     cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
     module = SimpleNamespace(num_key_value_groups=hq // hkv, is_causal=True)
     out, _ = attention.packed_attention(module, q, k, v, None, scaling=d**-0.5, cu_seq_lens_q=cu,
-                                        max_length_q=max(lengths), seq_lens=tuple(lengths))     # [1, T, Hq, D]
+                                        max_length_q=max(lengths))     # [1, T, Hq, D]
     grad = torch.randn(out.shape, generator=g).cuda().to(dtype)
     got = [out, *torch.autograd.grad(out, (q, k, v), grad)]
     refs, start = [], 0
