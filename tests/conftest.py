@@ -25,9 +25,9 @@ def pytest_configure(config):
 # longest were split so that no file holds a worker much longer than the rest (test_reliability_resume,
 # test_dryrun_quick, test_vllm_cpu_eval, test_demo_probe). Order: the test time of each file in a 2-worker run of
 # the suite on 2 shared cores (`pytest -n 2 --dist loadfile --junitxml`, summed per file, at 8ea566b)
-LONGEST_FILES = ["test_reliability_resume.py", "test_dryrun.py", "test_vllm_cpu.py", "test_compile.py", "test_bench.py",
+LONGEST_FILES = ["test_reliability_resume.py", "test_dryrun.py", "test_vllm_cpu.py", "test_bench.py",
                  "test_resume_settings.py", "test_roofline.py", "test_reliability.py", "test_vllm_cpu_eval.py",
-                 "test_rl.py", "test_hybrid.py", "test_sft.py", "test_demo.py", "test_generation.py",
+                 "test_rl.py", "test_compile.py", "test_hybrid.py", "test_sft.py", "test_demo.py", "test_generation.py",
                  "test_dryrun_quick.py", "test_paper_scale.py", "test_memory.py", "test_evaluate_run.py",
                  "test_curio_loss.py", "test_grader.py", "test_validation.py", "test_hub.py", "test_evaluate.py",
                  "test_demo_probe.py", "test_stage_process.py"]

@@ -1,6 +1,8 @@
-"""--compile (torch.compile of the decoder layers and the loss's teacher side) trains as the eager
-step does: inductor's CPU kernels here, its GPU ones on a GPU (bench/sft_step.py --forms packed
-compiled times them there). Compiling on 2 CPU cores takes a minute or two."""
+"""--compile (torch.compile of the decoder layers and the loss's passes over the logits) trains as the
+eager step does: inductor's CPU kernels here, its GPU ones on a GPU (bench/sft_step.py --forms packed
+compiled times them there). Most tests compile with aot_eager (dynamo's graphs and autograd's split,
+eager kernels: cheap); the bf16 student side with inductor, and a whole sft.py run with inductor
+under -m slow (150 s on 2 cores)."""
 import functools
 import json
 import os
@@ -40,6 +42,7 @@ def aot_eager(monkeypatch):
     torch._dynamo.reset()
 
 
+@pytest.mark.slow      # inductor compiles every graph of the step: 150 s on 2 cores, its cache cold
 def test_compiled_step_trains_as_the_eager_one(tiny_model_dir, toy_sft_file, tmp_path):
     """CurioSFT with its teacher, activation checkpointing and packed micro-batches (whose last
     loss chunk is shorter: the teacher side compiles a second, symbolic shape): the same losses,
