@@ -25,7 +25,7 @@ import curio_loss as cl
 from chunked_logits import (cat_diags, chunked_map, chunked_sum, no_grad_logits, normed_hidden,
                             select_targets, token_log_probs)
 from curio_loss import LossConfig
-from plumbing.compiling import compiled
+from plumbing.compiling import compiled, compiled_if
 
 
 # The losses sft.py's --loss names. CurioSFT and its two ablations (Sec. 5.2) need the teacher's lq;
@@ -147,7 +147,7 @@ def self_teacher_loss(logits, targets, extras, cfg: LossConfig = LossConfig()):
     logits, detached, as the teacher's. The temperature search runs once per chunk: backward's
     recompute takes its lq from extras["memo"]."""
     memo = extras["memo"]
-    if "lq" not in memo:      # extras' teacher_log_prob: the compiled one under --compile
+    if "lq" not in memo:      # the trainer's teacher_log_prob: the compiled one under --compile
         teacher_log_prob = extras.get("teacher_log_prob", cl.teacher_log_prob)
         memo["lq"] = teacher_log_prob(logits.detach(), targets, cfg)
     lq, teacher_diag = memo["lq"]
@@ -216,11 +216,11 @@ def variant_micro_batch_loss(model, base, batch, old_logp, args, cfg, want_entro
     if args.loss == "entropy_top20":
         return top20_micro_batch_loss(model, h, y, args, cfg, weights, check)
     extras = variant_inputs(base, batch, old_logp)
-    variant_loss, entropy = VARIANT_LOSSES[args.loss], cl.entropy
-    if args.compile:     # the passes over [n, V] logits fused (plumbing/compiling.py)
-        entropy, teacher_log_prob = compiled(cl.entropy), compiled(cl.teacher_log_prob)
-        if args.loss != "curio_self_teacher":   # (its memo's side effects: its teacher side alone)
-            variant_loss = compiled(variant_loss)
+    # --compile: the passes over [n, V] logits fused (plumbing/compiling.py)
+    entropy, teacher_log_prob = compiled_if(args.compile, cl.entropy, cl.teacher_log_prob)
+    variant_loss = VARIANT_LOSSES[args.loss]
+    if args.compile and args.loss != "curio_self_teacher":   # (its memo: its teacher side alone)
+        variant_loss = compiled(variant_loss)
 
     def chunk_loss(h_c, y_c, w_c, *extras_and_memo):
         memo = extras_and_memo[-1]
@@ -228,7 +228,7 @@ def variant_micro_batch_loss(model, base, batch, old_logp, args, cfg, want_entro
         # memo: the logged entropy is not computed again in backward's recompute; compiled, the
         # recompute runs the forward's graph, entropy included (a checkpoint needs the same saves)
         chunk_extras["with_entropy"] = want_entropy and ("entropy" not in memo or args.compile)
-        if args.compile and args.loss == "curio_self_teacher":
+        if args.loss == "curio_self_teacher":
             chunk_extras["teacher_log_prob"] = teacher_log_prob
         if "base_h" in chunk_extras:
             with torch.no_grad():

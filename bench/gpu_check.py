@@ -269,16 +269,7 @@ def teacher_side(tokens: int, vocab: int, reps: int, device, summary: Summary, c
     if compile_it:                                                            # round 0 compiles
         runs |= {"compiled": lambda: fast(logits, targets, cfg),
                  "compiled_f32": lambda: fast(logits32, targets, cfg)}
-    times = {k: [] for k in runs}
-    for i in range(reps + 1):                                                     # round 0 warms up
-        for k, fn in runs.items():
-            sft_step.sync(device)
-            t0 = time.perf_counter()
-            fn()
-            sft_step.sync(device)
-            if i:
-                times[k].append(time.perf_counter() - t0)
-    t = {k: statistics.median(v) for k, v in times.items()}
+    t = sft_step.median_times(runs, reps, device)
     sec = "teacher side"
     shape = f"{tokens} x {vocab} {str(dtype).split('.')[-1]} logits, median of {reps}"
     summary.add(sec, "logsumexp pass", t["logsumexp"] * 1e3, "ms", note=shape)

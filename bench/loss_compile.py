@@ -14,7 +14,6 @@ bench/teacher_compile.py at 6c962d0, timed the teacher side alone on one H200
     python bench/loss_compile.py --smoke       # small logits, any device (a check that it runs)
 """
 import argparse
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -25,11 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import curio_loss as cl  # noqa: E402
 from plumbing.compiling import compiled  # noqa: E402
 from plumbing.synthetic import llm_like_logits  # noqa: E402
-
-
-def sync(device):
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+from sft_step import median_times, sync  # noqa: E402  (bench/, this file's folder)
 
 
 def student_side(loss_fn, logits, targets, lq, cfg):
@@ -76,16 +71,7 @@ def main():
         diffs[name] = max((g.float() - w.float()).abs().max().item() for g, w in zip(got, want))
         runs[name + ": eager"] = lambda call=call, eager=eager: call(eager)
         runs[name + ": compiled"] = lambda call=call, fast=fast: call(fast)
-    times = {k: [] for k in runs}
-    for i in range(reps + 1):                                   # interleaved; round 0 warms up
-        for k, fn in runs.items():
-            sync(device)
-            t0 = time.perf_counter()
-            fn()
-            sync(device)
-            if i:
-                times[k].append(time.perf_counter() - t0)
-    ms = {k: statistics.median(t) * 1e3 for k, t in times.items()}
+    ms = {k: t * 1e3 for k, t in median_times(runs, reps, device).items()}
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
     print(f"torch {torch.__version__}, {name}, {n} x {v} logits, median of {reps}")
     print(f"logsumexp pass (float32 of bf16): {ms['logsumexp']:.2f} ms")

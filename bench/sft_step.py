@@ -219,6 +219,22 @@ def sync(device):
         torch.cuda.synchronize(device)
 
 
+def median_times(runs: dict, reps: int, device) -> dict:
+    """{name: the median seconds of a call of runs[name]} over reps rounds, each round calling every
+    function once (interleaved: a slow spell of the machine slows them alike), after a round that
+    warms up (and compiles what is compiled)."""
+    times = {k: [] for k in runs}
+    for i in range(reps + 1):
+        for k, fn in runs.items():
+            sync(device)
+            t0 = time.perf_counter()
+            fn()
+            sync(device)
+            if i:
+                times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
 LETTERS = string.ascii_letters + string.digits     # one token each: the tokenizer has no merges
 
 
