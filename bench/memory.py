@@ -76,6 +76,7 @@ from unittest import mock
 
 import torch
 import torch.distributed as dist
+from torch._subclasses.fake_tensor import FakeTensor
 from torch.utils._python_dispatch import TorchDispatchMode, is_traceable_wrapper_subclass
 from torch.utils._pytree import tree_flatten
 
@@ -320,7 +321,7 @@ class LiveTensorBytes(TorchDispatchMode):
     def track_resident(self):
         """Every CPU tensor the garbage collector knows of (a parameter, a DTensor's shard...)."""
         for obj in gc.get_objects():
-            if isinstance(obj, torch.Tensor):
+            if issubclass(type(obj), torch.Tensor):        # not isinstance: a dead weakproxy raises
                 with contextlib.suppress(RuntimeError, NotImplementedError):    # no storage
                     self._track(obj)
         self._bump()
@@ -344,7 +345,9 @@ class LiveTensorBytes(TorchDispatchMode):
                 if isinstance(inner, torch.Tensor):           # a DTensor also lists its device mesh
                     self._track(inner)
             return
-        if t.device.type == "meta":
+        # no memory behind it: a meta tensor, or a fake one that torch.compile's caches keep (its
+        # size may be symbolic)
+        if t.device.type == "meta" or isinstance(t, FakeTensor):
             return
         storage = t.untyped_storage()
         key, n = storage._cdata, storage.nbytes()

@@ -77,6 +77,29 @@ def test_tracker_follows_views_frees_resizes_and_logsumexp():
         assert tracker.peak >= z.nbytes
 
 
+def test_resident_tensors_leave_out_what_owns_no_memory():
+    """An earlier --compile test in the same process leaves fake tensors of symbolic size in
+    torch.compile's caches, and dead weak proxies sit among the garbage collector's objects: the
+    resident count takes neither (it failed with a SymFloat, then a ReferenceError, after
+    tests/test_compile.py)."""
+    import weakref
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    real = torch.empty(1000)
+    fake = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=False).from_tensor(real)
+    assert not isinstance(fake.untyped_storage().nbytes(), int)          # symbolic
+    gone = torch.nn.Linear(1, 1)
+    dead = [weakref.proxy(gone)]
+    del gone
+    tracker = memory.LiveTensorBytes(resident=True)
+    with tracker:
+        pass
+    assert isinstance(tracker.live, int) and tracker.live >= real.nbytes
+    del dead                                          # among gc's objects until the tracker looked
+
+
 # ------------------------------------------------------------------------------------------------
 # The plan against the measured peak of real steps
 # ------------------------------------------------------------------------------------------------
