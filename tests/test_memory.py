@@ -308,8 +308,6 @@ def test_presets_set_the_run_and_bad_input_is_one_clear_line(capsys):
 def test_the_small_presets_fit_one_or_two_gpus(gpus, capsys):
     """config/sft_small.py and config/rl_small.py after the paper's presets: Qwen2.5-Math-1.5B at the paper's lengths
     on 1-2 80 GB GPUs."""
-    import rl
-    import sft
     from plumbing.cli import parse_config
 
     for stage in ("sft", "rl"):
