@@ -155,7 +155,8 @@ def entropy_bonus_scale(mbs, args, device):
     if not args.entropy_coef:
         return None
     tokens = sum(sum(mb.batch["seq_lens"]) for mb in mbs)
-    counts = torch.tensor([float(tokens), float(len(mbs))], dtype=torch.float64, device=device)
+    # built on the host, then copied: the dry run's fake CUDA tensors can be copied to, not made
+    counts = torch.tensor([float(tokens), float(len(mbs))], dtype=torch.float64).to(device)
     dist.all_reduce(counts)                           # the mini-batch's tokens, our micro-batches
     per_gpu = counts[0] / (args.loss_agg_ranks * args.entropy_pack_tokens)
     return args.loss_agg_ranks * torch.ceil(per_gpu) / counts[1]

@@ -106,9 +106,9 @@ cl.curio_sft_loss = curio_sft_loss
 shard_model = sft.shard_model                       # the teacher left unsharded, or computing in float32
 
 
-def unsharded(m, device, bf16, grad_ckpt, trainable=True, offload=False):
+def unsharded(m, device, bf16, grad_ckpt, trainable=True, **options):
     if trainable:
-        return shard_model(m, device, bf16, grad_ckpt, trainable, offload)
+        return shard_model(m, device, bf16, grad_ckpt, trainable, **options)
     for module in m.modules():                      # full float32 tensors on the device, no FSDP
         for name, p in list(module.named_parameters(recurse=False)):
             setattr(module, name, torch.nn.Parameter(torch.empty(p.shape, device=device), requires_grad=False))
@@ -120,8 +120,8 @@ def unsharded(m, device, bf16, grad_ckpt, trainable=True, offload=False):
 
 sft.shard_model = unsharded
 run("unsharded_teacher")
-sft.shard_model = lambda m, device, bf16, grad_ckpt, trainable=True, offload=False: shard_model(
-    m, device, bf16 and trainable, grad_ckpt, trainable, offload)
+sft.shard_model = lambda m, device, bf16, grad_ckpt, trainable=True, **options: shard_model(
+    m, device, bf16 and trainable, grad_ckpt, trainable, **options)
 run("float32_teacher")
 sft.shard_model = shard_model
 
@@ -203,7 +203,7 @@ def test_each_check_fails_when_what_it_checks_is_broken(library, tmp_path):
     assert result["float32_teacher"]["failed"].startswith("sharding: the teacher computes in None")
     assert result["math_attention"]["failed"].startswith("attention: {'math'"), result["math_attention"]
     assert result["planner_off"]["failed"].startswith("memory: "), result["planner_off"]
-    assert 0.8 <= result["planner_off"]["ratio"] <= 0.86
+    assert result["planner_off"]["ratio"] == pytest.approx(intact["ratio"] / 1.2, abs=1e-3)    # the plan's 20%
     # the sync counter: an .item() per loss chunk, named by the line that asked for it
     item = result["item_in_the_loss"]
     assert intact["syncs_per_step"] == 1 and item["failed"].startswith("syncs: "), item
@@ -223,7 +223,7 @@ def test_preflight_names_the_largest_budget_that_fits_and_confirms_it(library, t
     out = tmp_path / "preflight.json"
     done = run_python([DRYRUN, "config/sft_paper.py", "--model", model, "--max_prompt_len", "64",
                        "--max_response_len", "960", "--token_budget", "4096", "--loss_chunk", "256", "--gpus", "2",
-                       "--gpu_gib", "0.15", "--compare_losses", "sft", "--json", out])
+                       "--gpu_gib", "0.13", "--compare_losses", "sft", "--json", out])
     r = json.loads(out.read_text())
     assert done.returncode == 1 and not r["fits"] and r["failed"].startswith("fits: "), done.stdout[-3000:]
     assert r["fitting"]["flag"] == "--token_budget" and r["fitting"]["value"] in (1024, 2048, 3072), r["fitting"]
@@ -234,14 +234,14 @@ def test_preflight_names_the_largest_budget_that_fits_and_confirms_it(library, t
 
 
 # a host read or a move to the host slipped into a trainer's loop: (file, the line after which it is added, the line)
-SLIPS = {"sft_float_before_all_reduce": ("sft.py", "        grad_norm = clip_grad_norm(model, args.grad_clip)\n",
-                                         "        print('grad norm', float(grad_norm))\n"),
-         "sft_cpu_between_micro_batches": ("sft.py", "            loss += total.detach()\n",
-                                           "            print('micro-batch loss', total.detach().cpu())\n"),
+SLIPS = {"sft_float_before_all_reduce": ("sft.py", "    grad_norm = clip_grad_norm(model, args.grad_clip)\n",
+                                         "    print('grad norm', float(grad_norm))\n"),
+         "sft_cpu_between_micro_batches": ("sft.py", "        loss += total.detach()\n",
+                                           "        print('micro-batch loss', total.detach().cpu())\n"),
          "rl_float_between_micro_batches": ("rl.py", "        policy_loss_sum = total.detach()\n",
                                             "        print('micro-batch loss', float(policy_loss_sum))\n"),
-         "rl_cpu_after_the_step": ("rl.py", "            grad_norms.append(grad_norm)\n",
-                                   "            print('old log-probs', mbs[0].old_lp.cpu())\n")}
+         "rl_cpu_after_the_step": ("rl.py", "        grad_norms.append(grad_norm)\n",
+                                   "        print('old log-probs', mbs[0].old_lp.cpu())\n")}
 SLIPPED = r'''
 import json, os, sys
 from pathlib import Path
