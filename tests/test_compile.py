@@ -10,7 +10,7 @@ import os
 import pytest
 import torch
 from run_python import run_python
-from test_sft import final_weights, run_sft
+from test_sft import assert_two_ranks_train_as_one_process, final_weights
 
 import baselines
 import curio_loss as cl
@@ -67,17 +67,8 @@ def test_compiled_step_trains_as_the_eager_one(tiny_model_dir, toy_sft_file, tmp
 def test_two_compiled_ranks_train_as_one_eager_process(tiny_model_dir, toy_sft_file, tmp_path):
     """torchrun --nproc_per_node 2 sft.py --compile: the compiled layers inside FSDP2's hooks and
     HF's activation checkpoint, over gloo, train as one eager process on the same global batch."""
-    extra = ("--loss", "curio", "--max_steps", "3", "--teacher_every", "2", "--grad_ckpt")
-    one = run_sft(tiny_model_dir, toy_sft_file, tmp_path / "one", *extra)
-    two = run_sft(tiny_model_dir, toy_sft_file, tmp_path / "two", *extra, "--compile", nproc=2)
-    assert [r["step"] for r in two] == [1, 2, 3]
-    for a, b in zip(one, two):
-        assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
-        assert a["grad_norm"] == pytest.approx(b["grad_norm"], rel=1e-4)
-        assert a["tau_mean"] == pytest.approx(b["tau_mean"], rel=1e-5)
-    w_one, w_two = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
-    for k in w_one:
-        torch.testing.assert_close(w_two[k], w_one[k], rtol=1e-5, atol=1e-6)
+    assert_two_ranks_train_as_one_process(tiny_model_dir, toy_sft_file, tmp_path, "--grad_ckpt",
+                                          two_ranks_only=("--compile",))
 
 
 def test_compiled_teacher_side_takes_one_block_of_every_row(monkeypatch):

@@ -278,11 +278,12 @@ def final_weights(out_dir):
     return load_file(checkpoints.latest(Path(out_dir)) / "model.safetensors")
 
 
-def test_two_ranks_match_one_process(tiny_model_dir, toy_sft_file, tmp_path):
-    """Same global batch split over 2 gloo ranks with FSDP2: same losses and weights as 1 process."""
-    extra = ("--loss", "curio", "--max_steps", "3", "--teacher_every", "2")
-    one = run_sft(tiny_model_dir, toy_sft_file, tmp_path / "one", *extra)
-    two = run_sft(tiny_model_dir, toy_sft_file, tmp_path / "two", *extra, nproc=2)
+def assert_two_ranks_train_as_one_process(model_dir, train_file, tmp_path, *flags, two_ranks_only=()):
+    """CurioSFT's 3 steps on 2 gloo ranks with FSDP2 (and `two_ranks_only`), the same global batch split: the same
+    losses, grad norms, temperatures and final weights as 1 process."""
+    extra = ("--loss", "curio", "--max_steps", "3", "--teacher_every", "2", *flags)
+    one = run_sft(model_dir, train_file, tmp_path / "one", *extra)
+    two = run_sft(model_dir, train_file, tmp_path / "two", *extra, *two_ranks_only, nproc=2)
     assert [r["step"] for r in two] == [1, 2, 3]
     for a, b in zip(one, two):
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-5)
@@ -291,6 +292,10 @@ def test_two_ranks_match_one_process(tiny_model_dir, toy_sft_file, tmp_path):
     w1, w2 = final_weights(tmp_path / "one"), final_weights(tmp_path / "two")
     for k in w1:
         torch.testing.assert_close(w1[k], w2[k], rtol=1e-5, atol=1e-6)
+
+
+def test_two_ranks_match_one_process(tiny_model_dir, toy_sft_file, tmp_path):
+    assert_two_ranks_train_as_one_process(tiny_model_dir, toy_sft_file, tmp_path)
 
 
 def test_resume_continues_exactly(tiny_model_dir, toy_sft_file, tmp_path):
