@@ -20,10 +20,10 @@ curio's mean holds its EMA update (Alg. 1 line 17) as the loop runs it. Step tim
 rounds of a run's mean step_time_s (its log.jsonl; on CUDA the next step's host read waits for a
 step's queued work). Every step of a run trains the same micro-batch: its compiled form's graphs
 are the first shape's, where a real run's micro-batches differ and take symbolic-length graphs
-after the first. Checkpoint writing is stubbed out (plumbing.checkpoints.save, trainer_state). Peak memory (CUDA):
-max_memory_allocated over the sft.train call less what was allocated before it: weights (curio's
-teacher only where it exists), gradients, AdamW's states, the steps' transients (loading holds less
-than a step); none on CPU, which has no allocator statistics.
+after the first. Checkpoint writing is stubbed out (plumbing.checkpoints.save, trainer_state). Peak
+memory (CUDA): max_memory_allocated over the sft.train call less what was allocated before it:
+weights (curio's teacher only where it exists), gradients, AdamW's states, the steps' transients
+(loading holds less than a step); none on CPU, which has no allocator statistics.
 
 Model FLOPs of one step (forward + backward; recomputation from activation checkpointing and chunked
 logits is not counted, as MFU's definition asks, nor the padding), for sequences of T_i real tokens,
